@@ -1,0 +1,46 @@
+# Two commands on a fresh Debian/Ubuntu machine with Python 3.11 and Node 20:
+#   make demo   installs, then runs the pipeline on the embedded synthetic data through a local Slurm cluster
+#   make test   installs, then runs the whole test suite (infra, training, Slurm integration)
+# Installs are idempotent: stamps are rebuilt only when a requirements file changes.
+
+PYTHON ?= python3
+VENV := .venv
+PCLUSTER_VENV := .venv-pcluster
+PYTEST_ARGS ?=
+
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+
+.PHONY: install system-deps demo test synth lint clean
+
+install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed node_modules/.installed
+
+system-deps:
+	scripts/install-system-deps.sh
+
+$(VENV)/.installed: requirements.txt requirements-infra.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $@
+
+$(PCLUSTER_VENV)/.installed: requirements-pcluster.txt
+	$(PYTHON) -m venv $(PCLUSTER_VENV)
+	$(PCLUSTER_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-pcluster.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: install
+	scripts/demo.sh
+
+test: install
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+synth: install
+	npx cdk synth --quiet
+
+clean:
+	rm -rf cdk.out runs/demo .pytest_cache

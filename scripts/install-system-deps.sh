@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that the tests and the demo need, only those missing:
+# Slurm 22.05 + munge (the local cluster), packer (ami/ validation), shellcheck, iproute2 (netns).
+set -euo pipefail
+
+packages=(slurmctld slurmd slurm-client munge packer shellcheck iproute2 procps)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+else
+  sudo_cmd=()
+fi
+echo "installing system packages: ${missing[*]}"
+# policy-rc.d keeps the packages' daemons from starting: scripts/local-slurm starts its own.
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,47 @@
+"""The run configuration: defaults, YAML loading, overrides and the errors users see."""
+
+import pytest
+
+from training.cli import main
+from training.config import Config, ConfigError, load_config
+
+
+def test_defaults_follow_scdino_published_run():
+    config = Config()
+    assert config.optim.batch_size_per_gpu == 30
+    assert config.dino.local_crops_number == 8
+    assert config.eval.knn_k == (5, 10, 50, 100, 200, 500)
+    assert config.data.in_chans == 5
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  epochs: 3\ndata:\n  channels: '24'\n")
+    config = load_config(path, ["optim.lr=1e-3", "dino.local_crops_scale=[0.1, 0.3]"])
+    assert config.optim.epochs == 3
+    assert config.optim.lr == pytest.approx(1e-3)
+    assert config.data.channel_indices == (2, 4)
+    assert config.dino.local_crops_scale == (0.1, 0.3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lrr=1", "unknown config key 'optim.lrr': did you mean 'lr'?"),
+        ("data.loader=fast", "data.loader must be one of 'auto', 'tiff', 'packed', 'dali'"),
+        ("optim.epochs=many", "optim.epochs must be an integer"),
+        ("data.channels=0a", "data.channels must be digits"),
+        ("dino.global_crops_scale=[0.5, 0.2]", "dino.global_crops_scale must satisfy"),
+        ("nosuch.key=1", "unknown config section"),
+    ],
+)
+def test_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        load_config(None, [override])
+
+
+def test_cli_prints_one_line_error(capsys, tmp_path):
+    rc = main(["mean-std", "--config", str(tmp_path / "missing.yaml")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: config file not found") and "\n" not in err

@@ -1,0 +1,380 @@
+"""Run configuration: a tree of typed dataclasses loaded from YAML.
+
+Every pipeline step reads the same file::
+
+    python -m training <step> --config configs/demo.yaml --set optim.epochs=2
+
+Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the dotted key
+and what is allowed. The resolved configuration is written into every run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from training.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration value is missing, unknown or invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "demo"
+    """Run name, used in log lines and the report title."""
+    output_dir: str = "runs/demo"
+    """Run directory: every step writes its outputs below it (see training/layout.py)."""
+    seed: int = 0
+    """Seed for the hold-out split, augmentations, initialisation and kNN split."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "runs/demo/data/images"
+    """Folder of TIFF images in class folders (scDINO layout), or a packed dataset folder."""
+    packed_dir: str = ""
+    """Where `prepare` writes the packed dataset; empty means <output_dir>/packed."""
+    channels: str = "01234"
+    """Channels to use, as digits in scDINO's style: "01234" all five, "2" only the third."""
+    channel_names: tuple[str, ...] = ()
+    """Names of the selected channels for plots; empty means ch0, ch1, ..."""
+    folder_depth_for_labels: int = 0
+    """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
+    channel_axis: Literal["auto", "first", "last"] = "auto"
+    """Where channels lie in the TIFF array; auto takes the smallest axis."""
+    on_bad_image: Literal["skip", "fail"] = "skip"
+    """Corrupt, empty or wrong-shape images: skip (counted and reported) or stop the step."""
+    holdout_fraction: float = 0.2
+    """Fraction held out from pretraining for features, kNN and the linear probe (scDINO: 0.2)."""
+    mean_std_fraction: float = 0.2
+    """Fraction of training images used to estimate the per-channel mean and std."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank."""
+    loader: Literal["auto", "tiff", "packed", "dali"] = "auto"
+    """Which loader feeds training; auto uses the packed dataset when one exists."""
+    gpu_augment: bool = False
+    """Run multi-crop augmentation on the GPU as batched tensor operations."""
+
+    def __post_init__(self) -> None:
+        if not self.channels or not self.channels.isdigit():
+            raise ConfigError(f"data.channels must be digits such as '01234', got {self.channels!r}")
+        if len(set(self.channels)) != len(self.channels):
+            raise ConfigError(f"data.channels repeats a channel: {self.channels!r}")
+        _check_fraction("data.holdout_fraction", self.holdout_fraction, allow_zero=True)
+        _check_fraction("data.mean_std_fraction", self.mean_std_fraction, allow_zero=False)
+        if self.channel_names and len(self.channel_names) != len(self.channels):
+            raise ConfigError(
+                f"data.channel_names has {len(self.channel_names)} names for "
+                f"{len(self.channels)} channels ({self.channels!r})"
+            )
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+
+    @property
+    def channel_indices(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.channels)
+
+    @property
+    def in_chans(self) -> int:
+        return len(self.channels)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: Literal["vit_tiny", "vit_small", "vit_base"] = "vit_small"
+    """ViT size (timm); ViT-S is scDINO's published model."""
+    patch_size: Literal[8, 16] = 16
+    """Patch size in pixels; 8 sees finer detail at 4x the tokens."""
+    drop_path_rate: float = 0.1
+    """Stochastic depth of the student."""
+    out_dim: int = 65536
+    """DINO head output dimension (number of prototypes)."""
+    norm_last_layer: bool = True
+    """Weight-normalise the head's last layer (stabler; scDINO default)."""
+    use_bn_in_head: bool = False
+    """BatchNorm in the projection head MLP."""
+    pretrained: str = ""
+    """Optional DINO/scDINO checkpoint to start from; the patch embedding is adapted to the channel count."""
+
+
+@dataclass(frozen=True)
+class DinoConfig:
+    global_crop_size: int = 224
+    """Side of the two global crops in pixels."""
+    local_crop_size: int = 96
+    """Side of the local crops in pixels."""
+    global_crops_scale: tuple[float, float] = (0.4, 1.0)
+    """Area range of global crops (scDINO paper run: 0.4-1.0)."""
+    local_crops_number: int = 8
+    """Number of local crops per image."""
+    local_crops_scale: tuple[float, float] = (0.05, 0.4)
+    """Area range of local crops."""
+    warmup_teacher_temp: float = 0.04
+    """Teacher temperature at the start of its warm-up."""
+    teacher_temp: float = 0.04
+    """Teacher temperature after warm-up."""
+    warmup_teacher_temp_epochs: int = 0
+    """Epochs of linear teacher-temperature warm-up."""
+    student_temp: float = 0.1
+    """Student softmax temperature."""
+    center_momentum: float = 0.9
+    """EMA rate of the teacher-output centre."""
+    momentum_teacher: float = 0.996
+    """Base EMA rate of the teacher weights, raised to 1 by a cosine schedule."""
+
+    def __post_init__(self) -> None:
+        for key in ("global_crops_scale", "local_crops_scale"):
+            low, high = getattr(self, key)
+            if not 0 < low <= high <= 1:
+                raise ConfigError(f"dino.{key} must satisfy 0 < low <= high <= 1, got {(low, high)}")
+        if self.local_crops_number < 0:
+            raise ConfigError(f"dino.local_crops_number must be >= 0, got {self.local_crops_number}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    epochs: int = 100
+    """Pretraining epochs."""
+    batch_size_per_gpu: int = 30
+    """Images per rank per step (scDINO: 30)."""
+    lr: float = 0.0005
+    """Peak learning rate for a global batch of 256; scaled linearly with the real global batch."""
+    min_lr: float = 1e-6
+    """Learning rate at the end of the cosine schedule."""
+    warmup_epochs: int = 10
+    """Linear learning-rate warm-up epochs."""
+    weight_decay: float = 0.04
+    """Weight decay at the start of its cosine schedule."""
+    weight_decay_end: float = 0.4
+    """Weight decay at the end."""
+    clip_grad: float = 3.0
+    """Gradient norm clipping per parameter tensor; 0 disables it."""
+    freeze_last_layer: int = 1
+    """Epochs during which the head's last layer is not updated."""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError(f"optim.epochs must be >= 1, got {self.epochs}")
+        if self.batch_size_per_gpu < 1:
+            raise ConfigError(f"optim.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}")
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """auto: bf16 where the GPU supports it, fp16 with a gradient scaler otherwise, fp32 on CPU."""
+    compile: bool = False
+    """Wrap the models with torch.compile."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism: DDP replicates the student; FSDP shards it."""
+    saveckp_freq: int = 5
+    """Keep a numbered checkpoint every N epochs (the latest is always kept)."""
+    keep_last: int = 3
+    """How many numbered checkpoints to keep."""
+    log_every: int = 10
+    """Steps between metric lines."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under <run>/tensorboard."""
+    wandb: bool = False
+    """Log to Weights & Biases from rank 0 (offline unless WANDB_MODE says otherwise)."""
+    max_steps_per_epoch: int = 0
+    """Cap on steps per epoch (0 = the whole epoch); for smoke tests and benchmarks."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    knn_k: tuple[int, ...] = (5, 10, 50, 100, 200, 500)
+    """Neighbour counts of the global kNN (scDINO)."""
+    knn_temperature: float = 0.1
+    """Temperature T of the weighted vote exp(sim / T)."""
+    knn_train_fraction: float = 0.8
+    """Seeded split of the held-out set into kNN reference and query images."""
+    batch_size: int = 64
+    """Images per forward pass when extracting features."""
+    image_size: int = 224
+    """Side the held-out images are resized to for feature extraction."""
+    linear_epochs: int = 50
+    """Epochs of the linear probe."""
+    linear_lr: float = 0.01
+    """Learning rate of the linear probe."""
+    umap_neighbors: int = 30
+    """UMAP n_neighbors."""
+    umap_min_dist: float = 0.4
+    """UMAP min_dist."""
+    attention_images_per_class: int = 1
+    """Images per class drawn in the attention-map plots."""
+
+    def __post_init__(self) -> None:
+        if not self.knn_k or min(self.knn_k) < 1:
+            raise ConfigError(f"eval.knn_k must be a non-empty list of positive ints, got {self.knn_k}")
+        _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dino: DinoConfig = field(default_factory=DinoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+    def replace(self, overrides: dict[str, Any]) -> "Config":
+        """A copy with dotted-key overrides applied, e.g. {"optim.lr": 1e-4}."""
+        tree = self.to_dict()
+        for dotted, value in overrides.items():
+            _set_dotted(tree, dotted, value)
+        return from_dict(tree)
+
+
+def _check_fraction(key: str, value: float, *, allow_zero: bool) -> None:
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (low_ok and value < 1 or (not allow_zero and value == 1)):
+        bound = "[0, 1)" if allow_zero else "(0, 1]"
+        raise ConfigError(f"{key} must be in {bound}, got {value}")
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"unknown config section {dotted!r}: {_suggest(part, node)}")
+        node = node[part]
+    node[leaf] = value
+
+
+def _suggest(key: str, allowed: typing.Iterable[str]) -> str:
+    allowed = sorted(allowed)
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}allowed: {', '.join(allowed)}"
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        args = get_args(hint)
+        item_hints = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(item_hints) != len(value):
+            raise ConfigError(f"{key} must have {len(item_hints)} items, got {len(value)}")
+        return tuple(_coerce(f"{key}[{i}]", v, h) for i, (v, h) in enumerate(zip(value, item_hints)))
+    if hint is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be an integer, got {value!r}") from None
+    if hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return "" if value is None else str(value)
+    return value
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"unknown config key {prefix + key!r}: {_suggest(key, names)}")
+    kwargs = {}
+    for name in names & set(data):
+        hint = hints[name]
+        key = prefix + name
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, data[name], key + ".")
+        else:
+            kwargs[name] = _coerce(key, data[name], hint)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a Config from a plain nested mapping."""
+    return _build(Config, data, "")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one `--set key=value` argument; the value is read as YAML (numbers, lists, booleans)."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value (e.g. optim.epochs=2), got {text!r}")
+    key, raw = text.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Load a YAML config (scDINO pipeline YAMLs are converted), then apply `key=value` overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections, got {type(tree).__name__}")
+        from training.scdino_compat import convert_if_scdino
+
+        tree = convert_if_scdino(tree)
+    config = from_dict(tree)
+    if overrides:
+        config = config.replace(dict(parse_override(o) for o in overrides))
+    return config
+
+
+def dump_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+

@@ -1,0 +1,12 @@
+"""Errors a user can fix. The CLI prints their message on one line and exits with status 2."""
+
+
+class UserError(Exception):
+    """Bad input or a missing prerequisite; the message says what is wrong and how to fix it."""
+
+
+class MissingInputError(UserError):
+    """A step's input is absent; the message names the step that produces it."""
+
+    def __init__(self, what: str, path: object, step: str) -> None:
+        super().__init__(f"{what} not found at {path}: run `python -m training {step}` first")
