@@ -1,0 +1,170 @@
+"""Weak-scaling model: how efficiently does DINO pretraining scale across nodes of each preset?
+
+    python -m training.benchmarks.scaling --step-json bench_step.json [--busbw-json allreduce.json]
+
+Per-GPU batch is fixed (weak scaling). A DDP step costs its measured compute time plus the part of
+the gradient all-reduce that backward does not hide:
+
+    t_allreduce = grad_bytes * 2 (n - 1) / n / busbw      (busbw as nccl-tests reports it)
+    exposed     = max(0, t_allreduce - overlap * t_backward)
+    efficiency  = t_step / (t_step + exposed)
+
+Inside one node the intra-node bus bandwidth applies; across nodes the inter-node one. FSDP moves
+1.5x the bytes of DDP (all-gather in forward and backward, reduce-scatter of gradients) and pays only
+when the replicated training state does not fit beside the activations. A bf16 gradient-compression
+hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths are published
+figures (sources below) unless a measured `--busbw-json` (slurm/nccl_tests.slurm) replaces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    gpus_per_node: int
+    gpu_memory_gb: float
+    intra_busbw_gbs: float
+    inter_busbw_gbs: float
+    peak_tflops: float
+    source: str
+
+
+# Bus bandwidths of large all-reduces (nccl-tests). Sources: awsome-distributed-training
+# micro-benchmarks/nccl-tests README (2x p4de 78.3 GB/s at 2 GiB; 2x p5 443.7 GB/s at 2 GiB),
+# nccl-tests issues #149 (8xA100 in one node ~200 GB/s) and #212 (8xH100 ring ~370 GB/s).
+# g4dn.12xlarge has no published figure: 4 T4 on PCIe 3.0 x16 (~12 GB/s usable) and a 50 Gbps
+# network without GPUDirect RDMA (line rate 6.25 GB/s); the figures below are those bounds at 80%.
+# Peaks are dense tensor-core figures from NVIDIA's datasheets: T4 fp16 65, A100 and H100 SXM bf16.
+PRESETS: dict[str, Interconnect] = {
+    "g4dn.12xlarge": Interconnect(4, 16, 9.6, 5.0, 65.0, "assumed: 80% of PCIe 3.0 x16 / 50 Gbps line rate"),
+    "p4d.24xlarge": Interconnect(8, 40, 200.0, 78.3, 312.0, "nccl-tests, published (2 nodes, 2 GiB)"),
+    "p5.48xlarge": Interconnect(8, 80, 370.0, 443.7, 989.0, "nccl-tests, published (2 nodes, 2 GiB)"),
+}
+
+ADAMW_STATE_BYTES_PER_PARAM = 4 + 4 + 8  # fp32 weights, gradients, two moments
+TEACHER_BYTES_PER_PARAM = 4
+
+
+def allreduce_seconds(nbytes: float, busbw_gbs: float, ranks: int) -> float:
+    if ranks <= 1:
+        return 0.0
+    return nbytes * 2 * (ranks - 1) / ranks / (busbw_gbs * GB)
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    step_time_s: float
+    backward_s: float
+    params: int
+    activation_gb: float = 0.0
+    flops_per_step: float = 0.0
+    mfu: float = 0.0
+
+    def on(self, net: Interconnect) -> tuple["StepProfile", str]:
+        """This step on another GPU, assuming the same MFU when the FLOPs and MFU are known."""
+        if not (self.flops_per_step and self.mfu):
+            return self, "measured step time, applied to every preset"
+        step = self.flops_per_step / (self.mfu * net.peak_tflops * 1e12)
+        scale = step / self.step_time_s
+        return (StepProfile(step, self.backward_s * scale, self.params, self.activation_gb,
+                            self.flops_per_step, self.mfu),
+                f"FLOPs per step at the measured MFU ({self.mfu:.1%}) of this preset's peak")
+
+
+def efficiency(profile: StepProfile, net: Interconnect, nodes: int, *, grad_bytes_per_param: float,
+               volume_factor: float = 1.0, overlap: float = 0.8) -> tuple[float, float]:
+    """(efficiency, exposed communication seconds) of one weak-scaled step on `nodes` nodes."""
+    ranks = nodes * net.gpus_per_node
+    busbw = net.inter_busbw_gbs if nodes > 1 else net.intra_busbw_gbs
+    comm = volume_factor * allreduce_seconds(profile.params * grad_bytes_per_param, busbw, ranks)
+    exposed = max(0.0, comm - overlap * profile.backward_s)
+    return profile.step_time_s / (profile.step_time_s + exposed), exposed
+
+
+def fsdp_verdict(profile: StepProfile, net: Interconnect) -> str:
+    state_gb = profile.params * (ADAMW_STATE_BYTES_PER_PARAM + TEACHER_BYTES_PER_PARAM) / GB
+    if state_gb + profile.activation_gb < 0.7 * net.gpu_memory_gb:
+        return (f"DDP: the replicated state ({state_gb:.2f} GB) fits; FSDP would add 50% more "
+                "communication for no memory benefit")
+    return (f"FSDP: the replicated state ({state_gb:.2f} GB) plus activations exceed 70% of "
+            f"{net.gpu_memory_gb:.0f} GB; sharding frees memory for larger batches")
+
+
+def predict(profile: StepProfile, node_counts: list[int], presets: dict[str, Interconnect],
+            overlap: float = 0.8) -> dict:
+    out: dict = {"model": {"overlap": overlap, **asdict(profile)}, "presets": {}}
+    for name, net in presets.items():
+        rows = []
+        base = profile
+        profile, basis = base.on(net)
+        for nodes in node_counts:
+            ddp, exposed = efficiency(profile, net, nodes, grad_bytes_per_param=4, overlap=overlap)
+            bf16, _ = efficiency(profile, net, nodes, grad_bytes_per_param=2, overlap=overlap)
+            fsdp, _ = efficiency(profile, net, nodes, grad_bytes_per_param=4, volume_factor=1.5,
+                                 overlap=overlap)
+            rows.append({
+                "nodes": nodes, "gpus": nodes * net.gpus_per_node,
+                "efficiency_ddp": round(ddp, 4), "efficiency_ddp_bf16_grads": round(bf16, 4),
+                "efficiency_fsdp": round(fsdp, 4), "exposed_comm_ms": round(exposed * 1e3, 3),
+                "compression_pays": exposed > 0.05 * profile.step_time_s,
+            })
+        out["presets"][name] = {"interconnect": asdict(net), "fsdp": fsdp_verdict(profile, net),
+                                "step_time_s": round(profile.step_time_s, 6),
+                                "step_time_basis": basis, "rows": rows}
+        profile = base
+    return out
+
+
+def profile_from_step_json(data: dict, backward_fraction: float) -> StepProfile:
+    """Read `python -m training bench step` output: step time, its backward share, parameters."""
+    try:
+        step = float(data["step_time_s"])
+        params = int(data.get("trainable_params") or data["params"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"error: the step JSON lacks {exc}: pass --step-time and --params") from None
+    backward = float(data.get("backward_s") or backward_fraction * step)
+    return StepProfile(step, backward, params, float(data.get("activation_gb") or 0.0),
+                       float(data.get("flops_per_step") or 0.0), float(data.get("mfu") or 0.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--step-json", type=Path, help="output of `python -m training bench step`")
+    parser.add_argument("--step-time", type=float, help="seconds per step on one GPU")
+    parser.add_argument("--params", type=int, default=44_000_000, help="trainable parameters (ViT-S + DINO head: ~44M)")
+    parser.add_argument("--backward-fraction", type=float, default=0.55, help="share of the step spent in backward")
+    parser.add_argument("--busbw-json", type=Path, help="allreduce benchmark output; its busbw_gbs replaces the inter-node figure of --preset")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="only this instance type")
+    parser.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated node counts")
+    parser.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that can hide communication")
+    args = parser.parse_args(argv)
+    if args.step_json:
+        profile = profile_from_step_json(json.loads(args.step_json.read_text()), args.backward_fraction)
+    elif args.step_time:
+        profile = StepProfile(args.step_time, args.backward_fraction * args.step_time, args.params)
+    else:
+        parser.error("give --step-json or --step-time")
+    presets = {args.preset: PRESETS[args.preset]} if args.preset else dict(PRESETS)
+    if args.busbw_json:
+        if not args.preset:
+            parser.error("--busbw-json needs --preset (the instance type it was measured on)")
+        measured = float(json.loads(args.busbw_json.read_text())["busbw_gbs"])
+        net = presets[args.preset]
+        presets[args.preset] = Interconnect(net.gpus_per_node, net.gpu_memory_gb, net.intra_busbw_gbs,
+                                            measured, net.peak_tflops, f"measured: {args.busbw_json.name}")
+    nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
+    json.dump(predict(profile, nodes, presets, args.overlap), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
