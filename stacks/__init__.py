@@ -1,0 +1,1 @@
+"""The CDK app's stacks, settings and the ParallelCluster configuration builder."""

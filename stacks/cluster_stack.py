@@ -1,0 +1,72 @@
+"""Cluster: the bootstrap bundle as S3 assets and ParallelCluster's CloudFormation custom resource."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.cluster_config import ClusterRefs, build_cluster_config
+from stacks.egress import NatEgress
+from stacks.settings import PCLUSTER_VERSION, Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BOOTSTRAP_SCRIPT = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
+PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
+                         "/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")
+
+# What the nodes install: the code, the Slurm scripts and the pinned requirements; everything else
+# in the repository (virtualenvs, node_modules, tests, infra code) stays out of the bundle.
+BUNDLE_CONTENTS = ["training", "slurm", "configs", "requirements.txt", "pyproject.toml"]
+BUNDLE_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUNDLE_CONTENTS], *[f"!{item}/**" for item in BUNDLE_CONTENTS],
+                  "**/__pycache__", "**/*.pyc", "**/*.egg-info"]
+
+
+class ClusterStack(cdk.Stack):
+    """The ParallelCluster cluster; deleting this stack deletes the cluster (not the data)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, subnet_id: str,
+                 route_table_id: str, public_subnet_id: str, security_group_id: str, file_system_id: str,
+                 data_policy_arn: str, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+        script = s3_assets.Asset(self, "BootstrapScript", path=str(BOOTSTRAP_SCRIPT))
+        bundle = s3_assets.Asset(self, "Bundle", path=str(REPO_ROOT), exclude=BUNDLE_EXCLUDE)
+        refs = ClusterRefs(
+            subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
+            data_policy_arn=data_policy_arn, assets_bucket=script.s3_bucket_name,
+            script_key=script.s3_object_key, bundle_key=bundle.s3_object_key,
+            vpc_cidr=settings.network.vpc_cidr, custom_ami=self._ami(settings))
+        self.provider = cdk.CfnStack(
+            self, "PclusterProvider",
+            template_url=cdk.Fn.sub(PROVIDER_TEMPLATE_URL, {"Version": PCLUSTER_VERSION}))
+        self.cluster = cdk.CustomResource(
+            self, "Cluster",
+            resource_type="Custom::PclusterCluster",
+            service_token=self.provider.get_att("Outputs.ServiceToken").to_string(),
+            properties={
+                "ClusterName": settings.cluster.name,
+                "ClusterConfiguration": build_cluster_config(settings, refs),
+                "DeletionPolicy": "Delete",
+            })
+        # Nodes download packages while bootstrapping: the route must exist first (and go last).
+        self.cluster.node.add_dependency(egress)
+        self._outputs(settings)
+
+    def _ami(self, settings: Settings) -> str:
+        """The AMI the nodes boot: empty means ParallelCluster's official one for `image.os`."""
+        if settings.cluster.custom_ami == "ssm":
+            return ssm.StringParameter.value_for_string_parameter(self, settings.image.ami_parameter)
+        return settings.cluster.custom_ami
+
+    def _outputs(self, settings: Settings) -> None:
+        head_node_id = self.cluster.get_att_string("headNode.instanceId")
+        cdk.CfnOutput(self, "ClusterName", value=settings.cluster.name)
+        cdk.CfnOutput(self, "HeadNodeInstanceId", value=head_node_id)
+        cdk.CfnOutput(self, "ConnectCommand", description="Open a shell on the head node (SSM Session Manager)",
+                      value=cdk.Fn.join("", ["aws ssm start-session --region ", self.region,
+                                             " --target ", head_node_id]))
+        cdk.CfnOutput(self, "ValidationMessages", value=self.cluster.get_att_string("validationMessages"))

@@ -1,0 +1,69 @@
+"""GPU instance presets: one Slurm queue per enabled preset.
+
+This module is the machine-readable contract between the cluster and the Slurm scripts:
+`slurm/env.sh` must default to the partition, GPUs per node and CPUs per GPU of
+`DEFAULT_PRESET` (a test reads both files and compares them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuPreset:
+    """What the cluster and the sbatch scripts need to know about one GPU instance type."""
+
+    instance_type: str
+    gpus_per_node: int
+    vcpus: int
+    gpu_model: str
+    efa: bool
+    """Elastic Fabric Adapter supported: NCCL traffic bypasses the kernel between nodes."""
+    placement_group: bool
+    """Cluster placement group: nodes on the same network spine (useful only with EFA)."""
+    local_nvme: bool
+    """Instance-store NVMe that ParallelCluster mounts as scratch."""
+
+    @property
+    def cpus_per_gpu(self) -> int:
+        """vCPUs Slurm gives each GPU task (data loading workers live there)."""
+        return self.vcpus // self.gpus_per_node
+
+    @property
+    def queue_name(self) -> str:
+        """Slurm partition name: `gpu-` + instance type without dots and `arge` (g4dn.12xlarge -> gpu-g4dn12xl)."""
+        return "gpu-" + self.compute_resource_name
+
+    @property
+    def compute_resource_name(self) -> str:
+        """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars)."""
+        return self.instance_type.replace(".", "").replace("xlarge", "xl")
+
+
+PRESETS: dict[str, GpuPreset] = {
+    preset.instance_type: preset
+    for preset in (
+        GpuPreset("g4dn.12xlarge", gpus_per_node=4, vcpus=48, gpu_model="T4",
+                  efa=True, placement_group=True, local_nvme=True),
+        GpuPreset("p4d.24xlarge", gpus_per_node=8, vcpus=96, gpu_model="A100",
+                  efa=True, placement_group=True, local_nvme=True),
+        GpuPreset("p5.48xlarge", gpus_per_node=8, vcpus=192, gpu_model="H100",
+                  efa=True, placement_group=True, local_nvme=True),
+    )
+}
+
+DEFAULT_PRESET = "g4dn.12xlarge"
+
+# The defaults slurm/env.sh must carry, by the variable name it uses.
+SLURM_DEFAULTS: dict[str, str] = {
+    "SCDINO_PARTITION": PRESETS[DEFAULT_PRESET].queue_name,
+    "SCDINO_GPUS_PER_NODE": str(PRESETS[DEFAULT_PRESET].gpus_per_node),
+    "SCDINO_CPUS_PER_GPU": str(PRESETS[DEFAULT_PRESET].cpus_per_gpu),
+}
+
+# Mount points shared by the cluster config, the bootstrap script and the Slurm scripts.
+FSX_MOUNT_DIR = "/fsx"
+APPS_MOUNT_DIR = "/apps"
+SCRATCH_DIR = "/scratch"
+BUNDLE_DIR = "/apps/scdino"

@@ -1,0 +1,251 @@
+"""Typed deployment settings: one frozen tree, validated on construction.
+
+Sources, lowest precedence first: the dataclass defaults, the `scdino` object of cdk.json's
+context, a YAML file (`-c settings=path.yaml`), then single keys (`-c cluster.max_nodes=4`).
+Only app.py gathers those sources; everything else receives a `Settings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from stacks.presets import PRESETS
+
+PCLUSTER_VERSION = "3.16.1"
+SUPPORTED_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel9", "rocky9")
+FSX_THROUGHPUTS = (125, 250, 500, 1000)
+_LOG_RETENTIONS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
+_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+_INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
+
+
+class SettingsError(ValueError):
+    """A setting has a wrong value; the message names the setting and what is allowed."""
+
+
+def _fail(key: str, message: str) -> typing.NoReturn:
+    raise SettingsError(f"setting {key}: {message}")
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        _fail(key, message)
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    """The VPC: one AZ, because EFA and cluster placement groups cannot span zones."""
+
+    availability_zone: str = "us-east-1a"
+    vpc_cidr: str = "10.0.0.0/16"
+    flow_log_retention_days: int = 30
+
+    def __post_init__(self) -> None:
+        _check(bool(_AZ.match(self.availability_zone)), "network.availability_zone",
+               f"expected an availability zone such as us-east-1a, got {self.availability_zone!r}")
+        try:
+            net = ipaddress.ip_network(self.vpc_cidr)
+        except ValueError:
+            _fail("network.vpc_cidr", f"expected an IPv4 CIDR such as 10.0.0.0/16, got {self.vpc_cidr!r}")
+        _check(16 <= net.prefixlen <= 20, "network.vpc_cidr",
+               f"prefix length must be /16../20 to fit two /24+ subnets, got /{net.prefixlen}")
+        _check(self.flow_log_retention_days in _LOG_RETENTIONS, "network.flow_log_retention_days",
+               f"must be one of CloudWatch's values {_LOG_RETENTIONS}, got {self.flow_log_retention_days}")
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """The data bucket and the FSx for Lustre file system linked to it."""
+
+    fsx_capacity_gib: int = 1200
+    fsx_throughput_per_tib: int = 250
+    fsx_compression: str = "LZ4"
+    data_prefix: str = "data"
+    """S3 prefix (no slashes) linked to /fsx/<data_prefix> by the data repository association."""
+    retain: bool = True
+    """Keep bucket and file system on `cdk destroy` (termination protection too); false for throw-away demos."""
+
+    def __post_init__(self) -> None:
+        cap = self.fsx_capacity_gib
+        _check(cap == 1200 or (cap > 0 and cap % 2400 == 0), "storage.fsx_capacity_gib",
+               f"PERSISTENT_2 takes 1200 or a multiple of 2400 GiB, got {cap}")
+        _check(self.fsx_throughput_per_tib in FSX_THROUGHPUTS, "storage.fsx_throughput_per_tib",
+               f"must be one of {FSX_THROUGHPUTS}, got {self.fsx_throughput_per_tib}")
+        _check(self.fsx_compression in ("LZ4", "NONE"), "storage.fsx_compression",
+               f"must be LZ4 or NONE, got {self.fsx_compression!r}")
+        _check(bool(re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.data_prefix)), "storage.data_prefix",
+               f"must be one path segment of lowercase letters, digits, '-' or '_', got {self.data_prefix!r}")
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """The Packer GPU image pipeline (CodeBuild) and where it publishes the AMI id."""
+
+    os: str = "alinux2023"
+    build_instance_type: str = "g4dn.xlarge"
+    ami_parameter: str = "/scdino/ami/gpu"
+
+    def __post_init__(self) -> None:
+        _check(self.os in SUPPORTED_OSES, "image.os", f"must be one of {SUPPORTED_OSES}, got {self.os!r}")
+        _check(bool(_INSTANCE.match(self.build_instance_type)), "image.build_instance_type",
+               f"expected an EC2 instance type such as g4dn.xlarge, got {self.build_instance_type!r}")
+        _check(bool(re.fullmatch(r"(/[A-Za-z0-9_.-]+)+", self.ami_parameter)), "image.ami_parameter",
+               f"expected an SSM parameter path such as /scdino/ami/gpu, got {self.ami_parameter!r}")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The ParallelCluster cluster: head node, one Slurm queue per preset, shared storage."""
+
+    name: str = "scdino"
+    head_node_instance_type: str = "c6i.2xlarge"
+    presets: tuple[str, ...] = ("g4dn.12xlarge",)
+    min_nodes: int = 0
+    """Static nodes per queue (billed while the cluster exists)."""
+    max_nodes: int = 2
+    custom_ami: str = ""
+    """Empty: the official ParallelCluster AMI; `ssm`: the AMI the image pipeline published; or an ami- id."""
+    apps_volume_gib: int = 200
+    root_volume_gib: int = 200
+    scaledown_idle_minutes: int = 10
+    log_retention_days: int = 30
+
+    def __post_init__(self) -> None:
+        _check(bool(_NAME.match(self.name)) and len(self.name) <= 40, "cluster.name",
+               f"must start with a letter, hold only lowercase letters, digits and '-', <= 40 chars; got {self.name!r}")
+        _check(bool(_INSTANCE.match(self.head_node_instance_type)), "cluster.head_node_instance_type",
+               f"expected an EC2 instance type such as c6i.2xlarge, got {self.head_node_instance_type!r}")
+        _check(len(self.presets) > 0, "cluster.presets", f"choose at least one of {sorted(PRESETS)}")
+        for preset in self.presets:
+            _check(preset in PRESETS, "cluster.presets", f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+        _check(len(set(self.presets)) == len(self.presets), "cluster.presets", "lists a preset twice")
+        _check(self.min_nodes >= 0, "cluster.min_nodes", f"must be >= 0, got {self.min_nodes}")
+        _check(self.max_nodes >= max(self.min_nodes, 1), "cluster.max_nodes",
+               f"must be >= 1 and >= cluster.min_nodes ({self.min_nodes}), got {self.max_nodes}")
+        _check(self.custom_ami in ("", "ssm") or bool(_AMI.match(self.custom_ami)), "cluster.custom_ami",
+               f"must be empty (official AMI), 'ssm' (built image) or an ami- id, got {self.custom_ami!r}")
+        for key in ("apps_volume_gib", "root_volume_gib"):
+            _check(40 <= getattr(self, key) <= 16384, f"cluster.{key}", f"must be 40..16384, got {getattr(self, key)}")
+        _check(self.scaledown_idle_minutes >= 1, "cluster.scaledown_idle_minutes", "must be >= 1")
+        _check(self.log_retention_days in _LOG_RETENTIONS, "cluster.log_retention_days",
+               f"must be one of CloudWatch's values {_LOG_RETENTIONS}, got {self.log_retention_days}")
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a deployment can choose; stack names start with `prefix`."""
+
+    prefix: str = "scdino"
+    region: str = "us-east-1"
+    account: str = ""
+    """Empty: account-agnostic stacks, deployed to the account of the CLI's credentials."""
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    image: ImageSettings = field(default_factory=ImageSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+
+    def __post_init__(self) -> None:
+        _check(bool(re.fullmatch(r"[a-z][a-z0-9-]{0,30}", self.prefix)), "prefix",
+               "must start with a letter, hold only lowercase letters, digits and '-', <= 31 chars; "
+               f"got {self.prefix!r}")
+        _check(bool(_REGION.match(self.region)), "region", f"expected a region such as us-east-1, got {self.region!r}")
+        _check(self.account == "" or bool(re.fullmatch(r"\d{12}", self.account)), "account",
+               "must be empty or 12 digits")
+        _check(self.network.availability_zone.startswith(self.region), "network.availability_zone",
+               f"{self.network.availability_zone!r} is not in region {self.region!r}")
+        stack_names = [f"{self.prefix}-{stack}" for stack in ("network", "storage", "image", "cluster")]
+        _check(self.cluster.name not in stack_names, "cluster.name",
+               f"ParallelCluster names its own stack after the cluster: choose a name other than {stack_names}")
+
+
+def setting_keys(cls: type = Settings, prefix: str = "") -> list[str]:
+    """Every dotted key a user may set, e.g. `cluster.max_nodes`."""
+    keys: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        hint = hints[item.name]
+        if dataclasses.is_dataclass(hint):
+            keys.extend(setting_keys(hint, f"{prefix}{item.name}."))
+        else:
+            keys.append(prefix + item.name)
+    return keys
+
+
+def _coerce(key: str, hint: Any, value: Any) -> Any:
+    """Turn a context/YAML value into the field's type (`-c` values always arrive as strings)."""
+    if hint is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        try:
+            _check(not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+            return int(str(value), 10)
+        except ValueError:
+            _fail(key, f"expected an integer, got {value!r}")
+    if typing.get_origin(hint) is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        _check(isinstance(items, (list, tuple)), key, f"expected a list or comma-separated string, got {value!r}")
+        return tuple(str(item).strip() for item in items if str(item).strip())
+    _check(isinstance(value, (str, int, float)), key, f"expected a string, got {value!r}")
+    return str(value)
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for item in dataclasses.fields(cls):
+        key, hint = prefix + item.name, hints[item.name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[item.name] = _build(hint, values, key + ".")
+        elif key in values:
+            kwargs[item.name] = _coerce(key, hint, values[key])
+    return cls(**kwargs)
+
+
+def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'cluster': {'max_nodes': 4}} -> {'cluster.max_nodes': 4}; dotted keys pass through."""
+    flat: dict[str, Any] = {}
+    for name, value in nested.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def build_settings(*layers: Mapping[str, Any]) -> Settings:
+    """Merge layers (later wins; nested or dotted keys) into validated `Settings`."""
+    merged: dict[str, Any] = {}
+    known = set(setting_keys())
+    for layer in layers:
+        for key, value in flatten(layer).items():
+            _check(key in known, key, f"unknown setting; known settings: {', '.join(sorted(known))}")
+            merged[key] = value
+    return _build(Settings, merged, "")
+
+
+def load_settings_file(path: str) -> dict[str, Any]:
+    """Read a settings YAML file (a mapping shaped like `Settings`)."""
+    file = Path(path)
+    _check(file.is_file(), "settings", f"file {path!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        _fail("settings", f"{path!r} is not valid YAML: {str(error).splitlines()[0]}")
+    _check(isinstance(data, Mapping), "settings", f"{path!r} must hold a mapping at the top level")
+    return dict(data)

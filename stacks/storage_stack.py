@@ -1,0 +1,97 @@
+"""Storage (stateful): KMS key, data bucket, FSx for Lustre linked to the bucket's data prefix."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.nag import acknowledge
+from stacks.presets import FSX_MOUNT_DIR
+from stacks.settings import StorageSettings
+
+_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+class StorageStack(cdk.Stack):
+    """What outlives the cluster: retained and termination-protected unless `storage.retain` is false.
+
+    Construct ids here are part of the data's identity: renaming one would make CloudFormation
+    replace the bucket or file system (a test pins their logical ids).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: StorageSettings,
+                 vpc: ec2.IVpc, subnet: ec2.ISubnet, fsx_security_group: ec2.ISecurityGroup, **kwargs) -> None:
+        super().__init__(scope, construct_id, termination_protection=settings.retain, **kwargs)
+        self._settings = settings
+        self._removal = cdk.RemovalPolicy.RETAIN if settings.retain else cdk.RemovalPolicy.DESTROY
+        self.key = kms.Key(self, "StorageKey", enable_key_rotation=True, removal_policy=self._removal,
+                           description="scDINO: FSx for Lustre encryption at rest")
+        self.bucket = self._data_bucket()
+        self.file_system = fsx.LustreFileSystem(
+            self, "DataFileSystem",
+            vpc=vpc, vpc_subnet=subnet, security_group=fsx_security_group, kms_key=self.key,
+            storage_capacity_gib=settings.fsx_capacity_gib,
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
+                per_unit_storage_throughput=settings.fsx_throughput_per_tib,
+                data_compression_type=fsx.LustreDataCompressionType[settings.fsx_compression]),
+            removal_policy=self._removal)
+        self.data_path = f"{FSX_MOUNT_DIR}/{settings.data_prefix}"
+        self._link_bucket()
+        self.data_policy = self._data_policy()
+        cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
+        cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
+        upload_uri = f"s3://{self.bucket.bucket_name}/{settings.data_prefix}/my-dataset/"
+        cdk.CfnOutput(self, "UploadCommand", description="Copy a local dataset where the cluster sees it",
+                      value=f"aws s3 sync ./my-dataset {upload_uri}")
+
+    def _data_bucket(self) -> s3.Bucket:
+        """SSE-S3 rather than SSE-KMS: FSx's per-file-system service-linked role must read the bucket,
+        and a customer key would need that role (named after the file system id) in its key policy."""
+        auto_delete = not self._settings.retain
+        logs_bucket = s3.Bucket(
+            self, "AccessLogsBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
+            auto_delete_objects=auto_delete, object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))])
+        acknowledge(logs_bucket, "S1", "This bucket is the server access log target of the data bucket; "
+                    "logging it into itself would loop.")
+        return s3.Bucket(
+            self, "DataBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
+            auto_delete_objects=auto_delete, server_access_logs_bucket=logs_bucket,
+            server_access_logs_prefix="data-bucket/")
+
+    def _link_bucket(self) -> None:
+        """Data repository association: s3://bucket/<prefix>/ <-> /fsx/<prefix>, imported and exported both ways."""
+        association = fsx.CfnDataRepositoryAssociation(
+            self, "DataRepositoryAssociation",
+            file_system_id=self.file_system.file_system_id,
+            file_system_path=f"/{self._settings.data_prefix}",
+            data_repository_path=f"s3://{self.bucket.bucket_name}/{self._settings.data_prefix}/",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=_EVENTS),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=_EVENTS)))
+        association.apply_removal_policy(self._removal)
+
+    def _data_policy(self) -> iam.ManagedPolicy:
+        """What cluster nodes may do on the bucket: list, read and write under the data prefix only."""
+        prefix = self._settings.data_prefix
+        policy = iam.ManagedPolicy(self, "ClusterDataAccessPolicy", statements=[
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn],
+                                conditions={"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}),
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=[self.bucket.arn_for_objects(f"{prefix}/*")]),
+        ])
+        acknowledge(policy, f"IAM5[Resource::<{self.get_logical_id(self.bucket.node.default_child)}.Arn>/{prefix}/*]",
+                    "Nodes read and write any object under the data prefix (datasets and run outputs); "
+                    "the wildcard is confined to that prefix of this one bucket.")
+        return policy

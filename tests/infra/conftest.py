@@ -1,0 +1,23 @@
+"""Infra fixtures: the CDK app is synthesised once per session and shared by every test."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.synth_helpers import Synth, synthesize
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory) -> Synth:
+    """The default deployment (cdk.json's settings)."""
+    return synthesize(tmp_path_factory.mktemp("cdk-out"))
+
+
+@pytest.fixture(scope="session")
+def demo_synth(tmp_path_factory) -> Synth:
+    """A throw-away variant in another region: deletable storage, the pipeline-built AMI, every preset."""
+    return synthesize(tmp_path_factory.mktemp("cdk-out-demo"), {
+        "region": "eu-west-1", "network.availability_zone": "eu-west-1b",
+        "storage.retain": "false", "cluster.custom_ami": "ssm",
+        "cluster.presets": "g4dn.12xlarge,p4d.24xlarge,p5.48xlarge", "cluster.min_nodes": "1"})
+

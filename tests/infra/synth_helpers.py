@@ -1,0 +1,59 @@
+"""Synthesis and template helpers shared by the infra tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CDK_ENV = {"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1"}
+os.environ.update(CDK_ENV)
+
+
+@dataclass
+class Synth:
+    """One synthesised app: the Template of each stack, raw JSON, and the cloud assembly directory."""
+
+    templates: dict[str, Any]
+    json: dict[str, dict[str, Any]]
+    outdir: Path
+    stacks: Any
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """The context the CLI would pass (cdk.json's), since App() outside the CLI does not read it."""
+    return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+
+
+def synthesize(outdir: Path, *overrides: dict[str, Any]) -> Synth:
+    import aws_cdk as cdk
+    from aws_cdk.assertions import Template
+
+    from stacks.app_builder import build_app
+    from stacks.settings import build_settings
+
+    context = cdk_json_context()
+    app = cdk.App(context=context, outdir=str(outdir))
+    stacks = build_app(app, build_settings(context["scdino"], *overrides))
+    by_name = {"network": stacks.network, "storage": stacks.storage, "image": stacks.image,
+               "cluster": stacks.cluster}
+    templates = {name: Template.from_stack(stack) for name, stack in by_name.items()}
+    return Synth(templates=templates, json={name: t.to_json() for name, t in templates.items()}, outdir=outdir,
+                 stacks=stacks)
+
+
+def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    return {key: value for key, value in template["Resources"].items() if value["Type"] == resource_type}
+
+
+def one(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
+    found = resources(template, resource_type)
+    assert len(found) == 1, f"expected one {resource_type}, found {sorted(found)}"
+    return next(iter(found.values()))
+
+
+def cluster_config(synth_result: Synth) -> dict[str, Any]:
+    return one(synth_result.json["cluster"], "Custom::PclusterCluster")["Properties"]["ClusterConfiguration"]

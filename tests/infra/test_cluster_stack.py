@@ -1,0 +1,100 @@
+"""Cluster stack: the pinned ParallelCluster provider and the cluster custom resource it serves."""
+
+from __future__ import annotations
+
+from infra.synth_helpers import cluster_config, one, resources
+
+
+def test_provider_is_the_pinned_parallelcluster_custom_resource_template(synth):
+    provider = one(synth.json["cluster"], "AWS::CloudFormation::Stack")["Properties"]
+    url, variables = provider["TemplateURL"]["Fn::Sub"]
+    assert url.endswith("/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")
+    assert variables == {"Version": "3.16.1"}
+
+
+def test_cluster_resource_properties(synth):
+    cluster = one(synth.json["cluster"], "Custom::PclusterCluster")["Properties"]
+    assert cluster["ServiceToken"] == {"Fn::GetAtt": ["PclusterProvider", "Outputs.ServiceToken"]}
+    assert cluster["ClusterName"] == "scdino"
+    assert cluster["DeletionPolicy"] == "Delete"
+    assert set(cluster) == {"ServiceToken", "ClusterName", "ClusterConfiguration", "DeletionPolicy"}
+
+
+def test_configuration_references_other_stacks(synth):
+    config = cluster_config(synth)
+    assert "Fn::ImportValue" in config["HeadNode"]["Networking"]["SubnetId"]
+    fsx = config["SharedStorage"][0]
+    assert fsx["MountDir"] == "/fsx" and "DataFileSystem" in str(fsx["FsxLustreSettings"]["FileSystemId"])
+    assert "ClusterDataAccessPolicy" in str(config["HeadNode"]["Iam"]["AdditionalIamPolicies"][0]["Policy"])
+
+
+def test_default_queue_has_efa_placement_group_and_scratch(synth):
+    (queue,) = cluster_config(synth)["Scheduling"]["SlurmQueues"]
+    assert queue["Name"] == "gpu-g4dn12xl"
+    (resource,) = queue["ComputeResources"]
+    assert resource["InstanceType"] == "g4dn.12xlarge" and resource["Efa"] == {"Enabled": True}
+    assert (resource["MinCount"], resource["MaxCount"]) == (0, 2)
+    assert queue["Networking"]["PlacementGroup"] == {"Enabled": True}
+    assert queue["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": "/scratch"}
+
+
+def test_official_ami_by_default_and_pipeline_ami_when_asked(synth, demo_synth):
+    assert "CustomAmi" not in cluster_config(synth)["Image"]
+    custom = cluster_config(demo_synth)["Image"]["CustomAmi"]
+    parameters = demo_synth.json["cluster"]["Parameters"]
+    (name,) = [key for key, value in parameters.items() if value.get("Default") == "/scdino/ami/gpu"]
+    assert custom == {"Ref": name}
+    assert parameters[name]["Type"] == "AWS::SSM::Parameter::Value<String>"
+
+
+def test_bootstrap_action_gets_the_bundle_uri_and_install_dir(synth):
+    config = cluster_config(synth)
+    head_actions = config["HeadNode"]["CustomActions"]
+    assert set(head_actions) == {"OnNodeConfigured", "OnNodeUpdated"}
+    action = head_actions["OnNodeConfigured"]
+    assert action["Script"]["Fn::Join"][1][-1].endswith(".sh")
+    bundle_uri, install_dir = action["Args"]
+    assert bundle_uri["Fn::Join"][1][0] == "s3://" and bundle_uri["Fn::Join"][1][-1].endswith(".zip")
+    assert install_dir == "/apps/scdino"
+    assert config["Scheduling"]["SlurmQueues"][0]["CustomActions"] == {"OnNodeConfigured": action}
+
+
+def test_nodes_read_only_the_two_asset_objects(synth):
+    access = cluster_config(synth)["HeadNode"]["Iam"]["S3Access"]
+    assert [entry["EnableWriteAccess"] for entry in access] == [False, False]
+    assert sorted(entry["KeyName"].rsplit(".", 1)[1] for entry in access) == ["sh", "zip"]
+
+
+def test_outputs_give_name_head_node_and_connect_command(synth):
+    outputs = synth.json["cluster"]["Outputs"]
+    assert outputs["ClusterName"]["Value"] == "scdino"
+    assert outputs["HeadNodeInstanceId"]["Value"] == {"Fn::GetAtt": ["Cluster", "headNode.instanceId"]}
+    parts = outputs["ConnectCommand"]["Value"]["Fn::Join"][1]
+    assert parts[0] == "aws ssm start-session --region us-east-1 --target " and parts[-1] == {
+        "Fn::GetAtt": ["Cluster", "headNode.instanceId"]}
+
+
+def test_every_preset_becomes_a_queue_in_the_demo(demo_synth):
+    queues = cluster_config(demo_synth)["Scheduling"]["SlurmQueues"]
+    assert [q["Name"] for q in queues] == ["gpu-g4dn12xl", "gpu-p4d24xl", "gpu-p548xl"]
+    assert {q["ComputeResources"][0]["MinCount"] for q in queues} == {1}
+    assert not resources(demo_synth.json["cluster"], "AWS::EC2::Instance")
+
+
+def test_cluster_stack_owns_the_nat_route_and_waits_for_it(synth):
+    template = synth.json["cluster"]
+    gateway = one(template, "AWS::EC2::NatGateway")["Properties"]
+    assert "VpcPublicSubnet" in str(gateway["SubnetId"])
+    (route_id,) = resources(template, "AWS::EC2::Route")
+    route = template["Resources"][route_id]["Properties"]
+    assert route["DestinationCidrBlock"] == "0.0.0.0/0" and "VpcPrivateSubnet" in str(route["RouteTableId"])
+    assert route_id in one(template, "Custom::PclusterCluster")["DependsOn"]
+
+
+def test_bundle_asset_holds_the_code_and_nothing_else(synth):
+    staged = [path for path in synth.outdir.glob("asset.*") if (path / "training").is_dir()]
+    assert len(staged) == 1
+    top_level = {path.name for path in staged[0].iterdir()}
+    assert {"training", "slurm", "requirements.txt", "pyproject.toml"} <= top_level
+    assert top_level <= {"training", "slurm", "configs", "requirements.txt", "pyproject.toml"}
+    assert not list(staged[0].rglob("__pycache__"))

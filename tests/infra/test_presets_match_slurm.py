@@ -1,0 +1,75 @@
+"""slurm/env.sh defaults must describe the cluster the CDK app creates (stacks/presets.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from stacks.presets import BUNDLE_DIR, DEFAULT_PRESET, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, SLURM_DEFAULTS
+
+ENV_SH = Path(__file__).resolve().parents[2] / "slurm" / "env.sh"
+# VAR=${VAR:-default} or export VAR="${VAR:-default}"
+_ASSIGN = re.compile(r'^\s*(?:export\s+)?(?P<name>[A-Z_][A-Z0-9_]*)="?\$\{(?P=name):?-(?P<value>[^}]*)\}"?\s*$')
+# : "${VAR:=default}"
+_COLON = re.compile(r'^\s*:\s+"?\$\{(?P<name>[A-Z_][A-Z0-9_]*):?=(?P<value>[^}]*)\}"?\s*$')
+
+
+def env_defaults(text: str) -> dict[str, str]:
+    """Default value of each variable slurm/env.sh sets, in either shell idiom."""
+    defaults = {}
+    for line in text.splitlines():
+        match = _ASSIGN.match(line) or _COLON.match(line)
+        if match:
+            defaults[match["name"]] = match["value"].strip("'\"")
+    return defaults
+
+
+def test_parser_reads_both_idioms():
+    text = 'A=${A:-one}\nexport B="${B:-two}"\n: "${C:=three}"\n# D=${D:-no}\n'
+    assert env_defaults(text) == {"A": "one", "B": "two", "C": "three"}
+
+
+def test_slurm_env_defaults_match_the_default_preset():
+    assert ENV_SH.is_file(), "slurm/env.sh is missing: the Slurm scripts must ship their site defaults"
+    defaults = env_defaults(ENV_SH.read_text())
+    for name, value in SLURM_DEFAULTS.items():
+        assert defaults.get(name) == value, f"slurm/env.sh {name}={defaults.get(name)!r}, cluster has {value!r}"
+
+
+def test_slurm_env_paths_match_the_cluster_layout():
+    defaults = env_defaults(ENV_SH.read_text())
+    assert defaults.get("SCDINO_HOME") == BUNDLE_DIR
+    assert defaults.get("SCDINO_FSX") == FSX_MOUNT_DIR
+    assert defaults.get("SCDINO_SCRATCH") == SCRATCH_DIR
+    if "SCDINO_INSTANCE_TYPE" in defaults:
+        assert defaults["SCDINO_INSTANCE_TYPE"] == PRESETS[DEFAULT_PRESET].instance_type
+
+
+def _sbatch_options() -> list[tuple[str, str, str]]:
+    """(script, option, value) of every `#SBATCH --option=value` line in slurm/*.slurm."""
+    options = []
+    for script in sorted(ENV_SH.parent.glob("*.slurm")):
+        for line in script.read_text().splitlines():
+            match = re.match(r"#SBATCH\s+--([a-z-]+)=(\S+)", line)
+            if match:
+                options.append((script.name, match[1], match[2]))
+    return options
+
+
+def test_sbatch_defaults_can_be_scheduled_on_the_default_cluster():
+    """A request the default cluster cannot satisfy would pend forever (the seeds' queue-size bug)."""
+    from stacks.settings import build_settings
+
+    cluster = build_settings().cluster
+    preset = PRESETS[DEFAULT_PRESET]
+    options = _sbatch_options()
+    assert options, "no #SBATCH lines found in slurm/*.slurm"
+    for script, option, value in options:
+        if option == "partition":
+            assert value in {p.queue_name for p in PRESETS.values()}, f"{script}: unknown partition {value}"
+        elif option == "nodes":
+            assert int(value.split("-")[-1]) <= cluster.max_nodes, f"{script}: --nodes={value} > max_nodes"
+        elif option in ("cpus-per-task", "cpus-per-gpu"):
+            assert int(value) <= preset.cpus_per_gpu, f"{script}: --{option}={value}"
+        elif option in ("gpus-per-node", "gres"):
+            assert int(value.rsplit(":", 1)[-1]) <= preset.gpus_per_node, f"{script}: --{option}={value}"

@@ -1,0 +1,72 @@
+"""Settings: defaults work, overrides are typed, and every wrong value names its setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacks.settings import Settings, SettingsError, build_settings, load_settings_file, setting_keys
+
+
+def test_defaults_build_a_small_cluster():
+    settings = build_settings()
+    assert settings == Settings()
+    assert settings.cluster.presets == ("g4dn.12xlarge",)
+    assert (settings.cluster.min_nodes, settings.cluster.max_nodes) == (0, 2)
+    assert settings.storage.retain is True
+
+
+def test_context_strings_are_coerced_and_later_layers_win():
+    settings = build_settings(
+        {"cluster": {"max_nodes": 8, "presets": ["p4d.24xlarge"]}},
+        {"cluster.max_nodes": "4", "storage.retain": "false", "cluster.presets": "g4dn.12xlarge, p5.48xlarge"})
+    assert settings.cluster.max_nodes == 4
+    assert settings.storage.retain is False
+    assert settings.cluster.presets == ("g4dn.12xlarge", "p5.48xlarge")
+
+
+def test_settings_file_layer(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("region: eu-west-1\nnetwork:\n  availability_zone: eu-west-1b\ncluster:\n  min_nodes: 1\n")
+    settings = build_settings(load_settings_file(str(path)))
+    assert (settings.region, settings.network.availability_zone, settings.cluster.min_nodes) == (
+        "eu-west-1", "eu-west-1b", 1)
+
+
+@pytest.mark.parametrize("layer, named", [
+    ({"cluster.max_nodes": "many"}, "setting cluster.max_nodes: expected an integer"),
+    ({"cluster.min_nodes": 3}, "setting cluster.max_nodes: must be >= 1 and >= cluster.min_nodes (3)"),
+    ({"cluster.presets": "g5.48xlarge"}, "setting cluster.presets: unknown preset 'g5.48xlarge'"),
+    ({"cluster.presets": ""}, "setting cluster.presets: choose at least one"),
+    ({"cluster.name": "My_Cluster"}, "setting cluster.name: must start with a letter"),
+    ({"cluster.custom_ami": "ami-12"}, "setting cluster.custom_ami:"),
+    ({"storage.fsx_capacity_gib": 2000}, "setting storage.fsx_capacity_gib: PERSISTENT_2 takes 1200"),
+    ({"storage.fsx_throughput_per_tib": 200}, "setting storage.fsx_throughput_per_tib: must be one of"),
+    ({"storage.retain": "maybe"}, "setting storage.retain: expected true or false"),
+    ({"storage.data_prefix": "data/raw"}, "setting storage.data_prefix:"),
+    ({"network.availability_zone": "eu-west-1a"}, "setting network.availability_zone: 'eu-west-1a' is not in"),
+    ({"network.vpc_cidr": "10.0.0.0/8"}, "setting network.vpc_cidr: prefix length"),
+    ({"image.os": "alinux2"}, "setting image.os: must be one of"),
+    ({"region": "mars"}, "setting region:"),
+    ({"cluster.name": "scdino-storage"}, "setting cluster.name: ParallelCluster names its own stack"),
+    ({"cluster.max_nodez": 3}, "setting cluster.max_nodez: unknown setting"),
+])
+def test_wrong_values_name_the_setting(layer, named):
+    with pytest.raises(SettingsError) as error:
+        build_settings(layer)
+    message = str(error.value)
+    assert message.startswith(named), message
+    assert "\n" not in message
+
+
+def test_missing_or_bad_settings_file(tmp_path):
+    with pytest.raises(SettingsError, match="setting settings: file .* does not exist"):
+        load_settings_file(str(tmp_path / "none.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(SettingsError, match="mapping at the top level"):
+        load_settings_file(str(bad))
+
+
+def test_every_key_is_documented_in_settings_dataclasses():
+    keys = setting_keys()
+    assert "cluster.presets" in keys and "storage.retain" in keys and len(keys) == len(set(keys))

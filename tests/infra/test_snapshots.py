@@ -1,0 +1,23 @@
+"""One snapshot per stack, asset hashes masked, so that any template change is a reviewed diff.
+
+Update after an intended change: `.venv/bin/python -m pytest tests/infra/test_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+_ASSET_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def masked(template: dict) -> dict:
+    """The template with every asset hash (they change with any file in the bundle) replaced."""
+    return json.loads(_ASSET_HASH.sub("<asset-hash>", json.dumps(template, sort_keys=True)))
+
+
+@pytest.mark.parametrize("stack", ["network", "storage", "image", "cluster"])
+def test_stack_template_snapshot(synth, snapshot, stack):
+    assert masked(synth.json[stack]) == snapshot

@@ -1,0 +1,90 @@
+"""Storage stack: encryption, bucket hardening, FSx PERSISTENT_2 linked to the bucket, retention."""
+
+from __future__ import annotations
+
+from aws_cdk.assertions import Match
+
+from infra.synth_helpers import one, resources
+
+# Renaming these would make CloudFormation replace the data: they must never change.
+STABLE_LOGICAL_IDS = {
+    "DataBucketE3889A50": "AWS::S3::Bucket",
+    "DataFileSystemD6B5DF42": "AWS::FSx::FileSystem",
+    "DataRepositoryAssociation": "AWS::FSx::DataRepositoryAssociation",
+    "StorageKeyB6649B55": "AWS::KMS::Key",
+}
+
+
+def test_logical_ids_of_stateful_resources_are_stable(synth):
+    for logical_id, resource_type in STABLE_LOGICAL_IDS.items():
+        assert synth.json["storage"]["Resources"][logical_id]["Type"] == resource_type
+
+
+def test_kms_key_rotates(synth):
+    synth.templates["storage"].has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_data_bucket_is_encrypted_versioned_private_logged(synth):
+    bucket = synth.json["storage"]["Resources"]["DataBucketE3889A50"]["Properties"]
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+        "ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert bucket["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+    assert bucket["LoggingConfiguration"]["DestinationBucketName"] == {"Ref": "AccessLogsBucket83982689"}
+
+
+def test_every_bucket_denies_insecure_transport(synth):
+    policies = resources(synth.json["storage"], "AWS::S3::BucketPolicy")
+    assert len(policies) == 2
+    for policy in policies.values():
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+                   for s in statements)
+
+
+def test_file_system_is_persistent_2_encrypted_with_settings(synth):
+    synth.templates["storage"].has_resource_properties("AWS::FSx::FileSystem", {
+        "FileSystemType": "LUSTRE", "FileSystemTypeVersion": "2.15", "StorageCapacity": 1200,
+        "KmsKeyId": {"Ref": "StorageKeyB6649B55"},
+        "LustreConfiguration": {"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250,
+                                "DataCompressionType": "LZ4"},
+        "SecurityGroupIds": [Match.object_like({"Fn::ImportValue": Match.string_like_regexp("FsxSecurityGroup")})],
+    })
+
+
+def test_association_links_fsx_data_path_to_the_bucket_prefix_both_ways(synth):
+    dra = synth.json["storage"]["Resources"]["DataRepositoryAssociation"]["Properties"]
+    assert dra["FileSystemPath"] == "/data"
+    assert dra["DataRepositoryPath"] == {"Fn::Join": ["", ["s3://", {"Ref": "DataBucketE3889A50"}, "/data/"]]}
+    assert dra["FileSystemId"] == {"Ref": "DataFileSystemD6B5DF42"}
+    assert dra["BatchImportMetaDataOnCreate"] is True
+    events = ["NEW", "CHANGED", "DELETED"]
+    assert dra["S3"] == {"AutoImportPolicy": {"Events": events}, "AutoExportPolicy": {"Events": events}}
+
+
+def test_node_data_policy_is_confined_to_the_data_prefix(synth):
+    policy = one(synth.json["storage"], "AWS::IAM::ManagedPolicy")["Properties"]["PolicyDocument"]
+    list_statement, object_statement = policy["Statement"]
+    assert list_statement["Action"] == "s3:ListBucket"
+    assert list_statement["Condition"] == {"StringLike": {"s3:prefix": ["data/*", "data"]}}
+    assert object_statement["Resource"] == {
+        "Fn::Join": ["", [{"Fn::GetAtt": ["DataBucketE3889A50", "Arn"]}, "/data/*"]]}
+    assert not any("*" == action or action.endswith(":*") for action in object_statement["Action"])
+
+
+def test_stateful_resources_are_retained_and_protected_by_default(synth):
+    for logical_id in STABLE_LOGICAL_IDS:
+        resource = synth.json["storage"]["Resources"][logical_id]
+        assert resource["DeletionPolicy"] == "Retain", logical_id
+        assert resource["UpdateReplacePolicy"] == "Retain", logical_id
+    assert synth.stacks.storage.termination_protection is True
+
+
+def test_demo_setting_makes_storage_deletable(demo_synth):
+    template = demo_synth.json["storage"]
+    for logical_id in ("DataBucketE3889A50", "DataFileSystemD6B5DF42"):
+        assert template["Resources"][logical_id]["DeletionPolicy"] == "Delete"
+    # A versioned bucket is emptied by CDK's auto-delete custom resource before deletion.
+    assert resources(template, "Custom::S3AutoDeleteObjects")
+    assert demo_synth.stacks.storage.termination_protection is False
