@@ -213,11 +213,15 @@ class EvalConfig:
     """UMAP min_dist."""
     attention_images_per_class: int = 1
     """Images per class drawn in the attention-map plots."""
+    raw_pixels_size: int = 16
+    """Side the images are average-pooled to for the raw-pixel kNN baseline (keeps C*S*S modest)."""
 
     def __post_init__(self) -> None:
         if not self.knn_k or min(self.knn_k) < 1:
             raise ConfigError(f"eval.knn_k must be a non-empty list of positive ints, got {self.knn_k}")
         _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
+        if self.raw_pixels_size < 1:
+            raise ConfigError(f"eval.raw_pixels_size must be >= 1, got {self.raw_pixels_size}")
 
 
 @dataclass(frozen=True)
@@ -360,7 +364,9 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            tree = yaml.safe_load(path.read_text()) or {}
+            from training.scdino_compat import read_yaml  # safe_load plus scDINO's !!python/tuple
+
+            tree = read_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path} is not valid YAML: {exc}") from None
         if not isinstance(tree, dict):

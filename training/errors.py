@@ -10,3 +10,7 @@ class MissingInputError(UserError):
 
     def __init__(self, what: str, path: object, step: str) -> None:
         super().__init__(f"{what} not found at {path}: run `python -m training {step}` first")
+
+    def __reduce__(self):
+        # Picklable (e.g. sent between ranks or out of a DataLoader worker) as its message.
+        return UserError, (str(self),)

@@ -1,7 +1,28 @@
-"""pretrain: not implemented yet."""
+"""pretrain: DINO self-supervised pretraining of the ViT, resuming from the run's last checkpoint.
 
-from training.errors import UserError
+    python -m training pretrain --config configs/demo.yaml
+    torchrun --nproc_per_node 4 -m training pretrain --config run.yaml
+    srun python -m training pretrain --config run.yaml      (Slurm ranks without torchrun)
+
+Needs `mean-std` first. Pre-emption (SIGUSR1/SIGTERM) saves and exits 0 leaving
+<run>/checkpoints/PREEMPTED for the batch script to requeue; see training/trainer.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from training.config import Config
+from training.distributed import cleanup, init_distributed
+from training.trainer import train
 
 
-def run(config, args):
-    raise UserError("step pretrain is not implemented yet")
+def run(config: Config, args: argparse.Namespace) -> int:
+    ctx = init_distributed()
+    failed = True
+    try:
+        train(config, ctx)
+        failed = False
+    finally:
+        cleanup(ctx, failed=failed)
+    return 0

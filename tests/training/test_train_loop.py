@@ -1,0 +1,110 @@
+"""The pretraining loop on in-memory crops: resume after a pre-emption signal gives the same losses as
+an uninterrupted run; a non-finite loss stops with a clear message and keeps the last checkpoint;
+metrics lines; the per-epoch step cap."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from training.benchmarks.step import SyntheticCrops
+from training.config import Config
+from training.distributed import DistContext, DistEnv
+from training.layout import RunLayout
+from training.trainer import TrainingDivergedError, preempted_marker, train
+
+torch.set_num_threads(1)
+
+CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
+
+
+def tiny_config(out_dir, **overrides) -> Config:
+    base = {
+        "run.output_dir": str(out_dir), "data.channels": "012",
+        "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
+        "dino.global_crop_size": 32, "dino.local_crop_size": 16, "dino.local_crops_number": 2,
+        "optim.batch_size_per_gpu": 4, "optim.epochs": 2, "optim.warmup_epochs": 1, "optim.lr": 0.005,
+        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False,
+    }
+    return Config().replace({**base, **overrides})
+
+
+class SignalAt(SyntheticCrops):
+    """Sends SIGUSR1 to this process while yielding batch `index` of epoch `epoch` (a real signal)."""
+
+    def __init__(self, config, *, batches, at=None, nan_at=None):
+        super().__init__(config, batches=batches)
+        self.at, self.nan_at = at, nan_at
+
+    def __iter__(self):
+        for index, (crops, labels) in enumerate(super().__iter__()):
+            if (self.epoch, index) == self.at:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if (self.epoch, index) == self.nan_at:
+                crops = [c * float("nan") for c in crops]
+            yield crops, labels
+
+
+def factory(batches, **kwargs):
+    def make(config, ctx):
+        loader = SignalAt(config, batches=batches, **kwargs)
+        return loader, loader
+    return make
+
+
+def step_losses(run_dir) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if line["kind"] == "step"}
+
+
+def test_resume_after_preemption_continues_with_identical_losses(tmp_path):
+    reference = train(tiny_config(tmp_path / "ref"), CPU, loader_factory=factory(3))
+    assert reference.global_step == 6 and not reference.preempted
+
+    config = tiny_config(tmp_path / "run")
+    layout = RunLayout.from_config(config)
+    first = train(config, CPU, loader_factory=factory(3, at=(1, 0)))
+    assert first.preempted and first.global_step == 4  # stopped after the first step of epoch 2
+    marker = json.loads(preempted_marker(layout).read_text())
+    assert marker["signal"] == "SIGUSR1" and marker["step"] == 4
+    saved = torch.load(layout.latest_checkpoint, weights_only=False)
+    assert (saved["epoch"], saved["step_in_epoch"]) == (1, 1)
+
+    second = train(config, CPU, loader_factory=factory(3))
+    assert second.global_step == 6 and not second.preempted
+    assert not preempted_marker(layout).exists()
+    assert step_losses(tmp_path / "run") == pytest.approx(step_losses(tmp_path / "ref"), rel=1e-6)
+    final, ref_final = (torch.load(RunLayout(tmp_path / d).latest_checkpoint, weights_only=False)
+                        for d in ("run", "ref"))
+    for key, value in ref_final["teacher"].items():
+        assert torch.allclose(final["teacher"][key], value, atol=1e-6), key
+    assert torch.allclose(final["dino_loss"]["center"], ref_final["dino_loss"]["center"], atol=1e-7)
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
+    config = tiny_config(tmp_path)
+    layout = RunLayout.from_config(config)
+    with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at epoch 2, step 2 of the epoch"):
+        train(config, CPU, loader_factory=factory(2, nan_at=(1, 1)))
+    saved = torch.load(layout.latest_checkpoint, weights_only=False)
+    assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (1, 0, 2)
+    assert all(torch.isfinite(v).all() for v in saved["student"].values())
+
+
+def test_metrics_lines_and_step_cap(tmp_path):
+    config = tiny_config(tmp_path, **{"train.max_steps_per_epoch": 2, "train.log_every": 2,
+                                      "train.tensorboard": True})
+    result = train(config, CPU, loader_factory=factory(5))
+    assert result.global_step == 4 and result.epochs_completed == 2
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["kind"], line["step"]) for line in lines] == [
+        ("step", 2), ("epoch", 2), ("step", 4), ("epoch", 4)]
+    keys = {"kind", "epoch", "step", "loss", "lr", "wd", "momentum", "images_per_s", "data_wait_s",
+            "step_time_s", "time"}
+    assert all(keys <= set(line) for line in lines)
+    assert lines[0]["images_per_s"] > 0 and lines[2]["lr"] > 0 and lines[2]["momentum"] > 0.996
+    assert any((tmp_path / "tensorboard").iterdir())
+    assert [p.name for p in sorted(RunLayout(tmp_path).checkpoints.glob("*.pth"))] == [
+        "checkpoint.pth", "checkpoint_0001.pth", "checkpoint_0002.pth"]

@@ -1,0 +1,182 @@
+"""Training-step benchmark: `python -m training bench step --config run.yaml [--batches 20] [--warmup 3]`.
+
+`--batches` is the number of timed steps; `--set train.compile=true` compares compiled with eager.
+
+Runs the real DINO step (teacher + student forward, loss, backward, clipping, AdamW, EMA) on
+synthetic crops already in memory, so the figure is the model's speed, not the loader's. Prints
+images/s, the time split data/forward/backward/optimiser, peak memory and, on a GPU, the model
+FLOP utilisation (MFU) against the device's dense bf16/fp16 peak.
+
+FLOP count (stated in the output): analytic, per image,
+  3 x (student forward on all crops)  [forward + backward = 3 x forward]
+  + 1 x (teacher forward on the 2 global crops),
+where one ViT forward on a crop of N tokens (N = (side / patch)^2 + 1) costs, per block,
+24 N d^2 (qkv, projection, MLP) + 4 N^2 d (attention scores and weighted sum) FLOPs, plus the patch
+embedding 2 (N - 1) C p^2 d and the DINO head 2 (d h + h^2 + h b + b K) (h = 2048, b = 256, K = out_dim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+import torch
+
+from training.config import Config
+from training.distributed import DistContext, DistEnv
+from training.models import ARCHS
+
+log = logging.getLogger(__name__)
+
+# Dense tensor-core peaks (FLOP/s) by device-name fragment: bf16 where it exists, else fp16.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "T4": 65e12,
+    "V100": 125e12,
+}
+
+
+class SyntheticCrops:
+    """A loader of random multi-crop batches, deterministic per (seed, epoch, batch index, rank).
+
+    Has the pretraining loader's interface: `len`, iteration over (crops, labels), `set_epoch`.
+    Used by the step benchmark and by tests that must not depend on image files.
+    """
+
+    def __init__(self, config: Config, *, batches: int, rank: int = 0, world_size: int = 1) -> None:
+        self.config = config
+        self.batches = batches
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        dino, batch = self.config.dino, self.config.optim.batch_size_per_gpu
+        chans = self.config.data.in_chans
+        for index in range(self.batches):
+            generator = torch.Generator().manual_seed(
+                hash((self.config.run.seed, self.epoch, index, self.rank)) % 2**31
+            )
+            sizes = [dino.global_crop_size] * 2 + [dino.local_crop_size] * dino.local_crops_number
+            crops = [torch.randn(batch, chans, s, s, generator=generator) for s in sizes]
+            yield crops, torch.zeros(batch, dtype=torch.long)
+
+
+def vit_forward_flops(arch: str, patch: int, in_chans: int, side: int) -> float:
+    embed_dim, depth, _ = ARCHS[arch]
+    patches = (side // patch) ** 2
+    tokens = patches + 1
+    blocks = depth * (24 * tokens * embed_dim**2 + 4 * tokens**2 * embed_dim)
+    return blocks + 2 * patches * in_chans * patch**2 * embed_dim
+
+
+def head_flops(arch: str, out_dim: int, hidden: int = 2048, bottleneck: int = 256) -> float:
+    embed_dim = ARCHS[arch][0]
+    return 2 * (embed_dim * hidden + hidden * hidden + hidden * bottleneck + bottleneck * out_dim)
+
+
+def train_flops_per_image(config: Config, in_chans: int) -> float:
+    """Analytic FLOPs of one training step per image (see the module docstring)."""
+    model, dino = config.model, config.dino
+
+    def crop(side: int) -> float:
+        return vit_forward_flops(model.arch, model.patch_size, in_chans, side) + head_flops(model.arch, model.out_dim)
+
+    global_crops = 2 * crop(dino.global_crop_size)
+    local_crops = dino.local_crops_number * crop(dino.local_crop_size)
+    return 3 * (global_crops + local_crops) + global_crops
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for fragment, peak in PEAK_FLOPS.items() if fragment in name), None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device, warmup: int) -> dict[str, float]:
+    from training.dino.step import backward, forward_loss, optimizer_step
+
+    totals = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
+    for index, (crops, _) in enumerate(loader):
+        if index == warmup and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        marks = [time.perf_counter()]
+        crops = [c.to(device, non_blocking=True) for c in crops]
+        _sync(device)
+        marks.append(time.perf_counter())
+        loss = forward_loss(state, crops, epoch=0)
+        _sync(device)
+        marks.append(time.perf_counter())
+        backward(state, loss)
+        _sync(device)
+        marks.append(time.perf_counter())
+        optimizer_step(state, epoch=0)
+        state.global_step += 1
+        _sync(device)
+        marks.append(time.perf_counter())
+        if index >= warmup:
+            for key, start, end in zip(totals, marks, marks[1:]):
+                totals[key] += end - start
+    return totals
+
+
+def run_step_benchmark(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the DINO step on synthetic crops; returns the figures (the caller prints them as JSON)."""
+    from training.trainer import build_state
+
+    steps = getattr(args, "steps", None) or getattr(args, "batches", None) or 20
+    warmup = getattr(args, "warmup", None) or 3
+    if getattr(args, "compile", False):
+        config = config.replace({"train.compile": True})
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    ctx = DistContext(env=DistEnv(), device=device, backend=None)
+    state = build_state(config, ctx, steps_per_epoch=steps + warmup)
+    loader = SyntheticCrops(config, batches=steps + warmup)
+    log.info("bench step: %d warm-up + %d timed steps on %s", warmup, steps, device)
+    totals = _timed_steps(state, loader, device, warmup)
+    return summarise(config, state.precision.name, device, steps, totals)
+
+
+def summarise(config: Config, precision: str, device: torch.device, steps: int, totals: dict[str, float]) -> dict:
+    batch, in_chans = config.optim.batch_size_per_gpu, config.data.in_chans
+    total = sum(totals.values())
+    images_per_s = batch * steps / total if total > 0 else 0.0
+    flops = train_flops_per_image(config, in_chans)
+    peak = device_peak_flops(device)
+    achieved = flops * images_per_s
+    return {
+        "benchmark": "step",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "arch": config.model.arch, "patch_size": config.model.patch_size, "in_chans": in_chans,
+        "out_dim": config.model.out_dim, "global_crop_size": config.dino.global_crop_size,
+        "local_crop_size": config.dino.local_crop_size, "local_crops_number": config.dino.local_crops_number,
+        "batch_size": batch, "precision": precision, "compiled": config.train.compile, "steps": steps,
+        "images_per_s": round(images_per_s, 2),
+        "step_time_s": {k: round(v / steps, 5) for k, v in {**totals, "total": total}.items()},
+        "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None,
+        "gflops_per_image": round(flops / 1e9, 3),
+        "flop_method": "analytic: 3 x student forward (all crops) + teacher forward (2 global crops)",
+        "achieved_tflops": round(achieved / 1e12, 3),
+        "device_peak_tflops": peak / 1e12 if peak else None,
+        "mfu": round(achieved / peak, 4) if peak else None,
+    }

@@ -1,0 +1,159 @@
+"""Process-group setup for every way this package is launched.
+
+- `torchrun` (one machine or `srun torchrun` across Slurm nodes): RANK, WORLD_SIZE, LOCAL_RANK,
+  MASTER_ADDR and MASTER_PORT come from torchrun.
+- Slurm ranks without torchrun (`srun python -m training pretrain ...`, one task per process):
+  SLURM_PROCID, SLURM_STEP_NUM_TASKS (or SLURM_NTASKS) and SLURM_LOCALID give the ranks; the master
+  is the first host of SLURM_JOB_NODELIST (`scontrol show hostnames`) and the port is derived from
+  the job id unless MASTER_PORT is set. A batch shell outside `srun` counts as a single process.
+- Otherwise a single process, without a process group.
+
+gloo on CPU, NCCL on GPU. `cleanup` waits at a barrier before destroying the group: without it a
+non-zero rank sometimes aborts during teardown ("terminate called without an active exception").
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits: its ranks and how to reach rank 0."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "single"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class DistContext:
+    env: DistEnv
+    device: torch.device
+    backend: str | None
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """Expand a Slurm node list such as "node[1-2]" with `scontrol show hostnames`."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+    ).stdout
+    return out.split()
+
+
+def detect_env(
+    environ: Mapping[str, str] | None = None,
+    hostnames: Callable[[str], list[str]] = slurm_hostnames,
+) -> DistEnv:
+    """Read the launcher's environment variables (torchrun first, then Slurm, else single)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+        )
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "0") or 0)
+    if tasks > 1 and "SLURM_PROCID" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+        master = env.get("MASTER_ADDR") or hostnames(nodelist)[0]
+        port = int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=tasks,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            master_addr=master,
+            master_port=port,
+            launcher="slurm",
+        )
+    return DistEnv()
+
+
+def init_distributed(env: DistEnv | None = None, *, timeout_min: float = 30.0) -> DistContext:
+    """Join the process group described by `env` (detected when None) and pick the device."""
+    env = env or detect_env()
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    if env.world_size == 1:
+        return DistContext(env=env, device=device, backend=None)
+    backend = "nccl" if use_cuda else "gloo"
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{env.master_addr}:{env.master_port}" if env.launcher == "slurm" else "env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(minutes=timeout_min),
+        device_id=device if use_cuda else None,
+    )
+    log.info("rank %d/%d joined (%s, %s, launcher %s)", env.rank, env.world_size, backend, device, env.launcher)
+    return DistContext(env=env, device=device, backend=backend)
+
+
+def cleanup(ctx: DistContext, *, failed: bool = False) -> None:
+    """Barrier, then destroy the group (the barrier avoids a teardown abort on non-zero ranks).
+
+    After a failure the barrier is skipped: the other ranks may never reach it.
+    """
+    if ctx.distributed and dist.is_initialized():
+        if not failed:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(ctx: DistContext, values: torch.Tensor) -> list[float]:
+    """Sum a small vector over all ranks and bring it to the host: one synchronisation per call."""
+    values = values.detach().float()
+    if ctx.distributed:
+        dist.all_reduce(values)
+    return values.tolist()
+
+
+def broadcast_object(ctx: DistContext, value: object) -> object:
+    """Rank 0's value on every rank."""
+    if not ctx.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,353 @@
+"""DINO pretraining loop: `python -m training pretrain --config run.yaml` (also under torchrun/srun).
+
+Built from builders (`build_model`, `build_optimizer`, `build_schedules`, the loader from
+`training.data`); the loop itself is `train` -> `run_epoch` -> `training.dino.step`.
+
+Resume: if <run>/checkpoints/checkpoint.pth exists, training continues from it, to the same losses
+as an uninterrupted run (model, teacher, optimizer, scaler, loss centre, schedules position and RNG
+states are restored; an epoch interrupted part-way skips the batches it had already done).
+
+Pre-emption protocol (slurm/pretrain.slurm relies on it):
+  1. SIGUSR1 or SIGTERM on any rank sets a flag. At the end of the current step all ranks agree
+     (the flag is summed in the per-step all_reduce), so every rank stops after the same step.
+  2. Rank 0 writes checkpoint.pth (including the position inside the epoch), then the marker file
+     <run>/checkpoints/PREEMPTED (JSON: signal, epoch, step, time), and logs "pre-empted: ...".
+  3. Every rank returns normally: the process exits with status 0.
+  4. The batch script sees the marker after `srun` returns and runs `scontrol requeue $SLURM_JOB_ID`.
+     The requeued job resumes from checkpoint.pth and deletes the marker when training starts.
+  A run that finishes leaves no marker, so the script does not requeue it.
+
+Non-finite loss: every rank stops before the update with TrainingDivergedError (a UserError: the CLI
+prints one line naming the epoch and step and exits 2). Nothing is saved for that step, so
+checkpoint.pth remains the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from training import checkpoint as ckpt
+from training.config import Config
+from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_temperature_schedule
+from training.dino.step import TrainState, forward_loss, resolve_precision, update
+from training.distributed import DistContext, all_reduce_sum
+from training.errors import UserError
+from training.layout import RunLayout
+from training.metrics import MetricsLogger, gpu_memory_gb, progress
+from training.models import build_model, count_parameters
+from training.parallel import (
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+    parallelize,
+)
+
+log = logging.getLogger(__name__)
+
+LoaderFactory = Callable[[Config, DistContext], tuple[Any, Any]]
+
+
+class TrainingDivergedError(UserError):
+    """The loss became NaN or infinite; the message names where and what to try."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    epochs_completed: int
+    global_step: int
+    preempted: bool
+    last_loss: float | None
+    state: TrainState | None = field(default=None, repr=False, compare=False)
+    """The live training state (models, optimizer), for callers that inspect it."""
+
+
+def preempted_marker(layout: RunLayout) -> Path:
+    return layout.checkpoints / "PREEMPTED"
+
+
+class StopSignals:
+    """Records SIGUSR1/SIGTERM instead of dying, so the loop can save first (main thread only)."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+        log.warning("received %s: will save a checkpoint and stop after this step", self.received)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def default_loader_factory(config: Config, ctx: DistContext) -> tuple[Any, Any]:
+    from training.data.loader import build_pretrain_loader
+    from training.data.stats import load_mean_std
+
+    mean, std = load_mean_std(config)
+    return build_pretrain_loader(config, rank=ctx.rank, world_size=ctx.world_size, mean=mean, std=std)
+
+
+def build_state(config: Config, ctx: DistContext, steps_per_epoch: int) -> TrainState:
+    """Models, optimizer, scaler, loss and schedules for this run, before any resume."""
+    torch.manual_seed(config.run.seed)  # same initial weights on every rank
+    student, teacher = build_model(config, config.data.in_chans)
+    if config.model.pretrained:
+        ckpt.load_pretrained_into(student.backbone, Path(config.model.pretrained), config.model)
+        teacher.load_state_dict(student.state_dict())
+    log.info("student: %s/%d, %.1fM parameters", config.model.arch, config.model.patch_size,
+             count_parameters(student) / 1e6)
+    precision = resolve_precision(config.train.precision, ctx.device)
+    models = parallelize(student, teacher, config, ctx)
+    dino = config.dino
+    loss_fn = DINOLoss(
+        config.model.out_dim, 2 + dino.local_crops_number,
+        teacher_temps=teacher_temperature_schedule(
+            dino.warmup_teacher_temp, dino.teacher_temp, dino.warmup_teacher_temp_epochs, config.optim.epochs
+        ),
+        student_temp=dino.student_temp, center_momentum=dino.center_momentum,
+    ).to(ctx.device)
+    return TrainState(
+        config=config, models=models, optimizer=build_optimizer(models.student),
+        scaler=torch.amp.GradScaler(ctx.device.type, enabled=precision.name == "fp16"),
+        loss_fn=loss_fn, schedules=build_schedules(config, steps_per_epoch, ctx.world_size),
+        precision=precision,
+    )
+
+
+def steps_in_epoch(config: Config, loader: Any) -> int:
+    cap = config.train.max_steps_per_epoch
+    steps = min(len(loader), cap) if cap > 0 else len(loader)
+    if steps < 1:
+        raise UserError(
+            f"the training split gives no full batch of optim.batch_size_per_gpu="
+            f"{config.optim.batch_size_per_gpu} per rank; lower the batch size or add images"
+        )
+    return steps
+
+
+def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | None = None) -> TrainResult:
+    """Pretrain (or resume) the run in config.run.output_dir; returns how far it got."""
+    layout = RunLayout.from_config(config)
+    loader, sampler = (loader_factory or default_loader_factory)(config, ctx)
+    steps = steps_in_epoch(config, loader)
+    state = build_state(config, ctx, steps)
+    resume(state, layout, ctx)
+    metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
+    last_loss = None
+    try:
+        with StopSignals() as signals:
+            while state.epoch < config.optim.epochs:
+                last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, signals, metrics)
+                if stopped_by:
+                    save(state, layout, ctx, preempted_by=stopped_by)
+                    return TrainResult(state.epoch, state.global_step, True, last_loss, state)
+                save(state, layout, ctx)
+    finally:
+        metrics.close()
+    log.info("pretraining finished: %d epochs, %d steps, last loss %s", state.epoch, state.global_step,
+             last_loss)
+    return TrainResult(state.epoch, state.global_step, False, last_loss, state)
+
+
+def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]:
+    """The current epoch's batches, skipping those an interrupted run already trained on.
+
+    The RNG is set to its value at the start of the epoch before the iterator (and its worker seeds)
+    is created, and to its value at the interruption after the skipped batches: both match the
+    uninterrupted run.
+    """
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(state.epoch)
+    if state.rng_on_resume is not None and not state.step_in_epoch:
+        ckpt.restore_rng(state.rng_on_resume)  # saved at the end of the previous epoch
+        state.rng_on_resume = None
+    elif state.step_in_epoch and state.epoch_rng is not None:
+        ckpt.restore_rng(state.epoch_rng)
+    state.epoch_rng = ckpt.capture_rng()
+    batches = iter(loader)
+    for _ in range(state.step_in_epoch):
+        next(batches)
+    if state.rng_on_resume is not None:
+        ckpt.restore_rng(state.rng_on_resume)
+        state.rng_on_resume = None
+    return batches
+
+
+def run_epoch(
+    state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int, signals: StopSignals,
+    metrics: MetricsLogger,
+) -> tuple[float | None, str | None]:
+    """Train until the epoch ends or a stop signal; returns (mean loss of the epoch, signal name)."""
+    epoch, config = state.epoch, state.config
+    batches = epoch_batches(state, loader, sampler)
+    bar = progress(steps, f"epoch {epoch + 1}/{config.optim.epochs}", enabled=ctx.is_main,
+                   initial=state.step_in_epoch)
+    window = _Window()
+    epoch_window = _Window()
+    tick = time.perf_counter()
+    stop = 0.0
+    while state.step_in_epoch < steps:
+        crops, _labels = next(batches)
+        crops = [c.to(ctx.device, non_blocking=True) for c in crops]
+        data_wait = time.perf_counter() - tick
+        loss = forward_loss(state, crops, epoch)
+        loss_sum, nonfinite, stop = all_reduce_sum(
+            ctx, torch.stack([loss.detach(), (~torch.isfinite(loss)).float(), _flag(signals, loss)])
+        )
+        if nonfinite:
+            raise diverged(state, ctx, loss_sum)
+        update(state, loss, epoch)
+        state.step_in_epoch += 1
+        state.global_step += 1
+        step_time = time.perf_counter() - tick
+        tick = time.perf_counter()
+        images = len(crops[0]) * ctx.world_size
+        for w in (window, epoch_window):
+            w.add(loss_sum / ctx.world_size, images, data_wait, step_time)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
+        if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps:
+            metrics.log(record(state, ctx, "step", window))
+            window = _Window()
+        if stop:
+            break
+    bar.close()
+    if state.step_in_epoch == steps:
+        state.epoch += 1
+        state.step_in_epoch = 0
+        metrics.log(record(state, ctx, "epoch", epoch_window, epoch=epoch))
+        log.info("epoch %d/%d: loss %.4f, %.1f images/s", epoch + 1, config.optim.epochs,
+                 epoch_window.mean_loss, epoch_window.images_per_s)
+    stopped_by = (signals.received or "a signal on another rank") if stop else None
+    return epoch_window.mean_loss, stopped_by
+
+
+def _flag(signals: StopSignals, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(1.0 if signals.received else 0.0, device=like.device)
+
+
+class _Window:
+    """Running sums over the steps since the last metric line."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.loss = self.images = self.data_wait = self.step_time = 0.0
+
+    def add(self, loss: float, images: int, data_wait: float, step_time: float) -> None:
+        self.steps += 1
+        self.loss += loss
+        self.images += images
+        self.data_wait += data_wait
+        self.step_time += step_time
+
+    @property
+    def mean_loss(self) -> float | None:
+        return self.loss / self.steps if self.steps else None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.step_time if self.step_time > 0 else 0.0
+
+
+def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoch: int | None = None) -> dict:
+    lr, wd, momentum = state.schedules.at(max(state.global_step - 1, 0))
+    steps = max(window.steps, 1)
+    return {
+        "kind": kind, "epoch": state.epoch if epoch is None else epoch, "step": state.global_step,
+        "loss": window.mean_loss, "lr": lr, "wd": wd, "momentum": momentum,
+        "images_per_s": round(window.images_per_s, 2), "data_wait_s": round(window.data_wait / steps, 5),
+        "step_time_s": round(window.step_time / steps, 5), "gpu_mem_gb": gpu_memory_gb(ctx.device),
+    }
+
+
+def diverged(state: TrainState, ctx: DistContext, loss_sum: float) -> TrainingDivergedError:
+    layout = RunLayout.from_config(state.config)
+    last_good = layout.latest_checkpoint if layout.latest_checkpoint.exists() else "none yet"
+    return TrainingDivergedError(
+        f"non-finite loss ({loss_sum / ctx.world_size}) at epoch {state.epoch + 1}, step "
+        f"{state.step_in_epoch + 1} of the epoch (global step {state.global_step + 1}); last good "
+        f"checkpoint: {last_good}. Try a lower optim.lr, a smaller optim.clip_grad or train.precision=fp32"
+    )
+
+
+def save(state: TrainState, layout: RunLayout, ctx: DistContext, *, preempted_by: str | None = None) -> None:
+    """Gather the full state (a collective under FSDP) and write it from rank 0."""
+    payload = {
+        "student": model_state(state.models, "student"),
+        "teacher": model_state(state.models, "teacher"),
+        "optimizer": optimizer_state(state.models, state.optimizer),
+        "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
+        "config": state.config.to_dict(), "dino_loss": state.loss_fn.state_dict(),
+        "scaler": state.scaler.state_dict(), "world_size": ctx.world_size,
+        "rng": _gather(ctx, ckpt.capture_rng()), "epoch_rng": _gather(ctx, state.epoch_rng),
+    }
+    if ctx.is_main:
+        train = state.config.train
+        path = ckpt.write_checkpoint(layout, payload, save_every=train.saveckp_freq, keep_last=train.keep_last)
+        if preempted_by:
+            marker = {"signal": preempted_by, "epoch": state.epoch, "step": state.global_step, "time": time.time()}
+            preempted_marker(layout).write_text(json.dumps(marker))
+            log.warning("pre-empted: saved %s at epoch %d step %d; exiting 0 for a requeue",
+                        path, state.epoch, state.global_step)
+    if ctx.distributed:
+        dist.barrier()
+
+
+def _gather(ctx: DistContext, value: Any) -> list[Any]:
+    """Every rank's value, in rank order (RNG states differ between ranks)."""
+    if not ctx.distributed:
+        return [value]
+    values: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def resume(state: TrainState, layout: RunLayout, ctx: DistContext) -> None:
+    """Continue from checkpoint.pth if the run directory has one; remove a pre-emption marker."""
+    if ctx.is_main:
+        preempted_marker(layout).unlink(missing_ok=True)
+    if not layout.latest_checkpoint.exists():
+        torch.manual_seed(state.config.run.seed + ctx.rank)
+        return
+    saved = ckpt.load_checkpoint(layout.latest_checkpoint)
+    load_model_state(state.models, "student", saved["student"])
+    load_model_state(state.models, "teacher", saved["teacher"])
+    load_optimizer_state(state.models, state.optimizer, saved["optimizer"])
+    state.scaler.load_state_dict(saved["scaler"])
+    state.loss_fn.load_state_dict(saved["dino_loss"])
+    state.epoch, state.step_in_epoch = saved["epoch"], saved.get("step_in_epoch", 0)
+    state.global_step = saved["global_step"]
+    if saved.get("world_size") == ctx.world_size:
+        state.rng_on_resume = saved["rng"][ctx.rank]
+        state.epoch_rng = saved["epoch_rng"][ctx.rank]
+    else:
+        log.warning("resuming with %d ranks instead of %s: random streams restart", ctx.world_size,
+                    saved.get("world_size"))
+        torch.manual_seed(state.config.run.seed + ctx.rank + state.global_step)
+    log.info("resumed from %s: epoch %d, step %d", layout.latest_checkpoint, state.epoch, state.global_step)
+    if state.epoch >= state.config.optim.epochs:
+        log.info("the checkpoint already completed optim.epochs=%d; nothing to train", state.config.optim.epochs)
+    if not math.isfinite(float(state.loss_fn.center.abs().sum())):
+        raise UserError(f"{layout.latest_checkpoint} holds a non-finite loss centre; delete it to restart")
