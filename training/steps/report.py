@@ -1,7 +1,32 @@
-"""report: not implemented yet."""
+"""report: one self-contained HTML page per run (config, curves, tables, figures, artefacts).
 
-from training.errors import UserError
+    python -m training report --config run.yaml
+
+Writes <run>/report.html. Run `plots` first so the figures exist; sections whose inputs are
+missing say which step fills them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from training.config import Config
+from training.errors import MissingInputError
+from training.eval.store import write_text_atomic
+from training.layout import RunLayout
+
+log = logging.getLogger(__name__)
 
 
-def run(config, args):
-    raise UserError("step report is not implemented yet")
+def run(config: Config, args: argparse.Namespace) -> int:
+    """Write report.html from the run's files."""
+    from training.report.html import build_report
+
+    layout = RunLayout.from_config(config)
+    if not (layout.plots / "manifest.json").is_file() and not (layout.knn / "knn.json").is_file():
+        raise MissingInputError("plots and kNN results", layout.plots / "manifest.json", "plots")
+    text = build_report(layout, f"scDINO run {config.run.name}")
+    write_text_atomic(layout.report, text)
+    log.info("wrote %s (%.1f kB); open it in a browser", layout.report, len(text) / 1024)
+    return 0

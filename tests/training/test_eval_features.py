@@ -1,0 +1,109 @@
+"""Feature sets: the on-disk format, the raw-pixel baseline and the gather across gloo ranks."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from training.errors import MissingInputError
+from training.eval.extract import extract_shard, gather_shards, raw_pixel_encoder
+from training.eval.store import FeatureSet, list_tags, load_features, save_features
+
+
+def _feature_set(n=5, d=3):
+    rng = np.random.default_rng(0)
+    return FeatureSet(
+        features=rng.standard_normal((n, d)).astype(np.float32),
+        labels=np.arange(n) % 2,
+        paths=[f"c{i % 2}/img{i}.tif" for i in range(n)],
+        indices=np.arange(n) * 3,
+        meta={"tag": "final", "epoch": 4, "checkpoint": "runs/x/checkpoints/checkpoint.pth"},
+    )
+
+
+def test_round_trip_keeps_rows_labels_paths_and_meta(tmp_path):
+    original = _feature_set()
+    save_features(tmp_path / "final", original)
+    loaded = load_features(tmp_path / "final", mmap=True)
+    np.testing.assert_array_equal(loaded.features, original.features)
+    assert loaded.features.dtype == np.float32
+    np.testing.assert_array_equal(loaded.labels, original.labels)
+    np.testing.assert_array_equal(loaded.indices, original.indices)
+    assert loaded.paths == original.paths
+    assert loaded.meta["epoch"] == 4 and loaded.meta["dim"] == 3 and loaded.meta["n_images"] == 5
+    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["features.npy", "index.json"]
+
+
+def test_incomplete_sets_are_invisible_and_missing_ones_name_the_step(tmp_path):
+    save_features(tmp_path / "final", _feature_set())
+    (tmp_path / "epoch_0001").mkdir()
+    np.save(tmp_path / "epoch_0001" / "features.npy", np.zeros((2, 2), np.float32))
+    assert list_tags(tmp_path) == ["final"]
+    with pytest.raises(MissingInputError, match="run `python -m training features` first"):
+        load_features(tmp_path / "epoch_0001")
+
+
+def test_raw_pixel_baseline_pools_to_a_modest_dimension():
+    images = torch.rand(4, 5, 40, 40)
+    shard = extract_shard({"raw_pixels": raw_pixel_encoder(8)}, [(images, torch.arange(4), torch.arange(4))],
+                          torch.device("cpu"))
+    rows = shard.features["raw_pixels"]
+    assert rows.shape == (4, 5 * 8 * 8)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
+
+
+def _images(n=11):
+    generator = torch.Generator().manual_seed(0)
+    return torch.rand(n, 2, 32, 32, generator=generator), torch.arange(n) % 3
+
+
+def _encoders():
+    """A seeded linear projection and the raw-pixel baseline: the gather, not the model, is under test."""
+    torch.manual_seed(0)
+    projection = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 32 * 32, 16)).eval()
+    return {"projection": projection, "raw_pixels": raw_pixel_encoder(4)}
+
+
+def _batches(indices, batch_size=3):
+    images, labels = _images()
+    return [(images[indices[i:i + batch_size]], labels[indices[i:i + batch_size]], indices[i:i + batch_size])
+            for i in range(0, len(indices), batch_size)]
+
+
+def _rank_main(rank, world_size, port, out_dir):
+    from training.distributed import DistEnv, cleanup, init_distributed
+
+    torch.set_num_threads(1)
+    ctx = init_distributed(DistEnv(rank=rank, world_size=world_size, master_port=port, launcher="torchrun"))
+    # uneven, interleaved shards: rank 0 gets 6 images, rank 1 gets 5, in scrambled order
+    order = torch.tensor([7, 0, 9, 2, 4, 10, 1, 8, 3, 6, 5])
+    shard = extract_shard(_encoders(), _batches(order[rank::world_size]), ctx.device)
+    gathered = gather_shards(shard, ["projection", "raw_pixels"], {"projection": 16, "raw_pixels": 32})
+    if rank == 0:
+        np.savez(os.path.join(out_dir, "gathered.npz"), indices=gathered.indices, labels=gathered.labels,
+                 projection=gathered.features["projection"], raw=gathered.features["raw_pixels"])
+    else:
+        assert gathered is None
+    cleanup(ctx)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_gloo_ranks_gather_exactly_the_single_rank_result(tmp_path, monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    mp.start_processes(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    gathered = np.load(tmp_path / "gathered.npz")
+    single = gather_shards(extract_shard(_encoders(), _batches(torch.arange(11)), torch.device("cpu")),
+                           ["projection", "raw_pixels"], {"projection": 16, "raw_pixels": 32})
+    np.testing.assert_array_equal(gathered["indices"], np.arange(11))
+    np.testing.assert_array_equal(gathered["labels"], single.labels)
+    np.testing.assert_allclose(gathered["projection"], single.features["projection"], atol=1e-6)
+    np.testing.assert_allclose(gathered["raw"], single.features["raw_pixels"], atol=1e-6)

@@ -1,0 +1,147 @@
+"""Global weighted kNN as scDINO (and DINO before it) evaluates a representation.
+
+Each query image votes with its k most similar reference images (cosine similarity of L2-normalised
+features); a neighbour with similarity s adds exp(s / T) to its class. Queries are processed in
+batches sized so that the (batch x references) similarity block stays under a memory budget: 100k
+references at 384 dimensions need the 150 MB of features plus a few hundred MB of working space.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_BYTES = 256 * 2**20
+
+
+@dataclass
+class KnnResult:
+    """Accuracies per requested k; `predictions[k]` is the top-1 class of every query."""
+
+    top1: dict[int, float] = field(default_factory=dict)
+    top2: dict[int, float] = field(default_factory=dict)
+    effective_k: dict[int, int] = field(default_factory=dict)
+    predictions: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def best_k(self) -> int:
+        """The k with the highest top-1 accuracy (the smallest such k on ties)."""
+        return max(sorted(self.top1), key=lambda k: (self.top1[k], -k))
+
+
+def split_reference_query(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded, class-stratified split of row numbers into kNN references and queries.
+
+    Stratifying keeps every class with two or more images on both sides, so per-class accuracy is
+    defined even for rare classes; the result depends only on the labels, fraction and seed.
+    """
+    labels = np.asarray(labels)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    reference, query = [], []
+    for cls in np.unique(labels):
+        members = order[labels[order] == cls]
+        n_ref = int(round(fraction * len(members)))
+        if len(members) >= 2:
+            n_ref = min(max(n_ref, 1), len(members) - 1)
+        reference.append(members[:n_ref])
+        query.append(members[n_ref:])
+    reference_rows = np.sort(np.concatenate(reference)) if reference else np.zeros(0, np.int64)
+    query_rows = np.sort(np.concatenate(query)) if query else np.zeros(0, np.int64)
+    if len(reference_rows) == 0 or len(query_rows) == 0:
+        raise UserError(
+            f"the kNN split of {len(labels)} held-out images leaves no "
+            f"{'reference' if len(reference_rows) == 0 else 'query'} images: "
+            "adjust eval.knn_train_fraction or hold out more images (data.holdout_fraction)"
+        )
+    return reference_rows, query_rows
+
+
+def query_batch_size(n_reference: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+    """Queries per block so that their float32 similarities to every reference fit `block_bytes`."""
+    return max(1, block_bytes // (4 * max(n_reference, 1)))
+
+
+def rank_classes(scores: torch.Tensor) -> torch.Tensor:
+    """Classes sorted by descending vote; ties go to the lower class id (stable, deterministic)."""
+    return torch.sort(scores, dim=1, descending=True, stable=True).indices
+
+
+def _vote_block(
+    sims: torch.Tensor, ref_labels: torch.Tensor, ks: Sequence[int], num_classes: int, temperature: float
+) -> dict[int, torch.Tensor]:
+    """Class scores of one query block for every k, sharing one top-k search of the largest k."""
+    top_sims, top_idx = sims.topk(max(ks), dim=1, largest=True, sorted=True)
+    weights = (top_sims / temperature).exp()
+    neighbour_labels = ref_labels[top_idx]
+    scores = {}
+    for k in ks:
+        block = torch.zeros(sims.shape[0], num_classes, dtype=weights.dtype)
+        block.scatter_add_(1, neighbour_labels[:, :k], weights[:, :k])
+        scores[k] = block
+    return scores
+
+
+def knn_classify(
+    reference: np.ndarray,
+    reference_labels: np.ndarray,
+    queries: np.ndarray,
+    query_labels: np.ndarray,
+    *,
+    ks: Sequence[int],
+    temperature: float,
+    num_classes: int,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> KnnResult:
+    """Weighted kNN of `queries` against `reference` (both L2-normalised rows), per k.
+
+    A k larger than the number of references is clipped to it (and reported in `effective_k`).
+    """
+    ref = torch.from_numpy(np.ascontiguousarray(reference, dtype=np.float32))
+    ref_labels = torch.from_numpy(np.asarray(reference_labels, dtype=np.int64))
+    truth = np.asarray(query_labels, dtype=np.int64)
+    effective = {int(k): min(int(k), len(ref)) for k in ks}
+    batch = batch_size or query_batch_size(len(ref), block_bytes)
+    predictions = {k: np.empty(len(queries), np.int64) for k in effective}
+    top2_hits = {k: np.zeros(len(queries), bool) for k in effective}
+    starts = range(0, len(queries), batch)
+    for start in tqdm(starts, desc="kNN", unit="batch", disable=not progress):
+        block = torch.from_numpy(np.ascontiguousarray(queries[start : start + batch], dtype=np.float32))
+        scores = _vote_block(block @ ref.T, ref_labels, sorted(set(effective.values())), num_classes, temperature)
+        rows = slice(start, start + len(block))
+        target = torch.from_numpy(truth[rows]).unsqueeze(1)
+        for k, k_eff in effective.items():
+            ranked = rank_classes(scores[k_eff])
+            predictions[k][rows] = ranked[:, 0].numpy()
+            top2_hits[k][rows] = (ranked[:, : min(2, k_eff)] == target).any(dim=1).numpy()
+    result = KnnResult(effective_k=effective, predictions=predictions)
+    for k in effective:
+        result.top1[k] = float(np.mean(predictions[k] == truth)) if len(truth) else float("nan")
+        result.top2[k] = float(np.mean(top2_hits[k])) if len(truth) else float("nan")
+    return result
+
+
+def per_class_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> list[float | None]:
+    """Accuracy of each class among its queries; None for a class without queries."""
+    out: list[float | None] = []
+    for cls in range(num_classes):
+        mask = truth == cls
+        out.append(float(np.mean(predicted[mask] == cls)) if mask.any() else None)
+    return out
+
+
+def confusion_matrix(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
+    """Counts[i, j]: queries of class i predicted as class j."""
+    counts = np.zeros((num_classes, num_classes), np.int64)
+    np.add.at(counts, (np.asarray(truth), np.asarray(predicted)), 1)
+    return counts

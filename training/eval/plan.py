@@ -1,0 +1,160 @@
+"""Which feature sets the `features` step must compute, and the encoder that computes each.
+
+Every tag carries a fingerprint of what produced it (checkpoint file size and modification time,
+architecture, image size, channels, the held-out images). A tag whose saved index has the same
+fingerprint is up to date and is skipped; anything else is recomputed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.config import Config
+from training.errors import MissingInputError, UserError
+from training.eval.extract import Encoder, raw_pixel_encoder
+from training.eval.store import read_index
+from training.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+BASELINES = ("raw_pixels", "random_init")
+
+
+@dataclass(frozen=True)
+class TagPlan:
+    """One feature set to compute: `kind` is "checkpoint", "raw_pixels" or "random_init"."""
+
+    tag: str
+    kind: str
+    dim: int
+    checkpoint: Path | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def holdout_digest(indices: np.ndarray) -> str:
+    """Short digest of the held-out indices: features of another split must be recomputed."""
+    return hashlib.sha1(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
+
+
+def checkpoint_epoch(path: Path) -> int | None:
+    """Completed epochs stored in a checkpoint (memory-mapped: the weights are not read)."""
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except (RuntimeError, OSError, ValueError) as exc:
+        log.debug("no epoch readable from %s: %s", path, exc)
+        return None
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return int(epoch) if isinstance(epoch, int) else None
+
+
+def _common_meta(config: Config, digest: str) -> dict[str, Any]:
+    return {
+        "arch": config.model.arch,
+        "patch_size": config.model.patch_size,
+        "image_size": config.eval.image_size,
+        "channels": config.data.channels,
+        "holdout_digest": digest,
+    }
+
+
+def _checkpoint_plan(config: Config, tag: str, path: Path, epoch: int | None, digest: str) -> TagPlan:
+    from training.models import ARCHS
+
+    stat = path.stat()
+    meta = {**_common_meta(config, digest), "tag": tag, "kind": "checkpoint", "epoch": epoch,
+            "checkpoint": str(path), "checkpoint_bytes": stat.st_size, "checkpoint_mtime_ns": stat.st_mtime_ns}
+    return TagPlan(tag, "checkpoint", ARCHS[config.model.arch][0], path, meta)
+
+
+def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
+    from training.models import ARCHS
+
+    common = _common_meta(config, digest)
+    size = config.eval.raw_pixels_size
+    return [
+        TagPlan("raw_pixels", "raw_pixels", config.data.in_chans * size * size,
+                meta={**common, "tag": "raw_pixels", "kind": "raw_pixels", "epoch": None, "raw_pixels_size": size}),
+        TagPlan("random_init", "random_init", ARCHS[config.model.arch][0],
+                meta={**common, "tag": "random_init", "kind": "random_init", "epoch": 0, "seed": config.run.seed}),
+    ]
+
+
+def _final_checkpoint(config: Config, args: argparse.Namespace) -> Path:
+    layout = RunLayout.from_config(config)
+    if args.checkpoint is not None:
+        if not Path(args.checkpoint).is_file():
+            raise UserError(f"--checkpoint {args.checkpoint} does not exist: give a checkpoint file")
+        return Path(args.checkpoint)
+    if layout.latest_checkpoint.is_file():
+        return layout.latest_checkpoint
+    if config.model.pretrained:
+        log.info("no checkpoint in %s: evaluating model.pretrained=%s", layout.checkpoints, config.model.pretrained)
+        return Path(config.model.pretrained)
+    raise MissingInputError("checkpoint", layout.latest_checkpoint, "pretrain")
+
+
+def _epoch_plans(config: Config, args: argparse.Namespace, digest: str) -> list[TagPlan]:
+    from training.checkpoint import numbered_checkpoints
+
+    if args.checkpoint is not None or args.epochs == "none":
+        return []
+    found = dict(numbered_checkpoints(RunLayout.from_config(config)))
+    wanted = sorted(found)
+    if args.epochs != "all":
+        try:
+            wanted = sorted({int(e) for e in str(args.epochs).split(",") if e.strip()})
+        except ValueError:
+            raise UserError(f"--epochs must be all, none or a list such as 5,10; got {args.epochs!r}") from None
+        missing = [e for e in wanted if e not in found]
+        if missing:
+            raise UserError(f"--epochs {args.epochs}: no checkpoint for epoch(s) {missing}; "
+                            f"available: {sorted(found) or 'none'}")
+    return [_checkpoint_plan(config, f"epoch_{e:04d}", found[e], e, digest) for e in wanted]
+
+
+def plan_tags(config: Config, args: argparse.Namespace) -> list[TagPlan]:
+    """The tags to compute now: final, numbered epochs, baselines, minus those up to date."""
+    from training.data.split import load_split
+
+    final = _final_checkpoint(config, args)
+    digest = holdout_digest(load_split(config).holdout)
+    plans = [_checkpoint_plan(config, args.tag, final, checkpoint_epoch(final), digest)]
+    plans += _epoch_plans(config, args, digest)
+    if not args.no_baselines:
+        plans += _baseline_plans(config, digest)
+    layout = RunLayout.from_config(config)
+    todo = [p for p in plans if args.force or not _up_to_date(layout.features(p.tag), p)]
+    for plan in plans:
+        if plan not in todo:
+            log.info("features/%s is up to date; skipped", plan.tag)
+    return todo
+
+
+def _up_to_date(directory: Path, plan: TagPlan) -> bool:
+    index = read_index(directory)
+    return index is not None and all(index.get(k) == v for k, v in plan.meta.items())
+
+
+def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.device) -> Encoder:
+    """The function images -> features for one tag, in eval mode on `device`."""
+    if plan.kind == "raw_pixels":
+        return raw_pixel_encoder(config.eval.raw_pixels_size)
+    if plan.kind == "random_init":
+        from training.models import build_backbone
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.run.seed)
+            model = build_backbone(config.model, in_chans, img_size=config.eval.image_size)
+    else:
+        from training.checkpoint import load_backbone
+
+        model = load_backbone(plan.checkpoint, config.model, in_chans, which="teacher")
+    return model.to(device).eval()

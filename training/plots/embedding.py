@@ -1,0 +1,48 @@
+"""UMAP of CLS features coloured by class, one figure per checkpoint (scDINO's `plot_in_2D`)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+
+from training.plots.common import class_colours, new_figure
+
+log = logging.getLogger(__name__)
+
+
+def umap_embedding(features: np.ndarray, *, seed: int, n_neighbors: int, min_dist: float) -> np.ndarray:
+    """2-D UMAP with cosine distance, seeded (single-threaded, hence reproducible).
+
+    n_neighbors is clipped below the number of points so that small runs still embed.
+    """
+    import umap
+
+    neighbours = max(2, min(n_neighbors, len(features) - 1))
+    reducer = umap.UMAP(
+        n_neighbors=neighbours, min_dist=min_dist, metric="cosine", random_state=seed, n_components=2
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+        warnings.filterwarnings("ignore", message=".*k-nearest neighbor.*")
+        return reducer.fit_transform(np.asarray(features, np.float32))
+
+
+def plot_embedding(embedding: np.ndarray, labels: np.ndarray, class_names: list[str], title: str):
+    """Scatter of the 2-D embedding, one colour and legend entry (with its count) per class."""
+    fig, ax = new_figure(6.5, 5.5)
+    colours = class_colours(len(class_names))
+    size = max(2.0, min(20.0, 4000.0 / max(len(labels), 1)))
+    for cls, name in enumerate(class_names):
+        mask = labels == cls
+        if mask.any():
+            ax.scatter(embedding[mask, 0], embedding[mask, 1], s=size, color=colours[cls],
+                       label=f"{name} ({int(mask.sum())})", alpha=0.8, linewidths=0)
+    ax.set_title(title)
+    ax.set_xlabel("UMAP 1")
+    ax.set_ylabel("UMAP 2")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=2)
+    return fig

@@ -1,0 +1,142 @@
+"""Every figure of a run, each drawn from the files its step wrote, listed in plots/manifest.json.
+
+A figure whose input is missing is skipped with a warning naming the step that makes it; the report
+reads the manifest to know what exists, with titles and captions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.config import Config
+from training.eval.store import list_tags, load_features, tag_order, write_text_atomic
+from training.layout import RunLayout
+from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k, tag_label
+from training.plots.attention import cls_attention, plot_attention
+from training.plots.common import save_figure
+from training.plots.curves import plot_training_curves, read_metrics
+from training.plots.embedding import plot_embedding, umap_embedding
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlotEntry:
+    """One figure: its PNG (and PDF) relative to the plots folder, a section and a caption."""
+
+    section: str
+    title: str
+    png: str
+    pdf: str | None
+    caption: str
+
+
+def _entry(section: str, title: str, paths: list[Path], caption: str) -> PlotEntry:
+    pdf = next((p.name for p in paths if p.suffix == ".pdf"), None)
+    return PlotEntry(section, title, paths[0].name, pdf, caption)
+
+
+def umap_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
+    """One UMAP per feature tag (each checkpoint epoch and the baselines), seeded."""
+    entries = []
+    for tag in sorted(list_tags(layout.root / "features"), key=tag_order):
+        feature_set = load_features(layout.features(tag))
+        names = feature_set.meta.get("class_names") or [str(c) for c in sorted(set(feature_set.labels))]
+        embedding = umap_embedding(feature_set.features, seed=config.run.seed,
+                                   n_neighbors=config.eval.umap_neighbors, min_dist=config.eval.umap_min_dist)
+        title = f"UMAP of {tag_label(tag, feature_set.meta)} features"
+        paths = save_figure(plot_embedding(embedding, feature_set.labels, names, title), out, f"umap_{tag}")
+        entries.append(_entry("umap", title, paths, f"{len(feature_set.labels)} held-out images, "
+                                                    f"{feature_set.dim}-d features, coloured by class."))
+    return entries
+
+
+def knn_plots(knn: dict[str, Any], out: Path) -> list[PlotEntry]:
+    """Accuracy versus k, versus epoch (when epochs were evaluated), confusion matrices."""
+    entries = [_entry("knn", "kNN accuracy versus k", save_figure(plot_knn_vs_k(knn), out, "knn_vs_k"),
+                      "Top-1 accuracy of the weighted kNN for each k; baselines dashed/dotted.")]
+    if sum(1 for e in knn["tags"].values() if e.get("kind") == "checkpoint" and e.get("epoch") is not None) >= 1:
+        entries.append(_entry("knn", "kNN accuracy versus epoch",
+                              save_figure(plot_knn_vs_epoch(knn), out, "knn_vs_epoch"),
+                              "Top-1 accuracy at the best k of each checkpoint; baselines as horizontal lines."))
+    for tag in [t for t in ("final", "raw_pixels", "random_init") if t in knn["tags"]]:
+        entry = knn["tags"][tag]
+        title = f"Confusion matrix, {tag_label(tag, entry)}, k={entry['best_k']}"
+        fig = plot_confusion(np.asarray(entry["confusion"]), knn["class_names"], title)
+        entries.append(_entry("confusion", title, save_figure(fig, out, f"confusion_{tag}"),
+                              "Rows: true class (normalised to 1); numbers: query images."))
+    return entries
+
+
+def curve_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
+    """Training curves from metrics.jsonl."""
+    records = read_metrics(layout.metrics)
+    if not records:
+        log.warning("%s is empty: no training curves", layout.metrics)
+        return []
+    fig = plot_training_curves(records, f"Pretraining of {config.run.name}")
+    return [_entry("curves", "Training curves", save_figure(fig, out, "training_curves"),
+                   f"From {layout.metrics.name}: per logged step and per epoch.")]
+
+
+def write_manifest(out: Path, entries: list[PlotEntry]) -> None:
+    """plots/manifest.json: what the report embeds, in drawing order."""
+    write_text_atomic(out / "manifest.json", json.dumps([asdict(e) for e in entries], indent=1))
+
+
+def read_manifest(layout: RunLayout) -> list[PlotEntry]:
+    """The figures `plots` drew; empty when it has not run."""
+    path = layout.plots / "manifest.json"
+    if not path.is_file():
+        return []
+    return [PlotEntry(**e) for e in json.loads(path.read_text())]
+
+
+def channel_names(config: Config) -> list[str]:
+    """Names of the selected channels for titles: data.channel_names, else ch<digit>."""
+    return list(config.data.channel_names) or [f"ch{c}" for c in config.data.channels]
+
+
+def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> list[tuple[int, int]]:
+    """(dataset index, class) pairs drawn with a seeded generator, `per_class` of each class."""
+    rng = np.random.default_rng(seed)
+    indices, classes = np.asarray(labels["indices"]), np.asarray(labels["labels"])
+    chosen = []
+    for cls in range(len(labels["class_names"])):
+        members = indices[classes == cls]
+        chosen += [(int(i), cls) for i in rng.permutation(members)[:per_class]]
+    return chosen
+
+
+def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
+    """Attention maps of the final teacher for one held-out image per class."""
+    from training.checkpoint import load_backbone
+    from training.data.dataset import open_dataset
+    from training.data.stats import load_mean_std
+
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in load_mean_std(config))
+    dataset = open_dataset(config)
+    model = load_backbone(checkpoint, config.model, dataset.in_chans).eval()
+    size, entries = config.eval.image_size, []
+    for index, cls in _one_image_per_class(labels, config.run.seed, config.eval.attention_images_per_class):
+        image = F.interpolate(dataset[index][0][None], size=(size, size), mode="bilinear", antialias=True)[0]
+        maps = cls_attention(model, (image - mean) / std, config.model.patch_size)
+        name = labels["class_names"][cls]
+        title = f"{name}: {dataset.paths[index]}"
+        fig = plot_attention(image.numpy(), maps, channel_names(config), title)
+        stem = f"attention_{_safe(name)}_{index}"
+        entries.append(_entry("attention", f"Attention, {name}", save_figure(fig, out, stem, pdf=False),
+                              "Top: input channels; bottom: CLS attention of each head in the last block."))
+    return entries
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)

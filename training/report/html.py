@@ -1,0 +1,153 @@
+"""Build report.html from the files of a run: config, tables, embedded figures, artefact list.
+
+Figures are embedded as base64 PNG so the file stands alone, and each links to its PNG/PDF beside
+the report (paths are relative to the run directory, where report.html lies). A section whose
+input is missing says which step fills it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from training.eval.tables import knn_rows, linear_rows
+from training.layout import RunLayout
+from training.plots.figures import PlotEntry, read_manifest
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+figure{display:inline-block;margin:.6em;vertical-align:top;max-width:100%}
+figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555;max-width:640px}
+pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em}.missing{color:#a33}
+.headline{font-size:1.1em;background:#eef5ff;padding:.6em 1em;border-radius:6px}
+"""
+
+ARTEFACTS = (
+    ("config.yaml", "resolved configuration"),
+    ("split.json", "train / hold-out split"),
+    ("mean_std.json", "per-channel mean and std"),
+    ("checkpoints", "checkpoints (latest and numbered)"),
+    ("metrics.jsonl", "training metrics, one JSON object per line"),
+    ("tensorboard", "TensorBoard event files"),
+    ("features", "CLS features per tag (features.npy + index.json)"),
+    ("labels.json", "held-out labels and paths"),
+    ("knn/knn.json", "kNN accuracies, per-class accuracy, confusion matrices"),
+    ("knn/knn.md", "kNN table"),
+    ("linear/linear.json", "linear-probe accuracy per epoch"),
+    ("plots", "figures (PNG, PDF) and manifest.json"),
+    ("timings.json", "wall time of each step"),
+)
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of any value."""
+    return html.escape(str(value))
+
+
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain HTML table with a header row."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def missing(what: str, step: str) -> str:
+    """The note shown in place of a section whose input is missing."""
+    return f'<p class="missing">No {esc(what)} yet: run <code>python -m training {esc(step)}</code>.</p>'
+
+
+def figure(layout: RunLayout, entry: PlotEntry) -> str:
+    """An embedded PNG linking to its files; a missing PNG is reported, not silently dropped."""
+    png = layout.plots / entry.png
+    if not png.is_file():
+        return f'<p class="missing">figure {esc(entry.png)} listed in the manifest is missing</p>'
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    links = [f'<a href="plots/{esc(entry.png)}">PNG</a>']
+    if entry.pdf:
+        links.append(f'<a href="plots/{esc(entry.pdf)}">PDF</a>')
+    return (f'<figure><a href="plots/{esc(entry.png)}"><img alt="{esc(entry.title)}" '
+            f'src="data:image/png;base64,{data}"></a><figcaption><b>{esc(entry.title)}</b>. '
+            f'{esc(entry.caption)} ({" | ".join(links)})</figcaption></figure>')
+
+
+def figures(layout: RunLayout, entries: list[PlotEntry], section: str) -> str:
+    """Every figure of one manifest section, embedded."""
+    return "".join(figure(layout, e) for e in entries if e.section == section)
+
+
+def load_optional(path: Path) -> Any:
+    """A JSON file, or None when a step has not written it yet."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def headline(knn: dict[str, Any] | None) -> str:
+    """One sentence: trained top-1 at its best k against both baselines."""
+    if not knn:
+        return ""
+    parts = []
+    for tag, name in (("final", "trained"), ("raw_pixels", "raw pixels"), ("random_init", "random init")):
+        entry = knn["tags"].get(tag)
+        if entry:
+            parts.append(f"{name} {100 * entry['top1'][str(entry['best_k'])]:.1f}% (k={entry['best_k']})")
+    return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
+
+
+def artefact_rows(layout: RunLayout) -> list[str]:
+    """One table row per run artefact: a link when present, the status otherwise."""
+    rows = []
+    for relative, description in ARTEFACTS:
+        path = layout.root / relative
+        if path.exists():
+            link = f'<a href="{esc(relative)}">{esc(relative)}</a>'
+            rows.append(f"<tr><td>{link}</td><td>{esc(description)}</td><td>present</td></tr>")
+        else:
+            rows.append(f"<tr><td>{esc(relative)}</td><td>{esc(description)}</td><td>absent</td></tr>")
+    return rows
+
+
+def artefacts_section(layout: RunLayout) -> str:
+    """Where every file of the run lies, relative to the report."""
+    rows = "".join(artefact_rows(layout))
+    return (f"<h2>Where everything lies</h2><p>Run directory: <code>{esc(layout.root.resolve())}</code>; "
+            f"links are relative to this report.</p><table><tr><th>path</th><th>what</th><th>status</th></tr>"
+            f"{rows}</table>")
+
+
+def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, linear: Any) -> list[str]:
+    """Training curves, kNN and linear tables with their figures, UMAPs and attention maps."""
+    parts = ["<h2>Training</h2>", figures(layout, entries, "curves") or missing("training curves", "plots")]
+    parts.append("<h2>Global kNN (top-1 / top-2 %)</h2>")
+    if knn:
+        parts.append(f"<p>{knn['n_reference']} reference and {knn['n_query']} query images, seed "
+                     f"{knn['seed']}, T={knn['temperature']}.</p>" + html_table(*knn_rows(knn)))
+    else:
+        parts.append(missing("kNN results", "knn"))
+    parts += [figures(layout, entries, "knn"), figures(layout, entries, "confusion")]
+    parts.append("<h2>Linear probe (validation top-1 %)</h2>")
+    parts.append(html_table(*linear_rows(linear)) if linear else missing("linear-probe results", "linear"))
+    parts += ["<h2>UMAP</h2>", figures(layout, entries, "umap") or missing("UMAPs", "plots")]
+    parts += ["<h2>Attention maps</h2>", figures(layout, entries, "attention") or missing("attention maps", "plots")]
+    return parts
+
+
+def build_report(layout: RunLayout, title: str) -> str:
+    """The whole HTML document as a string."""
+    entries = read_manifest(layout)
+    knn = load_optional(layout.knn / "knn.json")
+    linear = load_optional(layout.linear / "linear.json")
+    timings = load_optional(layout.timings) or {}
+    config_text = layout.config.read_text() if layout.config.is_file() else "(config.yaml missing)"
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{esc(title)}</h1>", headline(knn)]
+    parts += results_sections(layout, entries, knn, linear)
+    parts.append("<h2>Step timings</h2>" + html_table(["step", "seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
+    parts.append(f"<h2>Configuration</h2><pre>{esc(config_text)}</pre>")
+    parts += [artefacts_section(layout), "</body></html>"]
+    return "\n".join(parts)
