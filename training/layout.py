@@ -4,9 +4,12 @@ Steps talk to each other only through these files, never through each other's in
 
     <output_dir>/
       config.yaml                 resolved configuration (written by every step)
-      packed/                     `prepare`: images.npy (N, C, H, W) uint16/uint8 + index.json
+      packed/                     `prepare`: images.bin (flat; each image (C, H, W) in C order, uint8/uint16)
+                                  + index.json (format, dtype, channels, paths, labels, class_names,
+                                  shapes, offsets, total_elements)
       split.json                  `prepare`: train / hold-out membership by image path (seeded)
-      mean_std.json               `mean-std`: {"mean": [...], "std": [...], "n_images": int}
+      mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
+                                  "fraction", "seed"}; load_mean_std picks data.channels
       checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ...
       metrics.jsonl               `pretrain`: one JSON object per logged step / epoch (rank 0)
       tensorboard/                `pretrain`: event files
@@ -17,7 +20,7 @@ Steps talk to each other only through these files, never through each other's in
       linear/linear.json          `linear`: linear-probe accuracy per epoch
       plots/*.png, plots/*.pdf    `plots`
       report.html                 `report`
-      bad_images.json             any step that met unreadable images: path and reason of each
+      bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
       timings.json                wall time of each step, merged by every step
 """
 

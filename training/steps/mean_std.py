@@ -1,7 +1,24 @@
-"""mean_std: not implemented yet."""
+"""mean-std: per-channel mean and std of min-max scaled training images, for normalisation.
 
-from training.errors import UserError
+    python -m training mean-std --config run.yaml
+
+Uses a seeded data.mean_std_fraction of the training split; writes <run>/mean_std.json atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from training.config import Config
+from training.data.stats import compute_mean_std, write_mean_std
+
+log = logging.getLogger(__name__)
 
 
-def run(config, args):
-    raise UserError("step mean_std is not implemented yet")
+def run(config: Config, args: argparse.Namespace) -> int:
+    stats = compute_mean_std(config)
+    write_mean_std(config, stats)
+    log.info("mean %s std %s over %d images", [round(m, 4) for m in stats["mean"]],
+             [round(s, 4) for s in stats["std"]], stats["n_images"])
+    return 0

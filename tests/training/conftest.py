@@ -1,0 +1,64 @@
+"""Shared fixtures for the training tests: a tiny synthetic dataset and configs pointing at it.
+
+    synth_root            session-scoped: root folder of 4 classes x 24 five-channel 50x50 TIFFs
+    make_config(...)      a Config whose run directory is this test's tmp_path and whose data is
+                          synth_root, sized to run in seconds on CPU; overrides as a dict of dotted
+                          keys and/or keyword arguments with "__" for the dot (optim__epochs=2)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from training.config import Config
+from training.data.synthetic import write_dataset
+
+SYNTH_CLASSES = 4
+SYNTH_PER_CLASS = 24
+
+TINY_RUN: dict[str, Any] = {
+    "data.num_workers": 0,
+    "model.arch": "vit_tiny",
+    "model.patch_size": 8,
+    "model.out_dim": 256,
+    "dino.global_crop_size": 32,
+    "dino.local_crop_size": 16,
+    "dino.local_crops_number": 2,
+    "optim.epochs": 1,
+    "optim.batch_size_per_gpu": 8,
+    "optim.warmup_epochs": 0,
+    "train.precision": "fp32",
+    "train.tensorboard": False,
+    "eval.image_size": 32,
+    "eval.batch_size": 16,
+    "eval.knn_k": [5, 10],
+    "eval.linear_epochs": 2,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _few_torch_threads() -> None:
+    """The test machine has two cores shared by several processes: keep torch to one thread."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("synth") / "images"
+    write_dataset(root, classes=SYNTH_CLASSES, per_class=SYNTH_PER_CLASS, channels=5, size=50, seed=0)
+    return root
+
+
+@pytest.fixture
+def make_config(synth_root: Path, tmp_path: Path) -> Callable[..., Config]:
+    def make(overrides: dict[str, Any] | None = None, **keywords: Any) -> Config:
+        values = {"run.output_dir": str(tmp_path / "run"), "data.source": str(synth_root), **TINY_RUN}
+        values.update(overrides or {})
+        values.update({key.replace("__", "."): value for key, value in keywords.items()})
+        return Config().replace(values)
+
+    return make

@@ -1,0 +1,112 @@
+"""Batched multi-crop: exact crop/resize/blur against torchvision, shapes for any channel count,
+seeded determinism, and output statistics matching a per-sample scDINO-style pipeline."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from torchvision.transforms import InterpolationMode
+
+from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
+from training.config import Config, DinoConfig
+from training.data.augment import (BatchMultiCrop, MultiCropAugmentation, blur_matrices, crop_resize, resize_full,
+                                   sample_crop_boxes)
+from training.data.dataset import open_dataset
+
+
+def test_crop_resize_and_flips_match_torchvision():
+    images = torch.rand(4, 3, 50, 44)
+    boxes = torch.tensor([[3.0, 7.0, 20.0, 31.0], [0, 0, 50, 44], [10, 2, 7, 9], [1, 1, 48, 40]])
+    hflip, vflip = torch.tensor([True, False, True, False]), torch.tensor([False, True, True, False])
+    out = crop_resize(images, boxes, 37, hflip, vflip)
+    for i in range(4):
+        top, left, h, w = (int(v) for v in boxes[i])
+        ref = TF.resized_crop(images[i], top, left, h, w, [37, 37], InterpolationMode.BICUBIC, antialias=True)
+        ref = ref.flip(-1) if hflip[i] else ref
+        ref = ref.flip(-2) if vflip[i] else ref
+        torch.testing.assert_close(out[i], ref, atol=2e-5, rtol=0)
+
+
+def test_downscaling_is_antialiased_like_torchvision():
+    images = torch.rand(1, 2, 120, 90)
+    torch.testing.assert_close(
+        resize_full(images, 30)[0],
+        TF.resize(images[0], [30, 30], InterpolationMode.BICUBIC, antialias=True), atol=2e-5, rtol=0)
+
+
+def test_blur_matches_torchvision_gaussian_blur():
+    images, sigma = torch.rand(3, 2, 30, 30), torch.tensor([0.1, 0.8, 1.5])
+    rows = blur_matrices(sigma, 30)
+    folded = torch.matmul(torch.matmul(rows[:, None], images), rows.transpose(1, 2)[:, None])
+    for i in range(3):
+        ref = TF.gaussian_blur(images[i], [5, 5], [float(sigma[i])] * 2)
+        torch.testing.assert_close(folded[i], ref, atol=1e-5, rtol=0)
+
+
+def test_crop_boxes_respect_scale_ratio_and_bounds():
+    n = 2000
+    heights, widths = torch.full((n,), 50), torch.full((n,), 50)
+    boxes = sample_crop_boxes(heights, widths, (0.05, 0.4), torch.Generator().manual_seed(0))
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 50).all() and (left + w <= 50).all()
+    area = h * w / 2500
+    assert area.min() > 0.03 and area.max() < 0.45
+    assert (w / h).min() > 0.6 and (w / h).max() < 1.6
+    assert 0.15 < area.mean() < 0.3
+
+
+@pytest.mark.parametrize("channels", [1, 3, 5])
+def test_multicrop_shapes_for_any_channel_count(channels):
+    dino = DinoConfig(global_crop_size=32, local_crop_size=16, local_crops_number=3)
+    crops = BatchMultiCrop(dino, [0.5] * channels, [0.2] * channels)(torch.rand(4, channels, 50, 50))
+    assert [tuple(c.shape) for c in crops] == [(4, channels, 32, 32)] * 2 + [(4, channels, 16, 16)] * 3
+    assert all(c.dtype == torch.float32 and torch.isfinite(c).all() for c in crops)
+    single = MultiCropAugmentation(dino, [0.5] * channels, [0.2] * channels)(torch.rand(channels, 40, 30))
+    assert [tuple(c.shape) for c in single] == [(channels, 32, 32)] * 2 + [(channels, 16, 16)] * 3
+
+
+def test_multicrop_is_seeded_and_handles_mixed_sizes():
+    dino = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=2)
+    augment = BatchMultiCrop(dino, [0.0] * 2, [1.0] * 2)
+    images = torch.rand(3, 2, 40, 40)
+    first = augment(images, torch.Generator().manual_seed(1))
+    again = augment(images, torch.Generator().manual_seed(1))
+    other = augment(images, torch.Generator().manual_seed(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])
+    mixed = augment([torch.rand(2, 30, 20), torch.rand(2, 50, 50)], torch.Generator().manual_seed(0))
+    assert [tuple(c.shape) for c in mixed] == [(2, 2, 24, 24)] * 2 + [(2, 2, 12, 12)] * 2
+    assert all(0 <= float(c.min()) and float(c.max()) <= 1.05 for c in mixed)
+
+
+def _view_stats(crops: list[torch.Tensor]) -> np.ndarray:
+    """Mean, std and saturated fraction of global 1, global 2 and the local views."""
+    groups = [crops[0], crops[1], torch.cat(crops[2:])]
+    saturated = (1 - BENCH_MEAN) / BENCH_STD - 1e-4
+    return np.array([[float(g.mean()), float(g.std()), float((g >= saturated).float().mean())] for g in groups])
+
+
+def test_statistics_match_a_per_sample_scdino_pipeline(synth_root):
+    config = Config().replace({"data.source": str(synth_root), "dino.global_crop_size": 64,
+                               "dino.local_crop_size": 32, "dino.local_crops_number": 4})
+    dataset = open_dataset(config)
+    images = torch.stack([dataset[i][0] for i in range(0, 96, 3)])
+    torch.manual_seed(0)
+    random.seed(0)
+    reference = ScdinoStyleAugmentation(config)
+    batched = BatchMultiCrop(config.dino, [BENCH_MEAN] * 5, [BENCH_STD] * 5)
+    ours, theirs = [], []
+    for draw in range(6):
+        ours.append(_view_stats(batched(images, torch.Generator().manual_seed(draw))))
+        per_image = [reference(image.clone()) for image in images]
+        theirs.append(_view_stats([torch.stack(view) for view in zip(*per_image)]))
+    ours, theirs = np.mean(ours, axis=0), np.mean(theirs, axis=0)
+    np.testing.assert_allclose(ours[:, :2], theirs[:, :2], atol=0.04, rtol=0.03)
+    np.testing.assert_allclose(ours[:, 2], theirs[:, 2], atol=0.002)
+
+
+def test_crop_falls_back_to_a_centre_crop_like_torchvision():
+    boxes = sample_crop_boxes(torch.tensor([10]), torch.tensor([60]), (0.9, 1.0), torch.Generator().manual_seed(0))
+    assert boxes[0].tolist() == [0.0, 23.0, 10.0, 13.0]

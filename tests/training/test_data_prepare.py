@@ -1,0 +1,170 @@
+"""`prepare`: the packed array equals the TIFFs, bad images are reported or stop the step, the
+split is deterministic; `synth-data` is deterministic; `mean-std` matches a direct computation."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from training.data.synthetic import write_tiff
+
+from training.cli import main
+from training.config import dump_config
+from training.data.dataset import load_index, open_dataset, open_images, resolve_source
+from training.data.packed import PackedImages
+from training.data.split import load_split, make_split
+from training.data.stats import load_mean_std, sample_for_stats
+from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset
+from training.data.tiff import read_image
+from training.errors import MissingInputError
+from training.layout import RunLayout
+
+
+def _cli(config, step, *extra):
+    """Run a step through the real command line with this config written as YAML."""
+    path = Path(config.run.output_dir).parent / f"{step}.yaml"
+    dump_config(config, path)
+    return main([step, "--config", str(path), *extra])
+
+
+@pytest.fixture
+def dirty_root(synth_root, tmp_path):
+    root = tmp_path / "dirty"
+    shutil.copytree(synth_root, root)
+    write_corrupt_files(root / sorted(p.name for p in root.iterdir())[0])
+    return root
+
+
+def test_packed_equals_tiff_and_bad_images_are_reported(make_config, dirty_root):
+    config = make_config({"data.source": str(dirty_root)})
+    assert _cli(config, "prepare") == 0
+    layout = RunLayout.from_config(config)
+    packed = PackedImages(layout.packed)
+    assert len(packed) == 4 * 24 and packed.uniform_shape == (5, 50, 50)
+    for i, rel in enumerate(packed.paths):
+        np.testing.assert_array_equal(packed.read(i), read_image(dirty_root / rel))
+    batch = packed.read_batch(np.array([3, 0, 7]))
+    np.testing.assert_array_equal(batch[1], read_image(dirty_root / packed.paths[0]))
+    report = json.loads(layout.bad_images.read_text())
+    assert report["count"] == len(CORRUPT_REASONS)
+    for entry in report["images"]:
+        assert CORRUPT_REASONS[entry["path"].split("/")[-1]] in entry["reason"]
+    split = json.loads(layout.split.read_text())
+    assert len(split["train"]) + len(split["holdout"]) == 96
+    assert not set(split["train"]) & set(split["holdout"])
+
+
+def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
+    config = make_config({"data.source": str(dirty_root), "data.on_bad_image": "fail"})
+    assert _cli(config, "prepare") == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("error: bad image ") and "corrupt_blank.tif: blank image" in message
+    assert "data.on_bad_image=skip" in message
+    assert not RunLayout.from_config(config).packed.exists()
+
+
+def test_tiff_and_packed_datasets_give_identical_tensors(make_config):
+    config = make_config()
+    tiff = open_dataset(config)
+    assert resolve_source(config)[0] == "tiff"
+    assert _cli(config, "prepare") == 0
+    assert resolve_source(config)[0] == "packed"
+    packed = open_dataset(config)
+    assert packed.paths == tiff.paths and packed.class_names == tiff.class_names
+    np.testing.assert_array_equal(packed.labels, tiff.labels)
+    for i in (0, 50, 95):
+        image, label = packed[i]
+        same, same_label = tiff[i]
+        assert label == same_label and torch_equal(image, same)
+        assert image.shape == (5, 50, 50)
+        flat = image.reshape(5, -1)
+        assert flat.min(1).values.eq(0).all() and flat.max(1).values.eq(1).all()
+
+
+def torch_equal(a, b):
+    return bool((a == b).all())
+
+
+def test_channel_selection_and_constant_channel(make_config, tmp_path):
+    image = np.random.default_rng(0).integers(0, 4000, (20, 20, 3), dtype=np.uint16)
+    image[..., 1] = 7
+    (tmp_path / "data" / "only").mkdir(parents=True)
+    write_tiff(tmp_path / "data" / "only" / "a.tif", image)
+    config = make_config({"data.source": str(tmp_path / "data"), "data.channels": "12"})
+    selected, _ = open_dataset(config)[0]
+    assert selected.shape == (2, 20, 20)
+    assert selected[0].eq(0).all()
+    expected = (image[..., 2] - image[..., 2].min()) / (image[..., 2].max() - image[..., 2].min())
+    np.testing.assert_allclose(selected[1].numpy(), expected, atol=1e-6)
+
+
+def test_split_is_deterministic_stratified_and_saved(make_config):
+    labels = np.repeat(np.arange(4), [10, 20, 5, 45])
+    first, again = make_split(labels, 0.2, seed=3), make_split(labels, 0.2, seed=3)
+    np.testing.assert_array_equal(first.holdout, again.holdout)
+    assert not np.array_equal(first.holdout, make_split(labels, 0.2, seed=4).holdout)
+    assert np.bincount(labels[first.holdout]).tolist() == [2, 4, 1, 9]
+    np.testing.assert_array_equal(np.sort(np.concatenate([first.train, first.holdout])), np.arange(80))
+    config = make_config()
+    on_the_fly = load_split(config)
+    assert _cli(config, "prepare") == 0
+    saved = load_split(config)
+    np.testing.assert_array_equal(saved.holdout, on_the_fly.holdout)
+
+
+def test_mean_std_matches_numpy(make_config):
+    config = make_config({"data.mean_std_fraction": 0.5, "data.channels": "31"})
+    with pytest.raises(MissingInputError, match="mean-std"):
+        load_mean_std(config)
+    assert _cli(config, "mean-std") == 0
+    stats = json.loads(RunLayout.from_config(config).mean_std.read_text())
+    images = open_images(config)
+    chosen = sample_for_stats(load_split(config).train, 0.5, config.run.seed)
+    assert stats["n_images"] == len(chosen) == 38
+    stack = np.stack([images.read(int(i)).astype(np.float64) for i in chosen])
+    low, high = stack.min(axis=(2, 3), keepdims=True), stack.max(axis=(2, 3), keepdims=True)
+    scaled = (stack - low) / (high - low)
+    np.testing.assert_allclose(stats["mean"], scaled.mean(axis=(0, 2, 3)), rtol=1e-9)
+    np.testing.assert_allclose(stats["std"], scaled.std(axis=(0, 2, 3)), rtol=1e-7)
+    mean, std = load_mean_std(config)
+    assert mean == [stats["mean"][3], stats["mean"][1]] and std == [stats["std"][3], stats["std"][1]]
+
+
+def test_images_of_different_sizes_pack_and_read_back(make_config, tmp_path):
+    rng = np.random.default_rng(1)
+    shapes = [(30, 40), (50, 50), (24, 31)]
+    for k, (h, w) in enumerate(shapes):
+        (tmp_path / "mixed" / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 60000, (3, h, w), dtype=np.uint16)
+        write_tiff(tmp_path / "mixed" / f"c{k % 2}" / f"{k}.tif", pixels, "first")
+    config = make_config({"data.source": str(tmp_path / "mixed"), "data.channels": "012"})
+    assert _cli(config, "prepare") == 0
+    packed = PackedImages(RunLayout.from_config(config).packed)
+    assert packed.uniform_shape is None
+    for i, rel in enumerate(packed.paths):
+        np.testing.assert_array_equal(packed.read(i), read_image(tmp_path / "mixed" / rel))
+    assert load_index(config).class_names == ["c0", "c1"]
+
+
+def test_synth_data_is_deterministic_and_in_scdino_layout(tmp_path):
+    write_dataset(tmp_path / "a", classes=3, per_class=4, channels=5, size=50, seed=5)
+    write_dataset(tmp_path / "b", classes=3, per_class=4, channels=5, size=50, seed=5)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.tif"))
+    assert len(files) == 12 and len({f.parent for f in files}) == 3
+    for rel in files:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
+    image = tifffile.imread(tmp_path / "a" / files[0])
+    assert image.shape == (50, 50, 5) and image.dtype == np.uint16
+    write_dataset(tmp_path / "c", classes=3, per_class=4, channels=5, size=50, seed=6)
+    assert tifffile.imread(tmp_path / "c" / files[0]).tobytes() != image.tobytes()
+
+
+def test_synth_data_cli(tmp_path):
+    out = tmp_path / "cli"
+    assert main(["synth-data", "--out", str(out), "--classes", "2", "--per-class", "3", "--channels", "7",
+                 "--size", "32", "--corrupt"]) == 0
+    assert len(list(out.rglob("*.tif"))) == 6 + len(CORRUPT_REASONS)
+    assert tifffile.imread(next(out.glob("*/*_00000.tif"))).shape == (32, 32, 7)

@@ -1,0 +1,206 @@
+"""Loader benchmark: a straightforward scDINO-style loader against the packed, batched loader.
+
+    python -m training bench loader --config configs/demo.yaml --batches 10 --workers 2
+
+The baseline does what scDINO's `main_dino.py` does per image: `tifffile.imread`, `.astype(float)`
+(float64), channel selection, per-channel min-max in NumPy, then torchvision's per-sample
+DataAugmentationDINO (multi-channel branch) and default collation. The packed loader reads the
+same images from the memory-mapped array and builds the same multi-crop for a whole batch.
+Both run with the same number of DataLoader workers; images/s counts source images. Besides
+wall-clock rates, the CPU time per image (main process plus workers) is reported, which stays
+comparable when the machine is shared with other work (see "load_average").
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import tifffile
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torchvision import transforms as T
+from torchvision.transforms import functional as TF
+
+from training.config import Config
+from training.data.index import scan_images
+from training.data.loader import build_pretrain_loader
+from training.data.packed import is_packed, pack_images
+from training.data.synthetic import write_dataset
+
+log = logging.getLogger(__name__)
+BENCH_MEAN, BENCH_STD = 0.3, 0.2
+
+
+class _Brightness:
+    """scDINO's AdjustBrightness: p per image, a U(0.5, 1.25) factor drawn per channel."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if random.random() < self.p:
+            for channel in range(x.shape[0]):
+                x[channel] = TF.adjust_brightness(x[channel], random.uniform(0.5, 1.25))
+        return x
+
+
+class _Blur:
+    """scDINO's GaussianBlur_forGreyscaleMultiChan: builds a torchvision blur per call."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if random.random() <= self.p:
+            return T.GaussianBlur(kernel_size=(5, 5), sigma=(0.1, 1.5))(x)
+        return x
+
+
+class _Solarize:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if random.random() < 0.2:
+            x[x > 0.5] = 1 - x[x > 0.5]
+        return x
+
+
+class ScdinoStyleAugmentation:
+    """Per-sample multi-crop with torchvision transforms, composed as scDINO composes them."""
+
+    def __init__(self, config: Config) -> None:
+        d, chans = config.dino, config.data.in_chans
+        flips = T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip(), _Brightness(0.8)])
+        norm = T.Normalize([BENCH_MEAN] * chans, [BENCH_STD] * chans)
+        bicubic = T.InterpolationMode.BICUBIC
+        crop = T.RandomResizedCrop(d.global_crop_size, scale=d.global_crops_scale, interpolation=bicubic)
+        self.global1 = T.Compose([crop, flips, _Blur(1.0), norm])
+        self.global2 = T.Compose([crop, flips, _Blur(0.1), _Solarize(), norm])
+        local = T.RandomResizedCrop(d.local_crop_size, scale=d.local_crops_scale, interpolation=bicubic)
+        self.local = T.Compose([local, flips, _Blur(0.5), norm])
+        self.local_number = d.local_crops_number
+
+    def __call__(self, image: torch.Tensor) -> list[torch.Tensor]:
+        return [self.global1(image), self.global2(image)] + [self.local(image) for _ in range(self.local_number)]
+
+
+class ScdinoStyleDataset(Dataset):
+    """tifffile per image, float64, min-max per channel in NumPy, per-sample transforms."""
+
+    def __init__(self, root: Path, paths: list[str], labels: list[int], config: Config) -> None:
+        self.root, self.paths, self.labels = root, paths, labels
+        self.channels = list(config.data.channel_indices)
+        self.transform = ScdinoStyleAugmentation(config)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        image = tifffile.imread(self.root / self.paths[i]).astype(float)[:, :, self.channels]
+        low, high = image.min(axis=(0, 1), keepdims=True), image.max(axis=(0, 1), keepdims=True)
+        image = (image - low) / (high - low)
+        tensor = torch.from_numpy(image).float().permute(2, 0, 1)
+        return self.transform(tensor), self.labels[i]
+
+
+def _cpu_seconds(iterator) -> float:
+    """CPU time of this process plus its DataLoader workers (Linux /proc; workers omitted elsewhere)."""
+    total = time.process_time()
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for worker in getattr(iterator, "_workers", []):
+        try:
+            fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _time_batches(loader, warmup: int, batches: int, batch_size: int) -> tuple[float, float]:
+    """(images per wall second, CPU seconds per image) over `batches` after `warmup` untimed ones.
+
+    CPU seconds count the main process and the workers, so the comparison stays fair on a
+    machine shared with other work, where wall-clock rates depend on what else runs.
+    """
+    iterator = DataLoader.__iter__(loader)  # the plain iterator, whose workers can be inspected
+    for _ in range(warmup):
+        next(iterator)
+    start, cpu = time.perf_counter(), _cpu_seconds(iterator)
+    for _ in range(batches):
+        crops, _labels = next(iterator)
+        assert crops[0].shape[0] == batch_size
+    wall, cpu = time.perf_counter() - start, _cpu_seconds(iterator) - cpu
+    return batches * batch_size / wall, cpu / (batches * batch_size)
+
+
+def _tiff_source(config: Config, args: argparse.Namespace, scratch: Path) -> Path:
+    source = Path(config.data.source)
+    if source.is_dir() and not is_packed(source):
+        return source
+    channels = max(5, max(config.data.channel_indices) + 1)
+    per_class = max(1, args.images // 5)
+    write_dataset(scratch / "images", 5, per_class, channels, 50, config.run.seed)
+    return scratch / "images"
+
+
+def run_loader_benchmark(config: Config, args: argparse.Namespace) -> dict:
+    """Both loaders over the same images and worker count; returns the figures as a dict."""
+    workers = config.data.num_workers if args.workers is None else args.workers
+    batch = config.optim.batch_size_per_gpu
+    with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
+        scratch = Path(tmp)
+        source = _tiff_source(config, args, scratch)
+        index = scan_images(source, config.data.folder_depth_for_labels)
+        start = time.perf_counter()
+        pack_images(source, index, scratch / "packed", channel_axis=config.data.channel_axis,
+                    on_bad=lambda bad: None, folder_depth_for_labels=config.data.folder_depth_for_labels)
+        prepare_s = time.perf_counter() - start
+        bench = config.replace({
+            "run.output_dir": str(scratch / "run"), "data.packed_dir": str(scratch / "packed"),
+            "data.loader": "packed", "data.holdout_fraction": 0.0, "data.num_workers": workers,
+            "data.source": str(source),
+        })
+        stats = [BENCH_MEAN] * config.data.in_chans, [BENCH_STD] * config.data.in_chans
+        baseline = DataLoader(ScdinoStyleDataset(source, index.paths, index.labels, bench), batch_size=batch,
+                              sampler=RandomSampler(range(len(index)), replacement=True), num_workers=workers,
+                              drop_last=True, persistent_workers=workers > 0)
+        packed, _ = build_pretrain_loader(bench, rank=0, world_size=1, mean=stats[0], std=stats[1])
+        _check_enough(packed, args)
+        baseline_rate = _time_batches(baseline, args.warmup, args.batches, batch)
+        packed_rate = _time_batches(packed, args.warmup, args.batches, batch)
+    return _report(config, args, workers, len(index), baseline_rate, packed_rate, prepare_s)
+
+
+def _check_enough(loader, args: argparse.Namespace) -> None:
+    if len(loader) < args.warmup + args.batches:
+        from training.errors import UserError
+
+        raise UserError(f"the dataset gives {len(loader)} batches per epoch; the benchmark needs "
+                        f"--warmup + --batches = {args.warmup + args.batches}: use fewer or more images")
+
+
+def _report(config: Config, args, workers: int, n_images: int, baseline: tuple[float, float],
+            packed: tuple[float, float], prepare_s: float) -> dict:
+    d = config.dino
+    return {
+        "benchmark": "loader",
+        "baseline_scdino_style_images_per_s": round(baseline[0], 2),
+        "packed_batched_images_per_s": round(packed[0], 2),
+        "ratio": round(packed[0] / baseline[0], 2),
+        "baseline_cpu_ms_per_image": round(1000 * baseline[1], 3),
+        "packed_cpu_ms_per_image": round(1000 * packed[1], 3),
+        "cpu_ratio": round(baseline[1] / packed[1], 2) if packed[1] > 0 else None,
+        "load_average": round(os.getloadavg()[0], 2),
+        "settings": {
+            "workers": workers, "cpu_count": os.cpu_count(), "batch_size": config.optim.batch_size_per_gpu,
+            "timed_batches": args.batches, "warmup_batches": args.warmup, "dataset_images": n_images,
+            "channels": config.data.channels,
+            "crops": f"2x{d.global_crop_size} + {d.local_crops_number}x{d.local_crop_size}",
+            "global_crops_scale": list(d.global_crops_scale), "local_crops_scale": list(d.local_crops_scale),
+            "prepare_s": round(prepare_s, 2), "torch": torch.__version__,
+        },
+    }

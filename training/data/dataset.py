@@ -1,0 +1,165 @@
+"""Open the dataset a config points at, as TIFF folder or packed array, behind one interface.
+
+`open_dataset(config)[i]` gives `(image (C, H, W) float32 in [0, 1], label)`: the selected channels,
+each min-max scaled per image as scDINO does. A constant channel scales to 0 rather than NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from training.config import Config
+from training.data.index import ImageIndex, scan_images
+from training.data.packed import PackedImages, expected_format, is_packed
+from training.data.tiff import BadImage, read_image
+from training.errors import MissingInputError, UserError
+from training.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+
+class BadImageError(UserError):
+    """A bad image met at read time under data.on_bad_image=fail."""
+
+    def __init__(self, bad: BadImage) -> None:
+        super().__init__(
+            f"bad image {bad.path}: {bad.reason}; fix or remove it, or set data.on_bad_image=skip"
+        )
+        self.path, self.reason = bad.path, bad.reason
+
+
+class TiffImages:
+    """Read access to a folder of TIFFs, with the same methods as PackedImages."""
+
+    uniform_shape = None
+
+    def __init__(self, root: Path, index: ImageIndex, channel_axis: str) -> None:
+        self.root = Path(root)
+        self.paths = index.paths
+        self.labels = np.asarray(index.labels, dtype=np.int64)
+        self.class_names = index.class_names
+        self.channel_axis = channel_axis
+        self.channels, _ = expected_format(self.root, index, channel_axis)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, i: int) -> np.ndarray:
+        try:
+            image = read_image(self.root / self.paths[i], self.channel_axis)
+            if image.shape[0] != self.channels:
+                reason = f"wrong shape: {image.shape[0]} channels, the dataset has {self.channels}"
+                raise BadImage(self.paths[i], reason)
+            return image
+        except BadImage as bad:
+            bad.path = self.paths[i]
+            raise
+
+    def read_batch(self, indices: np.ndarray) -> list[np.ndarray]:
+        return [self.read(int(i)) for i in indices]
+
+
+def packed_dir(config: Config) -> Path:
+    return Path(config.data.packed_dir) if config.data.packed_dir else RunLayout.from_config(config).packed
+
+
+def resolve_source(config: Config) -> tuple[str, Path]:
+    """("packed", folder) or ("tiff", root), following data.loader ("auto" prefers packed)."""
+    source, packed = Path(config.data.source), packed_dir(config)
+    if config.data.loader == "tiff":
+        if is_packed(source):
+            raise UserError(f"data.loader=tiff but data.source {source} is a packed dataset")
+        return "tiff", source
+    for folder in (packed, source):
+        if is_packed(folder):
+            return "packed", folder
+    if config.data.loader in ("packed", "dali"):
+        raise MissingInputError("packed dataset", packed, "prepare")
+    return "tiff", source
+
+
+def bad_image_paths(config: Config) -> set[str]:
+    """Paths an earlier `prepare` reported as bad; the TIFF reader leaves them out."""
+    report = RunLayout.from_config(config).bad_images
+    if not report.exists():
+        return set()
+    return {entry["path"] for entry in json.loads(report.read_text()).get("images", [])}
+
+
+def load_index(config: Config) -> ImageIndex:
+    """The dataset's images and labels in dataset-index order, for either form."""
+    kind, folder = resolve_source(config)
+    if kind == "packed":
+        images = PackedImages(folder)
+        return ImageIndex(images.paths, images.labels.tolist(), images.class_names)
+    return scan_images(folder, config.data.folder_depth_for_labels).without(bad_image_paths(config))
+
+
+def open_images(config: Config) -> PackedImages | TiffImages:
+    """Raw (C, H, W) access to every image of the configured dataset, all channels."""
+    kind, folder = resolve_source(config)
+    if kind == "packed":
+        images = PackedImages(folder)
+    else:
+        images = TiffImages(folder, load_index(config), config.data.channel_axis)
+    log.info("dataset: %d images, %d classes, %s form at %s", len(images), len(images.class_names), kind, folder)
+    check_channels(images, config)
+    return images
+
+
+def check_channels(images: PackedImages | TiffImages, config: Config) -> None:
+    """Fail early, with the fix, when data.channels asks for channels the images lack."""
+    needed, have = max(config.data.channel_indices) + 1, images.channels
+    if have and have < needed:
+        raise UserError(
+            f"data.channels={config.data.channels!r} needs {needed} channels but the images have "
+            f"{have}: choose channels among 0..{have - 1}"
+        )
+
+
+def minmax_scale(images: torch.Tensor) -> torch.Tensor:
+    """Per-image, per-channel min-max scaling of (..., H, W) to [0, 1], in place on float input."""
+    low = images.amin(dim=(-2, -1), keepdim=True)
+    high = images.amax(dim=(-2, -1), keepdim=True)
+    span = high - low
+    images.sub_(low).div_(torch.where(span > 0, span, torch.ones_like(span)))
+    return images
+
+
+def to_scaled_tensor(raw: np.ndarray, channel_indices: tuple[int, ...]) -> torch.Tensor:
+    """Select channels of a (C, H, W) or (B, C, H, W) raw array, as min-max scaled float32."""
+    selected = np.take(raw, channel_indices, axis=-3).astype(np.float32)
+    return minmax_scale(torch.from_numpy(selected))
+
+
+class CellDataset(Dataset):
+    """Single images for analysis steps: `ds[i] -> (image (C, H, W) in [0, 1], label)`."""
+
+    def __init__(self, images: PackedImages | TiffImages, channel_indices: tuple[int, ...]) -> None:
+        self.images = images
+        self.channel_indices = tuple(channel_indices)
+        self.class_names = images.class_names
+        self.labels = images.labels
+        self.paths = images.paths
+        self.in_chans = len(self.channel_indices)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        try:
+            raw = self.images.read(int(i))
+        except BadImage as bad:
+            raise BadImageError(bad) from None
+        return to_scaled_tensor(raw, self.channel_indices), int(self.labels[i])
+
+
+def open_dataset(config: Config) -> CellDataset:
+    """The configured dataset (TIFF folder or packed, per data.loader) as a torch Dataset."""
+    return CellDataset(open_images(config), config.data.channel_indices)

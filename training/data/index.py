@@ -1,0 +1,76 @@
+"""Find the images of a dataset and their class labels from folder names (scDINO's layout).
+
+`root/<class>/<image>.tif` gives the label "<class>" at folder_depth_for_labels=0; with deeper
+trees (`root/<donor>/<class>/<plate>/<image>.tif`) a larger depth picks a higher folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One image: its path relative to the dataset root and its integer label."""
+
+    path: str
+    label: int
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """All images of a dataset in a fixed (sorted) order; indices into it are dataset indices."""
+
+    paths: list[str]
+    labels: list[int]
+    class_names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> ImageRecord:
+        return ImageRecord(self.paths[i], self.labels[i])
+
+    def without(self, excluded: set[str]) -> "ImageIndex":
+        """The same index minus some paths (e.g. images `prepare` found to be bad)."""
+        keep = [i for i, p in enumerate(self.paths) if p not in excluded]
+        return ImageIndex([self.paths[i] for i in keep], [self.labels[i] for i in keep], self.class_names)
+
+
+def label_of(relative: Path, folder_depth_for_labels: int) -> str:
+    """The class name of one image: the folder `depth` levels above the image's own."""
+    folders = relative.parts[:-1]
+    if len(folders) <= folder_depth_for_labels:
+        raise UserError(
+            f"image {relative} has no class folder at data.folder_depth_for_labels="
+            f"{folder_depth_for_labels}: put images in <root>/<class>/ folders or lower the depth"
+        )
+    return folders[-1 - folder_depth_for_labels]
+
+
+def scan_images(root: Path, folder_depth_for_labels: int) -> ImageIndex:
+    """List every .tif/.tiff below root (sorted, so indices are stable) with its label."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(
+            f"image folder not found: {root}: set data.source, or create the demo data with "
+            "`python -m training synth-data --out <folder>`"
+        )
+    relatives = sorted(
+        p.relative_to(root) for p in root.rglob("*") if p.suffix.lower() in TIFF_SUFFIXES and p.is_file()
+    )
+    if not relatives:
+        raise UserError(f"no .tif/.tiff images found under {root}")
+    names = [label_of(rel, folder_depth_for_labels) for rel in relatives]
+    class_names = sorted(set(names))
+    to_label = {name: i for i, name in enumerate(class_names)}
+    log.info("found %d images in %d classes under %s", len(relatives), len(class_names), root)
+    return ImageIndex([rel.as_posix() for rel in relatives], [to_label[n] for n in names], class_names)

@@ -1,0 +1,214 @@
+"""DataLoaders for pretraining (multi-crop) and evaluation (resized whole images).
+
+Each DataLoader item is a whole batch: the sampler yields `(batch_seed, indices)`, a worker reads
+those images (one fancy-indexing copy from the packed memory map, or one TIFF each), min-max
+scales them and augments the batch at once (training.data.augment). Crops depend only on the
+batch seed, so they are the same whatever the number of workers or a resume.
+
+A bad image met at read time is never a crash deep in a worker: under data.on_bad_image=skip it
+is logged and replaced; under `fail` the worker hands back a marker and the main process raises
+one clear UserError naming the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from training.config import Config
+from training.data.augment import BatchMultiCrop, resize_full
+from training.data.dataset import BadImageError, minmax_scale, open_images
+from training.data.packed import PackedImages
+from training.data.split import load_split
+from training.data.tiff import BadImage
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+SUBSTITUTE_TRIES = 16
+
+
+@dataclass(frozen=True)
+class BadBatch:
+    """Returned by a worker instead of a batch when a bad image must stop the run."""
+
+    path: str
+    reason: str
+
+
+class DistributedBatchSampler(Sampler):
+    """Per-rank batches of dataset indices, reshuffled each epoch, equal in number on every rank.
+
+    The shuffled indices are padded by repetition to a multiple of the world size (as torch's
+    DistributedSampler), then every rank drops its incomplete last batch: all ranks run the same
+    number of steps and none waits forever in a collective on uneven data.
+    """
+
+    def __init__(self, indices: np.ndarray, batch_size: int, *, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True, pad: bool = True) -> None:
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.seed, self.shuffle, self.drop_last, self.pad = seed, shuffle, drop_last, pad
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _shard(self) -> np.ndarray:
+        order = self.indices
+        if self.shuffle:
+            order = order[np.random.default_rng([self.seed, self.epoch]).permutation(len(order))]
+        if self.pad and len(order) % self.world_size:
+            extra = self.world_size - len(order) % self.world_size
+            order = np.concatenate([order, np.resize(order, extra)])
+        return order[self.rank::self.world_size]
+
+    def __len__(self) -> int:
+        n = len(self._shard()) if not self.pad else -(-len(self.indices) // self.world_size)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        shard = self._shard()
+        for k in range(len(self)):
+            seed = int(np.random.default_rng([self.seed, self.epoch, self.rank, k]).integers(2**62))
+            yield seed, shard[k * self.batch_size:(k + 1) * self.batch_size]
+
+
+class BatchDataset(Dataset):
+    """Maps `(seed, indices)` to a finished batch: reads, scales, then applies `transform`."""
+
+    def __init__(self, images, channel_indices: Sequence[int], on_bad_image: str,
+                 transform: Callable, *, substitute: bool) -> None:
+        self.images, self.channel_indices = images, list(channel_indices)
+        self.on_bad_image, self.transform, self.substitute = on_bad_image, transform, substitute
+        self._warned: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, item: tuple[int, np.ndarray]):
+        seed, indices = item
+        try:
+            images, kept = self._read(np.asarray(indices))
+        except BadImage as bad:
+            return BadBatch(bad.path, bad.reason)
+        labels = torch.from_numpy(self.images.labels[kept])
+        generator = torch.Generator().manual_seed(seed)
+        return self.transform(images, labels, torch.from_numpy(kept), generator)
+
+    def _read(self, indices: np.ndarray) -> tuple[torch.Tensor | list[torch.Tensor], np.ndarray]:
+        """Selected channels as float32, min-max scaled: one tensor if shapes agree, else a list."""
+        if isinstance(self.images, PackedImages) and self.images.uniform_shape is not None:
+            raw = self.images.read_batch(indices)[:, self.channel_indices]
+            return minmax_scale(torch.from_numpy(raw.astype(np.float32))), indices
+        arrays, kept = [], []
+        for i in indices:
+            found = self._read_one(int(i))
+            if found is not None:
+                arrays.append(found[1])
+                kept.append(found[0])
+        tensors = [minmax_scale(torch.from_numpy(a[self.channel_indices].astype(np.float32))) for a in arrays]
+        if len({t.shape for t in tensors}) == 1:
+            tensors = torch.stack(tensors)
+        return tensors, np.asarray(kept, dtype=np.int64)
+
+    def _read_one(self, i: int) -> tuple[int, np.ndarray] | None:
+        """(index, image) for i, or under `skip` a following good image (or None for eval)."""
+        for k in range(SUBSTITUTE_TRIES if self.substitute else 1):
+            j = (i + k) % len(self.images)
+            try:
+                return j, self.images.read(j)
+            except BadImage as bad:
+                if self.on_bad_image == "fail":
+                    raise
+                if bad.path not in self._warned:
+                    self._warned.add(bad.path)
+                    log.warning("skipping bad image %s: %s", bad.path, bad.reason)
+        if self.substitute:
+            raise BadImage(self.images.paths[i], f"it and the next {SUBSTITUTE_TRIES - 1} images are unreadable")
+        return None
+
+
+class CheckedLoader(DataLoader):
+    """A DataLoader that turns a worker's BadBatch marker into one clear error in the main process."""
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            if isinstance(batch, BadBatch):
+                raise BadImageError(BadImage(batch.path, batch.reason))
+            yield batch
+
+
+def _keep(batch):
+    return batch
+
+
+def _loader(dataset: Dataset, sampler: Sampler, config: Config) -> CheckedLoader:
+    workers = config.data.num_workers
+    return CheckedLoader(
+        dataset, sampler=sampler, batch_size=None, collate_fn=_keep, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+        prefetch_factor=2 if workers else None,
+    )
+
+
+def _check_stats(mean: Sequence[float], std: Sequence[float], config: Config) -> None:
+    if len(mean) != config.data.in_chans or len(std) != config.data.in_chans:
+        raise UserError(f"mean/std have {len(mean)}/{len(std)} values for {config.data.in_chans} channels "
+                        f"(data.channels={config.data.channels!r}): re-run `python -m training mean-std`")
+
+
+class PretrainTransform:
+    """Batch -> (crops, labels): DINO multi-crop, normalised."""
+
+    def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.multicrop = BatchMultiCrop(config.dino, mean, std)
+
+    def __call__(self, images, labels, idx, generator):
+        return self.multicrop(images, generator), labels
+
+
+class EvalTransform:
+    """Batch -> (images resized to eval.image_size and normalised, labels, dataset indices)."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.size = size
+        self.mean = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
+        self.std = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
+
+    def __call__(self, images, labels, idx, generator):
+        if isinstance(images, list) and not images:
+            return torch.zeros(0, self.mean.shape[1], self.size, self.size), labels, idx
+        return resize_full(images, self.size).sub_(self.mean).div_(self.std), labels, idx
+
+
+def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
+                          std: Sequence[float]) -> tuple[DataLoader, DistributedBatchSampler]:
+    """Training-split batches `(crops: [global1, global2, local...], labels)`, same count per rank."""
+    _check_stats(mean, std, config)
+    images = open_images(config)
+    train = load_split(config).train
+    batch = config.optim.batch_size_per_gpu
+    sampler = DistributedBatchSampler(train, batch, rank=rank, world_size=world_size, seed=config.run.seed)
+    if len(sampler) == 0:
+        raise UserError(f"{len(train)} training images cannot fill one batch of optim.batch_size_per_gpu={batch} "
+                        f"on each of {world_size} ranks: lower the batch size or add images")
+    dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image,
+                           PretrainTransform(config, mean, std), substitute=True)
+    return _loader(dataset, sampler, config), sampler
+
+
+def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, world_size: int = 1,
+                      mean: Sequence[float], std: Sequence[float], batch_size: int | None = None) -> DataLoader:
+    """Batches `(images, labels, idx)` over this rank's disjoint shard of `indices` (no padding)."""
+    _check_stats(mean, std, config)
+    sampler = DistributedBatchSampler(np.asarray(indices), batch_size or config.eval.batch_size, rank=rank,
+                                      world_size=world_size, seed=config.run.seed, shuffle=False,
+                                      drop_last=False, pad=False)
+    dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
+                           EvalTransform(config.eval.image_size, mean, std), substitute=False)
+    return _loader(dataset, sampler, config)

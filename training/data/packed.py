@@ -1,0 +1,190 @@
+"""The packed dataset: every image in one flat memory-mapped file, plus index.json.
+
+    packed/images.bin   raw pixels, each image stored channel-first (C, H, W) in C order, back to back
+    packed/index.json   paths, labels, class_names, shapes, offsets (in elements), dtype, channels
+
+Images of different sizes are supported (offsets + shapes); when all share one shape the reader
+exposes the file as a single (N, C, H, W) array so a batch is one fancy-indexing copy. The memory
+map is opened lazily in each process (DataLoader workers share the page cache, not Python objects).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from training.data.index import ImageIndex
+from training.data.tiff import BadImage, ChannelAxis, read_image
+
+log = logging.getLogger(__name__)
+
+FORMAT = "scdino-packed-v1"
+IMAGES_FILE = "images.bin"
+INDEX_FILE = "index.json"
+VOTE_SAMPLE = 32
+"""How many leading images vote on the dataset's channel count and dtype."""
+
+
+def is_packed(folder: Path) -> bool:
+    return (Path(folder) / INDEX_FILE).is_file() and (Path(folder) / IMAGES_FILE).is_file()
+
+
+@dataclass
+class PackReport:
+    """What `pack_images` wrote and what it had to leave out."""
+
+    n_images: int = 0
+    bad: list[BadImage] = field(default_factory=list)
+
+
+def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
+    """The channel count and dtype most of the leading readable images have."""
+    votes: Counter = Counter()
+    for rel in index.paths[: VOTE_SAMPLE * 2]:
+        try:
+            image = read_image(root / rel, channel_axis)
+        except BadImage:
+            continue
+        votes[(image.shape[0], image.dtype.str)] += 1
+        if sum(votes.values()) >= VOTE_SAMPLE:
+            break
+    if not votes:
+        return 0, np.dtype(np.uint16)
+    (channels, dtype), _ = votes.most_common(1)[0]
+    return channels, np.dtype(dtype)
+
+
+def conform(image: np.ndarray, channels: int, dtype: np.dtype, path: str) -> np.ndarray:
+    """Check one image against the dataset's channel count and dtype; cast when lossless."""
+    if image.shape[0] != channels:
+        raise BadImage(path, f"wrong shape: {image.shape[0]} channels, the dataset has {channels}")
+    if image.dtype != dtype:
+        if not np.can_cast(image.dtype, dtype, casting="safe"):
+            raise BadImage(path, f"pixel type {image.dtype} cannot be stored losslessly as {dtype}")
+        image = image.astype(dtype)
+    return image
+
+
+def _read_all(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> Iterator[np.ndarray | BadImage]:
+    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts."""
+    def read(rel: str) -> np.ndarray | BadImage:
+        try:
+            return read_image(root / rel, channel_axis)
+        except BadImage as bad:
+            bad.path = rel
+            return bad
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        yield from pool.map(read, index.paths, chunksize=64)
+
+
+def _write_index(folder: Path, meta: dict) -> None:
+    (folder / INDEX_FILE).write_text(json.dumps(meta))
+
+
+def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: ChannelAxis,
+                on_bad: Callable[[BadImage], None], folder_depth_for_labels: int = 0) -> PackReport:
+    """Pack all good images of `index` into out_dir atomically (temp folder, then rename).
+
+    `on_bad(bad: BadImage)` is called for each bad image; it raises to stop (policy "fail").
+    """
+    root, out_dir = Path(root), Path(out_dir)
+    channels, dtype = expected_format(root, index, channel_axis)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    report, kept, shapes, offsets, offset = PackReport(), [], [], [], 0
+    try:
+        with open(tmp / IMAGES_FILE, "wb") as out:
+            results = _read_all(root, index, channel_axis)
+            for i, result in enumerate(tqdm(results, total=len(index), desc="prepare", unit="img")):
+                try:
+                    if isinstance(result, BadImage):
+                        raise result
+                    image = conform(result, channels, dtype, index.paths[i])
+                except BadImage as bad:
+                    on_bad(bad)
+                    report.bad.append(bad)
+                    continue
+                out.write(image.tobytes())
+                kept.append(i)
+                shapes.append(list(image.shape))
+                offsets.append(offset)
+                offset += image.size
+        _write_index(tmp, {
+            "format": FORMAT, "dtype": dtype.str, "channels": channels,
+            "paths": [index.paths[i] for i in kept], "labels": [index.labels[i] for i in kept],
+            "class_names": index.class_names, "shapes": shapes, "offsets": offsets,
+            "total_elements": offset, "source": str(root), "folder_depth_for_labels": folder_depth_for_labels,
+        })
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report.n_images = len(kept)
+    return report
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Swap a finished folder into place; an existing one is removed only after the swap."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class PackedImages:
+    """Read access to a packed dataset; cheap to pickle (the memory map is reopened per process)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        meta = json.loads((self.folder / INDEX_FILE).read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{self.folder / INDEX_FILE} is not a {FORMAT} index")
+        self.meta = meta
+        self.dtype = np.dtype(meta["dtype"])
+        self.paths: list[str] = meta["paths"]
+        self.labels = np.asarray(meta["labels"], dtype=np.int64)
+        self.channels = int(meta["channels"])
+        self.class_names: list[str] = meta["class_names"]
+        self.shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
+        self.offsets = np.asarray(meta["offsets"], dtype=np.int64)
+        unique = {tuple(s) for s in self.shapes.tolist()}
+        self.uniform_shape: tuple[int, int, int] | None = unique.pop() if len(unique) == 1 else None
+        self._flat: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_flat": None}
+
+    @property
+    def flat(self) -> np.ndarray:
+        if self._flat is None:
+            total = int(self.meta["total_elements"])
+            self._flat = np.memmap(self.folder / IMAGES_FILE, dtype=self.dtype, mode="r", shape=(max(total, 1),))
+        return self._flat
+
+    def read(self, i: int) -> np.ndarray:
+        """Image i as a (C, H, W) array view of the memory map."""
+        c, h, w = self.shapes[i]
+        start = self.offsets[i]
+        return self.flat[start:start + c * h * w].reshape(c, h, w)
+
+    def read_batch(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        """A (B, C, H, W) copy when all images share a shape, else a list of (C, H, W) arrays."""
+        if self.uniform_shape is not None:
+            stack = self.flat[: len(self) * int(np.prod(self.uniform_shape))]
+            return np.asarray(stack.reshape(len(self), *self.uniform_shape)[np.asarray(indices)])
+        return [np.asarray(self.read(int(i))) for i in indices]

@@ -1,0 +1,86 @@
+"""Per-channel mean and std of the dataset, as scDINO computes them for normalisation.
+
+Over a seeded random fraction (data.mean_std_fraction) of the training images, each image is
+min-max scaled per channel first (as the loader does), then pixel moments are accumulated per
+channel. The file holds every channel of the images; `load_mean_std` picks data.channels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+from tqdm import tqdm
+
+from training.config import Config
+from training.data.dataset import BadImageError, open_images
+from training.data.io import write_json_atomic
+from training.data.split import load_split
+from training.data.tiff import BadImage
+from training.errors import MissingInputError, UserError
+from training.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+
+def sample_for_stats(train: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """The seeded subset of training indices the statistics are computed on (at least one)."""
+    count = max(1, int(math.ceil(fraction * len(train))))
+    return np.sort(np.random.default_rng([seed, 1]).choice(train, size=min(count, len(train)), replace=False))
+
+
+def scaled_float64(raw: np.ndarray) -> np.ndarray:
+    """Per-channel min-max scaling in float64 (a constant channel becomes 0)."""
+    image = raw.astype(np.float64)
+    low = image.min(axis=(1, 2), keepdims=True)
+    span = image.max(axis=(1, 2), keepdims=True) - low
+    return (image - low) / np.where(span > 0, span, 1.0)
+
+
+def compute_mean_std(config: Config) -> dict:
+    """Mean and std per channel (all channels of the images) over the sampled training images."""
+    images = open_images(config)
+    chosen = sample_for_stats(load_split(config).train, config.data.mean_std_fraction, config.run.seed)
+    total = squares = None
+    pixels, used, skipped = 0, 0, 0
+    for i in tqdm(chosen, desc="mean-std", unit="img"):
+        try:
+            image = scaled_float64(images.read(int(i)))
+        except BadImage as bad:
+            if config.data.on_bad_image == "fail":
+                raise BadImageError(bad) from None
+            log.warning("skipping bad image %s: %s", bad.path, bad.reason)
+            skipped += 1
+            continue
+        flat = image.reshape(image.shape[0], -1)
+        total = flat.sum(1) if total is None else total + flat.sum(1)
+        squares = (flat ** 2).sum(1) if squares is None else squares + (flat ** 2).sum(1)
+        pixels += flat.shape[1]
+        used += 1
+    if not used:
+        raise UserError("no readable training image to compute the mean and std from")
+    mean = total / pixels
+    std = np.sqrt(np.maximum(squares / pixels - mean ** 2, 0.0))
+    return {"mean": mean.tolist(), "std": std.tolist(), "n_images": used, "n_skipped": skipped,
+            "fraction": config.data.mean_std_fraction, "seed": config.run.seed}
+
+
+def write_mean_std(config: Config, stats: dict) -> None:
+    write_json_atomic(RunLayout.from_config(config).mean_std, stats)
+
+
+def load_mean_std(config: Config) -> tuple[list[float], list[float]]:
+    """The mean and std of the selected channels (data.channels), from <run>/mean_std.json."""
+    path = RunLayout.from_config(config).mean_std
+    if not path.exists():
+        raise MissingInputError("mean/std file", path, "mean-std")
+    stats = json.loads(path.read_text())
+    mean, std = stats["mean"], stats["std"]
+    picks = config.data.channel_indices
+    if max(picks) >= len(mean):
+        raise UserError(f"{path} has {len(mean)} channels but data.channels={config.data.channels!r} "
+                        "needs more: re-run `python -m training mean-std`")
+    chosen_std = [max(float(std[c]), 1e-6) for c in picks]
+    return [float(mean[c]) for c in picks], chosen_std
