@@ -18,7 +18,7 @@ install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed node_modules
 system-deps:
 	scripts/install-system-deps.sh
 
-$(VENV)/.installed: requirements.txt requirements-infra.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-infra.txt requirements-dali.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
