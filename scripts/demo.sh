@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The body of `make demo`: the whole scDINO pipeline on the embedded synthetic dataset, submitted
+# with the same slurm/*.slurm scripts as on AWS, to a real Slurm cluster on this machine (CPU).
+#   1. generate the synthetic dataset (python -m training synth-data), unless it exists
+#   2. start the local Slurm cluster (scripts/local-slurm.sh start)
+#   3. submit the chain (slurm/submit_pipeline.sh) and follow it: job states and log tails
+#   4. write runs/demo/results.json (kNN of the trained model and baselines, time of each step),
+#      print the kNN table and the report's path
+#   5. synthesise the CDK app (`npx cdk synth`), listing what `cdk deploy` would create
+# A second run reuses the dataset, the cluster and a finished run (DEMO_FORCE=1 reruns the chain).
+# Settings: DEMO_CONFIG (configs/demo.yaml), DEMO_FORCE, and scripts/local-slurm.sh's SLURM_LOCAL_*.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+FORCE=${DEMO_FORCE:-0}
+PIPELINE_RAN=0
+START=$SECONDS
+
+say() { printf '\n== %s\n' "$*"; }
+die() { echo "demo: error: $*" >&2; exit 1; }
+
+[ -x "$PYTHON" ] || die "no virtualenv at $PYTHON: run \`make demo\` (it installs first)"
+[ -f "$CONFIG" ] || die "config not found: $CONFIG"
+# Paths of the run, from the config itself: run directory and image folder.
+mapfile -t PATHS < <("$PYTHON" -c '
+import sys
+from training.config import load_config
+c = load_config(sys.argv[1])
+print(c.run.output_dir); print(c.data.source)' "$CONFIG")
+RUN_DIR=${PATHS[0]}
+DATA_DIR=${PATHS[1]}
+LOG_DIR=$RUN_DIR/logs
+
+make_dataset() {
+  if [ -n "$(find "$DATA_DIR" -name '*.tif' -print -quit 2>/dev/null)" ]; then
+    say "synthetic dataset: reusing $DATA_DIR ($(find "$DATA_DIR" -name '*.tif' | wc -l) images)"
+  else
+    say "synthetic dataset -> $DATA_DIR"
+    "$PYTHON" -m training synth-data --config "$CONFIG"
+  fi
+}
+
+start_cluster() {
+  say "local Slurm cluster"
+  scripts/local-slurm.sh start
+  # shellcheck source=/dev/null
+  source "${SLURM_LOCAL_BASE:-$REPO/.local-slurm}/scdino-env.sh"
+  sinfo
+}
+
+run_finished() {
+  [ -s "$RUN_DIR/report.html" ] && [ -s "$RUN_DIR/knn/knn.json" ] && [ "$RUN_DIR/report.html" -nt "$CONFIG" ]
+}
+
+job_state() { scontrol show job -o "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+
+# Arguments: "STEP JOBID" lines. Prints a line whenever a job changes state, and the last log line
+# of the running job; stops at the end of the chain, or at the first job that did not complete.
+follow() {
+  local last="" last_tail="" tail_line line running state entry step id all_done
+  while :; do
+    line="" running="" all_done=1
+    for entry in "$@"; do
+      step=${entry% *} id=${entry#* }
+      state=$(job_state "$id")
+      case "$state" in
+        COMPLETED) line+="$step:done " ;;
+        RUNNING) line+="$step:RUNNING " ;;
+        PENDING) line+="$step:- " ;;
+        *) line+="$step:${state:-?} " ;;
+      esac
+      case "$state" in
+        COMPLETED) ;;
+        PENDING | CONFIGURING | RUNNING | COMPLETING | REQUEUED | REQUEUE_HOLD) all_done=0 ;;
+        *) printf '%s\n' "$line"; show_failure "$step" "$id" "${state:-unknown}" ;;
+      esac
+      if [ "$state" = RUNNING ] && [ -z "$running" ]; then running=$entry; fi
+    done
+    if [ "$line" != "$last" ]; then
+      printf '[%4ds] %s\n' $((SECONDS - START)) "$line"
+      last=$line
+    fi
+    if [ -n "$running" ]; then
+      tail_line=$(tail -c 2000 "$LOG_DIR/scdino-${running% *}_${running#* }.out" 2>/dev/null |
+        tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-150 || true)
+      if [ -n "$tail_line" ] && [ "$tail_line" != "$last_tail" ]; then
+        echo "         | $tail_line"
+        last_tail=$tail_line
+      fi
+    fi
+    ((all_done)) && return 0
+    sleep 3
+  done
+}
+
+show_failure() {
+  local step=$1 id=$2 state=$3
+  echo "demo: step $step (job $id) ended $state; the end of its log:" >&2
+  tail -n 30 "$LOG_DIR/scdino-${step}_${id}.out" >&2 || true
+  exit 1
+}
+
+run_pipeline() {
+  if run_finished && [ "$FORCE" != 1 ]; then
+    say "pipeline: $RUN_DIR is complete, reusing it (DEMO_FORCE=1 reruns it)"
+    return 0
+  fi
+  say "submitting the pipeline (logs in $LOG_DIR)"
+  local -a jobs
+  mapfile -t jobs < <(SCDINO_LOG_DIR=$LOG_DIR slurm/submit_pipeline.sh "$CONFIG")
+  [ "${#jobs[@]}" -gt 0 ] || die "nothing submitted"
+  printf '  %s\n' "${jobs[@]}"
+  printf '%s\n' "${jobs[@]}" >"$LOG_DIR/jobs.txt"
+  PIPELINE_RAN=1
+  say "following the jobs"
+  follow "${jobs[@]}"
+}
+
+# runs/demo/results.json: kNN top-1/top-2 (at the best k, and per k) of the trained model and the
+# two baselines, each step's time inside Python (timings.json) and as a Slurm job (start to end).
+write_results() {
+  say "results"
+  "$PYTHON" - "$RUN_DIR" "$((SECONDS - START))" "$PIPELINE_RAN" <<'PY'
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+run, wall, ran = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+previous = json.loads((run / "results.json").read_text()) if (run / "results.json").exists() else {}
+
+
+def job_seconds() -> dict:
+    jobs = run / "logs" / "jobs.txt"
+    if not ran or not jobs.exists():
+        return previous.get("job_seconds", {})
+    seconds = {}
+    for step, job in (line.split() for line in jobs.read_text().splitlines() if line.strip()):
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+        fields = dict(item.split("=", 1) for item in info.split() if "=" in item)
+        start, end = fields.get("StartTime", ""), fields.get("EndTime", "")
+        if start[:1].isdigit() and end[:1].isdigit():
+            seconds[step] = int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+    return seconds
+
+
+knn = json.loads((run / "knn" / "knn.json").read_text())
+timings = json.loads((run / "timings.json").read_text()) if (run / "timings.json").exists() else {}
+names = {"final": "trained model", "raw_pixels": "raw pixels", "random_init": "random backbone"}
+models = {}
+for tag, label in names.items():
+    entry = knn["tags"].get(tag)
+    if entry is None:
+        continue
+    k = str(entry["best_k"])
+    models[tag] = {"label": label, "best_k": entry["best_k"], "top1": entry["top1"][k], "top2": entry["top2"][k],
+                   "top1_by_k": entry["top1"], "top2_by_k": entry["top2"]}
+results = {
+    "knn": models, "n_reference": knn["n_reference"], "n_query": knn["n_query"],
+    "step_seconds": timings, "job_seconds": job_seconds(),
+    "demo_wall_seconds": wall if ran else previous.get("demo_wall_seconds", wall),
+    "report": str((run / "report.html").resolve()),
+}
+tmp = run / "results.json.tmp"
+tmp.write_text(json.dumps(results, indent=2))
+tmp.replace(run / "results.json")
+print(f"{'features':<18} {'k':>4} {'top-1':>8} {'top-2':>8}")
+for entry in models.values():
+    print(f"{entry['label']:<18} {entry['best_k']:>4} {entry['top1']:>8.3f} {entry['top2']:>8.3f}")
+print("\nstep times, s (in Python / as a Slurm job):")
+for step, value in timings.items():
+    job = results["job_seconds"].get(step)
+    print(f"  {step:<12} {value:>7.1f} / {'-' if job is None else job}")
+PY
+}
+
+synth_cdk() {
+  [ -f app.py ] || { say "CDK app: app.py not present, skipping cdk synth"; return 0; }
+  say "what \`cdk deploy\` would create (npx cdk synth, offline)"
+  if npx --no-install cdk synth --quiet >"$RUN_DIR/logs/cdk-synth.log" 2>&1; then
+    "$PYTHON" - <<'PY'
+import json
+from collections import Counter
+from pathlib import Path
+
+for template in sorted(Path("cdk.out").glob("*.template.json")):
+    resources = json.loads(template.read_text()).get("Resources", {})
+    kinds = Counter(r["Type"] for r in resources.values())
+    top = ", ".join(f"{n} {t.split('::')[-1]}" for t, n in kinds.most_common(6))
+    print(f"  {template.name.removesuffix('.template.json')}: {len(resources)} resources ({top})")
+PY
+  else
+    echo "  cdk synth failed (the demo itself is unaffected); see $RUN_DIR/logs/cdk-synth.log"
+  fi
+}
+
+make_dataset
+start_cluster
+mkdir -p "$LOG_DIR"
+run_pipeline
+write_results
+synth_cdk
+say "done in $((SECONDS - START)) s"
+echo "results: $RUN_DIR/results.json"
+echo "report:  $(cd "$RUN_DIR" && pwd)/report.html"

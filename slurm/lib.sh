@@ -1,0 +1,173 @@
+# shellcheck shell=bash
+# Functions shared by the slurm/*.slurm scripts; sourced after env.sh inside a job.
+# Nothing here runs on its own: each script calls what it needs in its launch section.
+
+log() { echo "[$(date +%H:%M:%S) ${SLURM_JOB_NAME:-job} ${SLURM_JOB_ID:-}] $*" >&2; }
+
+# Fails early, with the fix, when the bundle's Python environment is missing on this node.
+require_python() {
+  if [ ! -x "$SCDINO_PYTHON" ]; then
+    log "error: no Python at $SCDINO_PYTHON; set SCDINO_VENV (slurm/env.sh) to the venv that has the training bundle"
+    exit 2
+  fi
+}
+
+# GPUs this allocation gives on each node: Slurm's count, else CUDA_VISIBLE_DEVICES, else what
+# nvidia-smi lists; 0 means a CPU-only allocation (training then uses gloo).
+gpus_per_node() {
+  local count=0
+  if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
+    count=$SLURM_GPUS_ON_NODE
+  elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    count=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  fi
+  if ((count > 0 && count != SCDINO_GPUS_PER_NODE)); then
+    log "note: $count GPUs per node in this allocation, the site default is $SCDINO_GPUS_PER_NODE"
+  fi
+  echo "$count"
+}
+
+head_node() { scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1; }
+
+# Runs one single-process pipeline step in the batch shell: python -m training STEP --config ...
+run_step() {
+  local step=$1
+  shift
+  require_python
+  log "step $step on $(hostname): $SCDINO_PYTHON -m training $step --config $*"
+  "$SCDINO_PYTHON" -m training "$step" --config "$@"
+}
+
+# Runs `python ARGS...` on every node of the allocation: srun starts exactly one torchrun agent per
+# node (more would rendezvous among themselves), the agents meet at a c10d rendezvous on the first
+# node, and each starts one worker per GPU (SCDINO_CPU_PROCS_PER_NODE on CPU-only nodes).
+torchrun_all_nodes() {
+  local nproc head
+  require_python
+  nproc=$(gpus_per_node)
+  ((nproc > 0)) || nproc=$SCDINO_CPU_PROCS_PER_NODE
+  head=$(head_node)
+  local launcher=(
+    "$SCDINO_PYTHON" -m torch.distributed.run
+    --nnodes="$SLURM_JOB_NUM_NODES"
+    --nproc_per_node="$nproc"
+    --rdzv_id="$SLURM_JOB_ID"
+    --rdzv_backend=c10d
+    --rdzv_endpoint="$head:$SCDINO_RDZV_PORT"
+  )
+  local srun_cmd=(
+    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1
+    --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" --kill-on-bad-exit=1
+  )
+  # An --exclusive job holds every GPU of its nodes, but a step gets only GRES it asks for.
+  [ -n "${SLURM_GPUS_ON_NODE:-}" ] && ((nproc > 0)) && srun_cmd+=(--gres="gpu:$nproc")
+  log "$SLURM_JOB_NUM_NODES node(s) x $nproc process(es), rendezvous $head:$SCDINO_RDZV_PORT"
+  # The torchrun agent has no USR1 handler and would die of it: the agent ignores USR1, the
+  # workers install their own handler and still receive it.
+  # shellcheck disable=SC2016
+  "${srun_cmd[@]}" bash -c 'trap "" USR1; exec "$0" "$@"' "${launcher[@]}" "$@"
+}
+
+# Paths of `CONFIG [--set key=value ...]` after the overrides, one per line: the run directory and
+# the packed dataset (data.packed_dir, or <run>/packed). Exits non-zero on a bad config.
+run_paths() {
+  "$SCDINO_PYTHON" - "$@" <<'PY'
+import argparse
+import sys
+
+from training.config import load_config
+from training.errors import UserError
+from training.layout import RunLayout
+
+parser = argparse.ArgumentParser()
+parser.add_argument("config")
+parser.add_argument("--set", dest="overrides", action="append", default=[])
+args, _ = parser.parse_known_args()
+try:
+    config = load_config(args.config, args.overrides)
+except UserError as exc:
+    sys.exit(f"error: {exc}")
+layout = RunLayout.from_config(config)
+print(layout.root)
+print(config.data.packed_dir or layout.packed)
+PY
+}
+
+run_dir() { run_paths "$@" | sed -n 1p; }
+packed_dir() { run_paths "$@" | sed -n 2p; }
+
+# Copies directory SRC to DEST on the node-local NVMe of every node of the allocation (DEST is the
+# same path on each); an existing copy is only brought up to date.
+stage_to_scratch() {
+  local src=$1 dest=$2
+  [ -d "$src" ] || { log "error: nothing to stage: $src is not a directory (run prepare first)"; return 2; }
+  log "staging $src -> $dest on $SLURM_JOB_NUM_NODES node(s)"
+  # shellcheck disable=SC2016
+  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+    bash -c 'mkdir -p "$1" && cp -a --update "$0"/. "$1"/ && echo "$(hostname): $(du -sh "$1" | cut -f1) in $1"' \
+    "$src" "$dest"
+}
+
+# USR1 reaches the batch shell before the time limit (--signal=B:USR1@N) or from
+# `scancel --batch --signal=USR1`: pass it on to every process of the job's steps, where the
+# training workers checkpoint and stop (training/trainer.py, "Pre-emption protocol").
+forward_preemption() {
+  log "USR1: asking the workers to checkpoint and stop"
+  scancel --signal=USR1 "$SLURM_JOB_ID" || true
+}
+
+# Runs the training launch so that a pre-emption signal ends in a checkpoint and a requeue:
+# training leaves MARKER (<run>/checkpoints/PREEMPTED) when it stopped early, and the requeued job
+# resumes from the run directory. bash runs traps only between commands, so the launch runs in
+# the background while the shell waits for it.
+run_preemptible() {
+  local marker=$1 pid rc
+  shift
+  trap forward_preemption USR1
+  "$@" &
+  pid=$!
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    # wait returns >128 when a trapped signal interrupted it; the launch may still be running.
+    if ((rc > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  trap - USR1
+  if ((rc == 0)) && [ -e "$marker" ]; then
+    log "pre-empted ($(cat "$marker")); requeueing, restart $((${SLURM_RESTART_COUNT:-0} + 1))"
+    scontrol requeue "$SLURM_JOB_ID"
+    # Slurm now ends this batch script; do not let it finish first and look like a success.
+    sleep 300
+  fi
+  return "$rc"
+}
+
+# lfs, via sudo where not root (HSM requests need it on FSx clients), in the array LFS; fails with
+# the fix when DIR is not on a Lustre file system.
+require_lfs() {
+  local dir=$1
+  if ! command -v lfs >/dev/null 2>&1; then
+    log "error: 'lfs' not found: run this on a cluster node with the FSx for Lustre client"
+    exit 2
+  fi
+  if [ ! -d "$dir" ] || ! lfs getstripe -q "$dir" >/dev/null 2>&1; then
+    log "error: $dir is not a directory on Lustre; pass an FSx directory (e.g. $SCDINO_DATA_DIR)"
+    exit 2
+  fi
+  LFS=(lfs)
+  [ "$(id -u)" -eq 0 ] || LFS=(sudo -n lfs)
+}
+
+# Waits until no HSM request is pending under DIR (hsm_action reports NOOP for idle files).
+wait_hsm_idle() {
+  local dir=$1 busy
+  while :; do
+    busy=$(find "$dir" -type f -print0 | xargs -0 -r "${LFS[@]}" hsm_action | grep -vc 'NOOP' || true)
+    ((busy == 0)) && return 0
+    log "$busy file(s) still loading"
+    sleep 30
+  done
+}

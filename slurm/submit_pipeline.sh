@@ -1,0 +1,109 @@
+#!/bin/bash
+# Submits the scDINO pipeline as a chain of Slurm jobs, each starting only when the previous one
+# succeeded (--dependency=afterok), and prints "STEP JOBID" per line.
+#
+#   slurm/submit_pipeline.sh CONFIG [options] [--set key=value ...]
+#     --from STEP     start at STEP (its inputs must exist in the run directory), e.g. --from features
+#     --to STEP       stop after STEP
+#     --nodes N       pretraining nodes (default: pretrain.slurm's --nodes)
+#     --after JOBID   the first job also waits for JOBID (e.g. a data staging job)
+#     --dry-run       print the sbatch commands instead of submitting
+#   --set overrides go to every step, so all steps read the same configuration.
+# Steps: prepare mean-std pretrain features labels knn linear plots report.
+# Logs: $SCDINO_LOG_DIR/<job name>_<job id>.out (default logs/ in the current directory).
+# If a step fails, Slurm cancels the steps after it (--kill-on-invalid-dep).
+set -euo pipefail
+
+STEPS=(prepare mean-std pretrain features labels knn linear plots report)
+# Steps that start their own processes on whole nodes; the others run one process on a CPU share.
+MULTI_NODE=" pretrain features "
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=slurm/env.sh
+source "$HERE/env.sh"
+# shellcheck source=slurm/lib.sh
+source "$HERE/lib.sh"
+
+usage() {
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+fail() {
+  echo "submit_pipeline: error: $*" >&2
+  exit 2
+}
+
+step_index() {
+  local i
+  for i in "${!STEPS[@]}"; do
+    [ "${STEPS[$i]}" = "$1" ] && { echo "$i"; return 0; }
+  done
+  fail "unknown step '$1'; steps: ${STEPS[*]}"
+}
+
+CONFIG=""
+FROM=prepare
+TO=report
+NODES=""
+AFTER=""
+DRY_RUN=0
+STEP_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --from) FROM=${2:?--from needs a step}; shift 2 ;;
+    --to) TO=${2:?--to needs a step}; shift 2 ;;
+    --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
+    --after) AFTER=${2:?--after needs a job id}; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    --set) STEP_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
+    -h | --help) usage ;;
+    -*) fail "unknown option $1 (see --help)" ;;
+    *) [ -z "$CONFIG" ] || fail "one CONFIG only, got '$CONFIG' and '$1'"; CONFIG=$1; shift ;;
+  esac
+done
+[ -n "$CONFIG" ] || usage
+[ -f "$CONFIG" ] || fail "config file not found: $CONFIG"
+FIRST=$(step_index "$FROM")
+LAST=$(step_index "$TO")
+((FIRST <= LAST)) || fail "--from $FROM comes after --to $TO"
+[ -z "$NODES" ] || [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || fail "--nodes must be a positive integer, got '$NODES'"
+
+LOG_DIR=${SCDINO_LOG_DIR:-logs}
+mkdir -p "$LOG_DIR"
+# Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
+export SCDINO_SLURM_DIR=$HERE
+if [ -x "$SCDINO_PYTHON" ]; then
+  # Checks the config (and --set keys) now, rather than in the first job.
+  RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
+  echo "run directory: $RUN_DIR" >&2
+fi
+
+# sbatch options of one step: site settings from env.sh override the scripts' #SBATCH defaults.
+step_options() {
+  local step=$1 options=(--parsable --partition="$SCDINO_PARTITION" --output="$LOG_DIR/%x_%j.out")
+  if [[ "$MULTI_NODE" == *" $step "* ]]; then
+    [ "$step" = pretrain ] && [ -n "$NODES" ] && options+=(--nodes="$NODES")
+  else
+    options+=(--cpus-per-task="$SCDINO_CPUS_PER_TASK")
+  fi
+  printf '%s\n' "${options[@]}"
+}
+
+previous=$AFTER
+for step in "${STEPS[@]:FIRST:LAST-FIRST+1}"; do
+  mapfile -t options < <(step_options "$step")
+  if [ -n "$previous" ]; then
+    options+=(--dependency="afterok:$previous" --kill-on-invalid-dep=yes)
+  fi
+  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}")
+  if ((DRY_RUN)); then
+    echo "${command[*]}"
+    previous="<$step>"
+    continue
+  fi
+  job_id=$("${command[@]}")
+  job_id=${job_id%%;*}
+  echo "$step $job_id"
+  previous=$job_id
+done

@@ -1,0 +1,135 @@
+"""The whole pipeline as Slurm jobs on the local cluster, and pre-emption with requeue and resume.
+
+A tiny run (ViT-tiny, 32 px crops, 160 synthetic images, 2 epochs) keeps this to a few minutes on 2
+cores; what is under test is the Slurm side: the chain, its dependencies, pretraining across both
+nodes, and that a pre-empted pretraining loses no finished epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_helpers import REPO, log_of
+
+pytestmark = pytest.mark.slurm
+
+STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+TINY = {
+    "run": {"name": "slurm-test", "seed": 0},
+    "data": {"num_workers": 0, "holdout_fraction": 0.3},
+    "model": {"arch": "vit_tiny", "patch_size": 8, "out_dim": 256},
+    "dino": {"global_crop_size": 32, "local_crop_size": 16, "local_crops_number": 2},
+    "optim": {"epochs": 2, "batch_size_per_gpu": 16, "warmup_epochs": 0},
+    "train": {"precision": "fp32", "saveckp_freq": 1, "log_every": 1, "tensorboard": False},
+    "eval": {"batch_size": 64, "image_size": 32, "knn_k": [5, 10], "linear_epochs": 5, "umap_neighbors": 10},
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    from training.data.synthetic import write_dataset
+
+    root = tmp_path_factory.mktemp("pipeline")
+    write_dataset(root / "images", classes=4, per_class=40)
+    config = {**TINY, "run": {**TINY["run"], "output_dir": str(root / "run")},
+              "data": {**TINY["data"], "source": str(root / "images")}}
+    (root / "run.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def pipeline(cluster, workdir):
+    """Submit the chain with slurm/submit_pipeline.sh and wait for its last job."""
+    out = cluster.run(str(REPO / "slurm" / "submit_pipeline.sh"), "run.yaml", cwd=workdir)
+    jobs = dict(line.split() for line in out.splitlines())
+    infos = {}
+    for step in STEPS:
+        infos[step] = cluster.wait(jobs[step], timeout=600)
+        assert infos[step]["JobState"] == "COMPLETED", f"{step}: {log_of(workdir, infos[step])}"
+    return infos
+
+
+def test_submitter_prints_one_job_per_step_in_order(pipeline):
+    ids = [int(pipeline[step]["JobId"]) for step in STEPS]
+    assert ids == sorted(ids)
+    assert [pipeline[step]["JobName"] for step in STEPS] == [f"scdino-{step}" for step in STEPS]
+
+
+def test_each_step_waited_for_the_previous_one(pipeline):
+    for before, after in zip(STEPS, STEPS[1:]):
+        assert pipeline[after]["StartTime"] >= pipeline[before]["EndTime"], (before, after)
+        assert pipeline[after]["Dependency"] in ("(null)", ""), "afterok satisfied"
+
+
+def test_pretraining_ran_across_both_nodes(pipeline, workdir):
+    info = pipeline["pretrain"]
+    assert info["NumNodes"] == "2" and info["NodeList"] in ("node[1-2]", "node1,node2")
+    log = log_of(workdir, info)
+    assert "2 node(s) x 1 process(es)" in log
+    assert re.search(r"rank 1/2 joined \(gloo", log), log[-2000:]
+
+
+def test_every_step_left_its_outputs(pipeline, workdir):
+    run = workdir / "run"
+    for relative in ("packed", "split.json", "mean_std.json", "checkpoints/checkpoint.pth", "metrics.jsonl",
+                     "features/final", "features/raw_pixels", "features/random_init", "labels.json",
+                     "knn/knn.json", "knn/knn.md", "linear/linear.json", "report.html"):
+        assert (run / relative).exists(), relative
+    assert list((run / "plots").glob("*.png"))
+    timings = json.loads((run / "timings.json").read_text())
+    assert set(STEPS) <= set(timings)
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "epoch"]
+    assert epochs == [0, 1]
+
+
+def test_knn_result_has_the_model_and_both_baselines(pipeline, workdir):
+    knn = json.loads((workdir / "run" / "knn" / "knn.json").read_text())
+    assert {"final", "raw_pixels", "random_init"} <= set(knn["tags"])
+    for entry in knn["tags"].values():
+        assert set(entry["top1"]) == {"5", "10"}
+        assert all(0 <= value <= 100 for value in entry["top1"].values())
+
+
+def epoch_records(run: Path) -> list[int]:
+    if not (run / "metrics.jsonl").exists():
+        return []
+    records = (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip())
+    return [r["epoch"] for r in records if r["kind"] == "epoch"]
+
+
+def test_preempted_pretraining_requeues_and_loses_no_finished_epoch(cluster, pipeline, workdir):
+    """USR1 to the batch shell (as Slurm sends before the time limit) mid-run: the workers save and
+    stop, the job requeues itself, and the second attempt resumes where the first stopped."""
+    run = workdir / "preempt"
+    run.mkdir()
+    for name in ("packed", "split.json", "mean_std.json"):
+        source = workdir / "run" / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / name)
+    epochs = 3
+    job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", "--set",
+                         f"optim.epochs={epochs}", cwd=workdir)
+    deadline = time.monotonic() + 180
+    while not epoch_records(run):
+        assert time.monotonic() < deadline, log_of(workdir, cluster.job(job))
+        assert cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), log_of(workdir, cluster.job(job))
+        time.sleep(0.3)
+    cluster.run("scancel", "--batch", "--signal=USR1", job)
+    info = cluster.wait(job, timeout=300)
+    log = log_of(workdir, info)
+    assert info["JobState"] == "COMPLETED", log
+    assert info["Restarts"] == "1", f"expected one requeue: {log}"
+    marker = re.search(r"pre-empted \((\{.*?\})\); requeueing", log)
+    assert marker, log
+    stopped_at = json.loads(marker.group(1))["epoch"]
+    assert 1 <= stopped_at < epochs, "the signal should land after the first epoch and before the end"
+    assert "attempt 2" in log
+    assert epoch_records(run) == list(range(epochs)), "every epoch exactly once: none lost, none redone"
+    assert not (run / "checkpoints" / "PREEMPTED").exists()

@@ -1,0 +1,127 @@
+"""The sbatch scripts' conventions, checked without a cluster: shellcheck, commented #SBATCH lines,
+section order, and site defaults that match what the CDK app deploys (stacks/presets.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from slurm_helpers import REPO
+
+SCRIPTS = sorted((REPO / "slurm").glob("*.slurm"))
+SHELL_FILES = [*SCRIPTS, *sorted((REPO / "slurm").glob("*.sh")), REPO / "scripts" / "local-slurm.sh",
+               REPO / "scripts" / "demo.sh"]
+SECTIONS = ["# --- resources ---", "# --- user variables ---", "# --- environment ---", "# --- launch ---"]
+PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+
+
+def env_sh_defaults() -> dict[str, str]:
+    out = subprocess.run(["bash", "-c", "set -a && source slurm/env.sh && env"], cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if line.startswith("SCDINO_"))
+
+
+def test_shellcheck_is_clean():
+    files = [str(p.relative_to(REPO)) for p in SHELL_FILES if p.exists()]
+    result = subprocess.run(["shellcheck", "-x", *files], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_one_script_per_pipeline_step():
+    assert {p.stem for p in SCRIPTS} >= set(PIPELINE_STEPS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_sbatch_line_is_commented_and_sections_are_in_order(script):
+    text = script.read_text()
+    for line in text.splitlines():
+        if line.startswith("#SBATCH"):
+            assert re.match(r"#SBATCH \S+\s+# \S", line), f"{script.name}: uncommented: {line}"
+    positions = [text.find(section) for section in SECTIONS]
+    assert -1 not in positions and positions == sorted(positions), f"{script.name}: sections {positions}"
+    assert "set -euo pipefail" in text
+    assert "#SBATCH --output=logs/%x_%j.out" in text
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_partition_lines_match_the_site_default(script):
+    partitions = re.findall(r"^#SBATCH --partition=(\S+)", script.read_text(), re.M)
+    assert partitions == [env_sh_defaults()["SCDINO_PARTITION"]]
+
+
+def test_env_sh_defaults_match_the_cdk_cluster():
+    from stacks.presets import SLURM_DEFAULTS
+
+    defaults = env_sh_defaults()
+    for name, value in SLURM_DEFAULTS.items():
+        assert defaults[name] == value, f"slurm/env.sh {name}={defaults[name]}, stacks/presets.py says {value}"
+    assert defaults["SCDINO_HOME"] == "/apps/scdino"
+    assert defaults["SCDINO_VENV"] == "/apps/scdino/.venv"
+    assert defaults["SCDINO_FSX"] == "/fsx" and defaults["SCDINO_SCRATCH"] == "/scratch"
+
+
+def test_env_sh_values_are_overridable():
+    env = {"PATH": "/usr/bin:/bin", "SCDINO_PARTITION": "p", "SCDINO_GPUS_PER_NODE": "8"}
+    out = subprocess.run(["bash", "-c", "source slurm/env.sh && echo $SCDINO_PARTITION $SCDINO_GPUS_PER_NODE"],
+                         cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["p", "8"]
+
+
+def test_submitter_dry_run_chains_every_step_with_afterok(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("run: {output_dir: out}\n")
+    out = subprocess.run([str(REPO / "slurm" / "submit_pipeline.sh"), str(config), "--dry-run", "--from", "mean-std",
+                          "--to", "knn", "--nodes", "3", "--set", "optim.epochs=2"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [re.search(r"slurm/(\S+)\.slurm", line).group(1) for line in out] == PIPELINE_STEPS[1:6]
+    assert "--dependency" not in out[0]
+    for before, line in zip(PIPELINE_STEPS[1:5], out[1:]):
+        assert f"--dependency=afterok:<{before}>" in line and "--kill-on-invalid-dep=yes" in line
+    assert "--nodes=3" in out[1] and all(line.endswith("--set optim.epochs=2") for line in out)
+
+
+def test_submitter_rejects_unknown_steps_and_missing_configs(tmp_path):
+    script = str(REPO / "slurm" / "submit_pipeline.sh")
+    result = subprocess.run([script, str(tmp_path / "none.yaml")], capture_output=True, text=True)
+    assert result.returncode == 2 and "config file not found" in result.stderr
+    (tmp_path / "c.yaml").write_text("{}\n")
+    result = subprocess.run([script, str(tmp_path / "c.yaml"), "--from", "nope"], capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown step 'nope'" in result.stderr
+
+
+def launch_args(**env: str) -> list[str]:
+    """The srun command line torchrun_all_nodes builds for an allocation described by env
+    (srun and scontrol replaced by functions that print their arguments)."""
+    script = """
+        source slurm/env.sh && source slurm/lib.sh
+        srun() { printf '%s\\n' "$@"; }
+        scontrol() { echo node1; echo node2; }
+        torchrun_all_nodes -m training pretrain --config run.yaml
+    """
+    base = {"PATH": "/usr/bin:/bin", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "7",
+            "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "48", "SCDINO_PYTHON": "/bin/true"}
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, env={**base, **env}, capture_output=True, text=True,
+                         check=True).stdout
+    return out.splitlines()
+
+
+def test_gpu_allocation_gives_one_worker_per_gpu_and_asks_the_step_for_them():
+    args = launch_args(SLURM_GPUS_ON_NODE="4")
+    assert "--gres=gpu:4" in args and "--nproc_per_node=4" in args
+    assert "--ntasks-per-node=1" in args and "--nnodes=2" in args and "--cpus-per-task=48" in args
+    assert "--rdzv_endpoint=node1:29507" in args and "--rdzv_backend=c10d" in args
+    assert args[args.index("-c") + 1] == 'trap "" USR1; exec "$0" "$@"', "torchrun must ignore USR1"
+    assert args[-5:] == ["-m", "training", "pretrain", "--config", "run.yaml"]
+
+
+def test_cpu_allocation_runs_gloo_workers_without_a_gpu_request():
+    args = launch_args(SCDINO_CPU_PROCS_PER_NODE="2")
+    assert "--nproc_per_node=2" in args
+    assert not any(a.startswith("--gres") for a in args)
+
+
+def test_cuda_visible_devices_counts_when_slurm_does_not_say():
+    args = launch_args(CUDA_VISIBLE_DEVICES="0,1")
+    assert "--nproc_per_node=2" in args and not any(a.startswith("--gres") for a in args)
