@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from training import checkpoint as ckpt
 from training.config import Config
+from training.data.loader import crops_on_device
 from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_temperature_schedule
 from training.dino.step import TrainState, forward_loss, resolve_precision, update
 from training.distributed import DistContext, all_reduce_sum
@@ -210,7 +211,7 @@ def run_epoch(
     stop = 0.0
     while state.step_in_epoch < steps:
         crops, _labels = next(batches)
-        crops = [c.to(ctx.device, non_blocking=True) for c in crops]
+        crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
         data_wait = time.perf_counter() - tick
         loss = forward_loss(state, crops, epoch)
         loss_sum, nonfinite, stop = all_reduce_sum(

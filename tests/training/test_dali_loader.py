@@ -160,3 +160,13 @@ def test_gpu_mode_gives_the_same_batches_on_the_device(indexed_config):
     assert [tuple(c.shape) for c in crops] == [(4, 5, 32, 32)] * 2 + [(4, 5, 16, 16)] * 2
     assert all(c.device.type == "cuda" for c in crops)
     torch.testing.assert_close(crops[0][:, 3].cpu(), torch.full((4, 32, 32), -MEAN[3] / STD[3]))
+
+
+def test_config_selects_the_dali_loader(indexed_config):
+    from training.data.dali import DaliPretrainLoader
+    from training.data.loader import build_pretrain_loader
+
+    loader, sampler = build_pretrain_loader(indexed_config, rank=0, world_size=1, mean=MEAN, std=STD)
+    assert isinstance(loader, DaliPretrainLoader)
+    crops, labels = next(iter(loader))
+    assert len(crops) == 2 + indexed_config.dino.local_crops_number and len(labels) == len(crops[0])

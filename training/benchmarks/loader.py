@@ -1,12 +1,16 @@
 """Loader benchmark: a straightforward scDINO-style loader against the packed, batched loader.
 
-    python -m training bench loader --config configs/demo.yaml --batches 10 --workers 2
+    python -m training bench loader --config configs/demo.yaml --batches 10 --workers 2 [--size 48/24]
 
 The baseline does what scDINO's `main_dino.py` does per image: `tifffile.imread`, `.astype(float)`
 (float64), channel selection, per-channel min-max in NumPy, then torchvision's per-sample
 DataAugmentationDINO (multi-channel branch) and default collation. The packed loader reads the
-same images from the memory-mapped array and builds the same multi-crop for a whole batch.
-Both run with the same number of DataLoader workers; images/s counts source images. Besides
+same images from the memory-mapped array and builds the same multi-crop for a whole batch, in
+worker threads writing into reused buffers (training.data.loader.RingLoader); the third figure
+hands out raw batches and runs the multi-crop where training would (the GPU when one exists,
+else the CPU, in the consuming thread). All run with the same number of workers (processes for
+the baseline, threads for ours); images/s counts source images. `--size G/L` sets the crop sides
+for all three, e.g. 48/24 for the cells' native resolution. Besides
 wall-clock rates, the CPU time per image (main process plus workers) is reported, which stays
 comparable when the machine is shared with other work (see "load_average").
 """
@@ -27,11 +31,13 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
+from training.benchmarks.dali import benchmark_dali
 from training.config import Config
 from training.data.index import scan_images
-from training.data.loader import build_pretrain_loader
+from training.data.loader import build_pretrain_loader, crops_on_device
 from training.data.packed import is_packed, pack_images
 from training.data.synthetic import write_dataset
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 BENCH_MEAN, BENCH_STD = 0.3, 0.2
@@ -107,11 +113,11 @@ class ScdinoStyleDataset(Dataset):
         return self.transform(tensor), self.labels[i]
 
 
-def _cpu_seconds(iterator) -> float:
-    """CPU time of this process plus its DataLoader workers (Linux /proc; workers omitted elsewhere)."""
+def _cpu_seconds(workers: list) -> float:
+    """CPU time of this process (all its threads) plus the given worker processes (Linux /proc)."""
     total = time.process_time()
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for worker in getattr(iterator, "_workers", []):
+    for worker in workers:
         try:
             fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -120,21 +126,43 @@ def _cpu_seconds(iterator) -> float:
     return total
 
 
-def _time_batches(loader, warmup: int, batches: int, batch_size: int) -> tuple[float, float]:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_batches(loader, warmup: int, batches: int, batch_size: int,
+                  device: torch.device | None = None) -> tuple[float, float]:
     """(images per wall second, CPU seconds per image) over `batches` after `warmup` untimed ones.
 
-    CPU seconds count the main process and the workers, so the comparison stays fair on a
-    machine shared with other work, where wall-clock rates depend on what else runs.
+    With `device`, each batch is also brought to (or, for raw batches, augmented on) that device,
+    as the training loop does. CPU seconds count this process and any worker processes, so the
+    comparison stays fair on a machine shared with other work, where wall-clock rates depend on
+    what else runs.
     """
-    iterator = DataLoader.__iter__(loader)  # the plain iterator, whose workers can be inspected
+    iterator = DataLoader.__iter__(loader) if isinstance(loader, DataLoader) else iter(loader)
+    workers = getattr(iterator, "_workers", [])  # DataLoader worker processes, to count their CPU time
+    consume = (lambda crops: crops_on_device(crops, device)) if device is not None else (lambda crops: crops)
     for _ in range(warmup):
-        next(iterator)
-    start, cpu = time.perf_counter(), _cpu_seconds(iterator)
+        consume(next(iterator)[0])
+    _sync(device or torch.device("cpu"))
+    start, cpu = time.perf_counter(), _cpu_seconds(workers)
     for _ in range(batches):
-        crops, _labels = next(iterator)
+        crops = consume(next(iterator)[0])
         assert crops[0].shape[0] == batch_size
-    wall, cpu = time.perf_counter() - start, _cpu_seconds(iterator) - cpu
+    _sync(device or torch.device("cpu"))
+    wall, cpu = time.perf_counter() - start, _cpu_seconds(workers) - cpu
+    _stop(iterator)
     return batches * batch_size / wall, cpu / (batches * batch_size)
+
+
+def _stop(iterator) -> None:
+    """End the loader's workers now: prefetching DataLoader workers would otherwise keep burning
+    CPU while the next loader is timed."""
+    if hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    elif hasattr(iterator, "close"):
+        iterator.close()
 
 
 def _tiff_source(config: Config, args: argparse.Namespace, scratch: Path) -> Path:
@@ -147,8 +175,26 @@ def _tiff_source(config: Config, args: argparse.Namespace, scratch: Path) -> Pat
     return scratch / "images"
 
 
+def crop_sizes(text: str | None) -> dict:
+    """`--size 48/24` -> the config overrides for global/local crop sides (native resolution)."""
+    if not text:
+        return {}
+    try:
+        global_size, local_size = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise UserError(f"--size {text!r}: give the global and local crop sides as G/L, e.g. --size 48/24") from None
+    if min(global_size, local_size) < 1:
+        raise UserError(f"--size {text!r}: crop sides must be positive")
+    return {"dino.global_crop_size": global_size, "dino.local_crop_size": local_size}
+
+
+def bench_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def run_loader_benchmark(config: Config, args: argparse.Namespace) -> dict:
-    """Both loaders over the same images and worker count; returns the figures as a dict."""
+    """The three loaders over the same images and worker count; returns the figures as a dict."""
+    config = config.replace(crop_sizes(getattr(args, "size", None)))
     workers = config.data.num_workers if args.workers is None else args.workers
     batch = config.optim.batch_size_per_gpu
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
@@ -162,43 +208,68 @@ def run_loader_benchmark(config: Config, args: argparse.Namespace) -> dict:
         bench = config.replace({
             "run.output_dir": str(scratch / "run"), "data.packed_dir": str(scratch / "packed"),
             "data.loader": "packed", "data.holdout_fraction": 0.0, "data.num_workers": workers,
-            "data.source": str(source),
+            "data.source": str(source), "data.gpu_augment": False,
         })
         stats = [BENCH_MEAN] * config.data.in_chans, [BENCH_STD] * config.data.in_chans
         baseline = DataLoader(ScdinoStyleDataset(source, index.paths, index.labels, bench), batch_size=batch,
                               sampler=RandomSampler(range(len(index)), replacement=True), num_workers=workers,
-                              drop_last=True, persistent_workers=workers > 0)
+                              drop_last=True)
         packed, _ = build_pretrain_loader(bench, rank=0, world_size=1, mean=stats[0], std=stats[1])
+        raw, _ = build_pretrain_loader(bench.replace({"data.gpu_augment": True}), rank=0, world_size=1,
+                                       mean=stats[0], std=stats[1])
         _check_enough(packed, args)
-        baseline_rate = _time_batches(baseline, args.warmup, args.batches, batch)
-        packed_rate = _time_batches(packed, args.warmup, args.batches, batch)
-    return _report(config, args, workers, len(index), baseline_rate, packed_rate, prepare_s)
+        rates = {
+            "baseline": _time_batches(baseline, args.warmup, args.batches, batch),
+            "packed": _time_batches(packed, args.warmup, args.batches, batch),
+            "device": _time_device_path(raw, args, batch),
+        }
+        dali = benchmark_dali(bench, mean=stats[0], std=stats[1], batches=args.batches, warmup=args.warmup)
+    return {**_report(config, args, workers, len(index), rates, prepare_s), **dali}
+
+
+def _time_device_path(loader, args: argparse.Namespace, batch: int) -> tuple[float, float]:
+    """The raw loader with the multi-crop on the device. On a CPU the crops run in this thread on
+    one core: OpenMP teams that spin while the cores are shared cost more than they bring."""
+    device = bench_device()
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _time_batches(loader, args.warmup, args.batches, batch, device)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _check_enough(loader, args: argparse.Namespace) -> None:
     if len(loader) < args.warmup + args.batches:
-        from training.errors import UserError
-
         raise UserError(f"the dataset gives {len(loader)} batches per epoch; the benchmark needs "
                         f"--warmup + --batches = {args.warmup + args.batches}: use fewer or more images")
 
 
-def _report(config: Config, args, workers: int, n_images: int, baseline: tuple[float, float],
-            packed: tuple[float, float], prepare_s: float) -> dict:
+def _report(config: Config, args, workers: int, n_images: int, rates: dict[str, tuple[float, float]],
+            prepare_s: float) -> dict:
     d = config.dino
+    (base_rate, base_cpu), (packed_rate, packed_cpu), (dev_rate, dev_cpu) = (
+        rates["baseline"], rates["packed"], rates["device"])
+    device = bench_device()
     return {
         "benchmark": "loader",
-        "baseline_scdino_style_images_per_s": round(baseline[0], 2),
-        "packed_batched_images_per_s": round(packed[0], 2),
-        "ratio": round(packed[0] / baseline[0], 2),
-        "baseline_cpu_ms_per_image": round(1000 * baseline[1], 3),
-        "packed_cpu_ms_per_image": round(1000 * packed[1], 3),
-        "cpu_ratio": round(baseline[1] / packed[1], 2) if packed[1] > 0 else None,
+        "baseline_scdino_style_images_per_s": round(base_rate, 2),
+        "packed_batched_images_per_s": round(packed_rate, 2),
+        "ratio": round(packed_rate / base_rate, 2),
+        "baseline_cpu_ms_per_image": round(1000 * base_cpu, 3),
+        "packed_cpu_ms_per_image": round(1000 * packed_cpu, 3),
+        "cpu_ratio": round(base_cpu / packed_cpu, 2) if packed_cpu > 0 else None,
+        "device_augment": {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "images_per_s": round(dev_rate, 2), "ratio": round(dev_rate / base_rate, 2),
+            "cpu_ms_per_image": round(1000 * dev_cpu, 3),
+        },
         "load_average": round(os.getloadavg()[0], 2),
         "settings": {
-            "workers": workers, "cpu_count": os.cpu_count(), "batch_size": config.optim.batch_size_per_gpu,
-            "timed_batches": args.batches, "warmup_batches": args.warmup, "dataset_images": n_images,
-            "channels": config.data.channels,
+            "workers": workers, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "batch_size": config.optim.batch_size_per_gpu, "timed_batches": args.batches,
+            "warmup_batches": args.warmup, "dataset_images": n_images, "channels": config.data.channels,
             "crops": f"2x{d.global_crop_size} + {d.local_crops_number}x{d.local_crop_size}",
             "global_crops_scale": list(d.global_crops_scale), "local_crops_scale": list(d.local_crops_scale),
             "prepare_s": round(prepare_s, 2), "torch": torch.__version__,

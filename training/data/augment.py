@@ -90,9 +90,10 @@ def _cubic(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
 
 
-def resize_matrices(start: torch.Tensor, length: torch.Tensor, out_size: int, in_size: int,
-                    flip: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, out_size, in_size) weights that crop [start, start+length) and resize it bicubically.
+def resize_taps(start: torch.Tensor, length: torch.Tensor, out_size: int,
+                flip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source positions and weights (B, out_size, taps) that crop [start, start+length) and resize
+    it bicubically.
 
     Matches torch's antialiased bicubic: the kernel widens by the scale when shrinking, taps
     outside the crop window are dropped and the rest renormalised. A flip reverses the rows.
@@ -108,8 +109,35 @@ def resize_matrices(start: torch.Tensor, length: torch.Tensor, out_size: int, in
     j = torch.floor(centre - 2 * support + 0.5) + torch.arange(taps, dtype=torch.float64)
     weight = _cubic((j + 0.5 - centre) / support) * ((j >= start) & (j < start + length))
     weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-12)
-    matrix = torch.zeros(start.shape[0], out_size, in_size)
-    return matrix.scatter_add_(2, j.clamp(0, in_size - 1).long(), weight.float())
+    inside = torch.minimum(torch.maximum(j, start), start + length - 1)  # only zero weights move
+    return inside.long(), weight.float()
+
+
+def as_matrices(positions: torch.Tensor, weights: torch.Tensor, in_size: int) -> torch.Tensor:
+    """(B, S, in_size) dense matrices from (B, S, taps) source positions and weights."""
+    matrix = torch.zeros(*positions.shape[:2], in_size)
+    return matrix.scatter_add_(2, positions, weights)
+
+
+def resize_matrices(start: torch.Tensor, length: torch.Tensor, out_size: int, in_size: int,
+                    flip: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, out_size, in_size) weights that crop [start, start+length) and resize it bicubically."""
+    return as_matrices(*resize_taps(start, length, out_size, flip), in_size)
+
+
+def blur_taps(positions: torch.Tensor, weights: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The taps of `blur_matrices(sigma, S) @ resize matrix`, without forming either matrix: output
+    position y takes the resize taps of its 5 (reflected) neighbours, each scaled by its blur weight."""
+    size = positions.shape[1]
+    t = torch.arange(BLUR_KERNEL, dtype=torch.float32) - BLUR_KERNEL // 2
+    kernel = torch.exp(-0.5 * (t[None] / sigma.float()[:, None]) ** 2)
+    kernel = kernel / kernel.sum(1, keepdim=True)
+    source = torch.arange(size)[:, None] + t.long()[None]
+    source = torch.where(source < 0, -source, torch.where(source > size - 1, 2 * (size - 1) - source, source))
+    n, _, taps = positions.shape
+    neighbours = source.flatten()
+    blurred = weights.index_select(1, neighbours).view(n, size, BLUR_KERNEL, taps) * kernel[:, None, :, None]
+    return positions.index_select(1, neighbours).view(n, size, -1), blurred.view(n, size, -1)
 
 
 def crop_resize(images: torch.Tensor, boxes: torch.Tensor, size: int,
@@ -144,9 +172,27 @@ def pad_to_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
     return batch, heights, widths
 
 
-CHUNK_BYTES = 4 << 20
-"""Crops are finished in chunks of about this size: temporaries stay small enough for the
-allocator to recycle them, instead of fresh pages (and page faults) for every batch-sized temporary."""
+CHUNK_BYTES = 2 << 20
+"""On the CPU, crops are finished in chunks of about this many output bytes, so that the
+temporaries of a chunk stay in cache and the allocator recycles them instead of faulting in
+fresh pages for every batch-sized temporary. On a GPU the whole group is one chunk."""
+TILE_ROWS = 32
+"""Output rows per tile of the row product: a tile reads only the band of source rows its
+bicubic (and blur) weights touch, instead of the whole crop window (see `banded_row_product`)."""
+
+
+@dataclass(frozen=True)
+class CropBuffers:
+    """Preallocated outputs of one batch: the global crops (2B, C, G, G) and the local crops
+    (L*B, C, l, l), both view-major (all images' first view, then all images' second view...)."""
+
+    globals: torch.Tensor
+    locals: torch.Tensor | None
+
+    def views(self, batch: int) -> list[torch.Tensor]:
+        """The crops as the list DINO consumes: [global1, global2, local1, ...], each (B, C, S, S)."""
+        crops = list(self.globals.split(batch))
+        return crops + (list(self.locals.split(batch)) if self.locals is not None else [])
 
 
 def empty_output(shape: tuple[int, ...]) -> torch.Tensor:
@@ -158,12 +204,69 @@ def empty_output(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0).set_(torch.UntypedStorage._new_shared(4 * numel), 0, shape)
 
 
+def row_tiles(size: int) -> int:
+    """How many equal tiles the output rows split into: the largest divisor of size <= TILE_ROWS
+    sets the tile height (one tile when size has no useful divisor)."""
+    height = max((d for d in range(1, min(size, TILE_ROWS) + 1) if size % d == 0), default=size)
+    return size // height if height >= 8 else 1
+
+
+def row_bands(positions: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last source row (K, tiles) that each tile of output rows uses, from the taps
+    (K, S, taps) of the matrices: cheaper than scanning the dense matrices for non-zeros."""
+    k, size, _ = positions.shape
+    tiles = row_tiles(size)
+    used = weights != 0
+    first = torch.where(used, positions, positions.max() + 1).view(k, tiles, -1).amin(-1)
+    last = torch.where(used, positions, -1).view(k, tiles, -1).amax(-1)
+    return first, last
+
+
+def banded_row_product(rows: torch.Tensor, source: torch.Tensor, out: torch.Tensor,
+                       bands: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """out[k, c] = rows[k] @ source[k, c] for rows (K, S, h), source (K, C, h, N), out (K, C, S, N).
+
+    The resize-and-blur matrices are banded: a tile of output rows draws on a narrow band of
+    source rows (`bands`, from `row_bands`). Each tile multiplies only its band (the band's
+    width is the widest over the chunk, so the tiles stay one batched product); the skipped
+    weights are exact zeros, so the result is the dense product's.
+    """
+    k, channels, h, n = source.shape
+    size = rows.shape[1]
+    tiles, height = row_tiles(size), size // row_tiles(size)
+    if bands is None:
+        nonzero = rows != 0
+        bands = row_bands(torch.arange(h).expand_as(rows), nonzero.float())
+    first, last = bands
+    band = int((last - first + 1).max())
+    if tiles == 1 or band >= h:
+        torch.matmul(rows[:, None], source, out=out)
+        return
+    index = first.clamp(0, h - band)[..., None] + torch.arange(band, device=rows.device)
+    weights = rows.view(k, tiles, height, h).gather(3, index[:, :, None].expand(-1, -1, height, -1))
+    weights = weights[:, None].expand(-1, channels, -1, -1, -1).reshape(k * channels * tiles, height, band)
+    planes = torch.arange(k * channels, device=rows.device).view(k, channels, 1, 1) * h
+    sources = source.reshape(k * channels * h, n).index_select(0, (planes + index[:, None]).flatten())
+    torch.bmm(weights, sources.view(k * channels * tiles, band, n), out=out.view(k * channels * tiles, height, n))
+
+
+def crop_rows(batch: torch.Tensor, source: torch.Tensor, top: torch.Tensor, height: int) -> torch.Tensor:
+    """(K, C, height, W): rows top..top+height of image `source` of `batch` (B, C, H, W), for all
+    channels, gathered as whole rows in one index_select."""
+    b, c, h, w = batch.shape
+    planes = (source[:, None] * c + torch.arange(c, device=batch.device)) * h
+    index = planes[:, :, None] + top[:, None, None] + torch.arange(height, device=batch.device)
+    return batch.reshape(b * c * h, w).index_select(0, index.flatten()).view(-1, c, height, w)
+
+
 class BatchMultiCrop:
     """DINO multi-crop of a batch: `(images (B, C, H, W) in [0, 1]) -> [global1, global2, local...]`.
 
     Each output is (B, C, size, size), normalised. `images` may also be a list of (C, h, w)
     tensors of different sizes. Randomness comes only from `generator`, so a batch seed makes the
-    crops reproducible whatever the number of workers.
+    crops reproducible whatever the number of workers, and the same on any device. With `out`
+    (from `allocate`), the crops are written into those buffers and the returned tensors are
+    views of them.
     """
 
     def __init__(self, dino: DinoConfig, mean: Sequence[float], std: Sequence[float]) -> None:
@@ -173,66 +276,99 @@ class BatchMultiCrop:
                              ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2)]
         self.local_view = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
         self.local_number = dino.local_crops_number
+        self.channels = len(mean)
+        self._shift = -self.mean / self.std
 
-    def __call__(self, images: torch.Tensor | Sequence[torch.Tensor],
-                 generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    def allocate(self, batch: int, *, device: torch.device | str = "cpu", pin: bool = False) -> CropBuffers:
+        """Output buffers for one batch of `batch` images, optionally in pinned host memory; zeroed,
+        so that their pages are mapped now rather than on first use inside a timed batch."""
+        g, l, c = self.global_views[0].size, self.local_view.size, self.channels
+        make = lambda *shape: torch.zeros(shape, device=device, pin_memory=pin)  # noqa: E731
+        locals_ = make(self.local_number * batch, c, l, l) if self.local_number else None
+        return CropBuffers(make(2 * batch, c, g, g), locals_)
+
+    def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], generator: torch.Generator | None = None,
+                 out: CropBuffers | None = None) -> list[torch.Tensor]:
         generator = generator or torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
         batch, heights, widths = as_batch(images)
-        crops = list(self._views(batch, heights, widths, self.global_views, generator).chunk(2))
+        b = batch.shape[0]
+        if out is not None and out.globals.shape[0] != 2 * b:
+            raise ValueError(f"output buffers hold {out.globals.shape[0] // 2} images, the batch has {b}")
+        globals_ = self._views(batch, heights, widths, self.global_views, generator, out and out.globals)
+        locals_ = None
         if self.local_number:
             views = [self.local_view] * self.local_number
-            crops += list(self._views(batch, heights, widths, views, generator).chunk(self.local_number))
-        return crops
+            locals_ = self._views(batch, heights, widths, views, generator, out and out.locals)
+        return CropBuffers(globals_, locals_).views(b)
 
-    def _views(self, batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
-               views: list[ViewSpec], generator: torch.Generator) -> torch.Tensor:
-        """All crops of the given views of one size, view-major: (len(views) * B, C, S, S)."""
-        b, n, size = batch.shape[0], len(views), views[0].size
+    def _views(self, batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec],
+               generator: torch.Generator, out: torch.Tensor | None) -> torch.Tensor:
+        """All crops of the given views of one size, view-major: (len(views) * B, C, S, S).
+
+        Everything per crop (matrices, affine factors, clamp bounds, bands) is prepared for the
+        whole group at once; the loop over chunks then only slices it.
+        """
+        b, n, size, device = batch.shape[0], len(views), views[0].size, batch.device
         source = torch.arange(b).repeat(n)
         draws = _draw_view_params(heights[source], widths[source], views, b, batch.shape[1], generator)
-        rows = resize_matrices(draws["boxes"][:, 0], draws["boxes"][:, 2], size, batch.shape[-2], draws["vflip"])
-        cols = resize_matrices(draws["boxes"][:, 1], draws["boxes"][:, 3], size, batch.shape[-1], draws["hflip"])
-        blurred = torch.nonzero(draws["blur"])[:, 0]
-        if blurred.numel():
-            blur = blur_matrices(draws["sigma"][blurred], size)
-            rows[blurred] = torch.bmm(blur, rows[blurred])
-            cols[blurred] = torch.bmm(blur, cols[blurred])
-        draws["source"], draws["rows"], draws["cols"] = source, rows, cols
+        row_taps = self._matrices(draws, draws["boxes"][:, 0], draws["boxes"][:, 2], size, batch.shape[-2], "vflip")
+        col_taps = self._matrices(draws, draws["boxes"][:, 1], draws["boxes"][:, 3], size, batch.shape[-1], "hflip")
+        first, last = row_bands(*row_taps)
+        low, high, _, _ = self._normalised_constants()
+        bright = draws["bright"][:, None, None, None]
+        group = {"boxes": draws["boxes"].long(), "rows": as_matrices(*row_taps, batch.shape[-2]),
+                 "solarize": draws["solarize"], "first": first, "last": last, "source": source.to(device),
+                 "cols": as_matrices(*col_taps, batch.shape[-1]).to(device).transpose(1, 2),
+                 "scale": (draws["brightness"][:, :, None, None] / self.std).to(device),
+                 "low": torch.where(bright, low, -math.inf).to(device),
+                 "high": torch.where(bright, high, math.inf).to(device)}
         shape = (n * b, batch.shape[1], size, size)
-        out = empty_output(shape) if batch.device.type == "cpu" else torch.empty(shape, device=batch.device)
-        step = max(1, CHUNK_BYTES // (4 * batch.shape[1] * size * size))
+        if out is None:
+            out = empty_output(shape) if device.type == "cpu" else torch.empty(shape, device=device)
+        step = max(1, CHUNK_BYTES // (4 * batch.shape[1] * size * size)) if device.type == "cpu" else n * b
         for lo in range(0, n * b, step):
-            self._finish(out[lo:lo + step], batch, {k: v[lo:lo + step] for k, v in draws.items()})
+            self._finish(out[lo:lo + step], batch, {k: v[lo:lo + step] for k, v in group.items()})
         return out
 
-    def _finish(self, out: torch.Tensor, batch: torch.Tensor, draws: dict[str, torch.Tensor]) -> None:
+    @staticmethod
+    def _matrices(draws: dict[str, torch.Tensor], start: torch.Tensor, length: torch.Tensor, size: int,
+                  in_size: int, flip: str) -> torch.Tensor:
+        """Resize taps (positions, weights) along one axis, with the blur folded in for the crops that draw it."""
+        positions, weights = resize_taps(start, length, size, draws[flip])
+        blurred = torch.nonzero(draws["blur"])[:, 0]
+        if blurred.numel():
+            taps = positions.shape[-1]
+            positions = torch.cat([positions, positions[..., :1].expand(-1, -1, (BLUR_KERNEL - 1) * taps)], -1)
+            weights = torch.cat([weights, weights.new_zeros(*weights.shape[:2], (BLUR_KERNEL - 1) * taps)], -1)
+            positions[blurred], weights[blurred] = blur_taps(positions[blurred, :, :taps],
+                                                             weights[blurred, :, :taps], draws["sigma"][blurred])
+        return positions, weights
+
+    def _finish(self, out: torch.Tensor, batch: torch.Tensor, chunk: dict[str, torch.Tensor]) -> None:
         """Crop, resize, flip, blur, brighten, clamp, solarise and normalise one chunk into `out`.
 
-        Only the window covering the chunk's crops takes part in the products. The brightness
-        factor and the normalisation are applied to that small window: resize and blur weights sum
-        to 1, so an affine map of the source is the same affine map of the crop; the clamp and
-        the solarisation threshold are then mapped into normalised units.
+        Only the rows covering the chunk's crops take part in the products. The brightness
+        factor and the normalisation are applied to those source rows: resize and blur weights
+        sum to 1, so an affine map of the source is the same affine map of the crop; the clamp
+        and the solarisation threshold are then mapped into normalised units.
         """
-        k, c, size = out.shape[0], batch.shape[1], out.shape[-1]
-        boxes = draws["boxes"].long()
-        kh, kw = int(boxes[:, 2].max()), int(boxes[:, 3].max())
+        k, c, size, device = out.shape[0], batch.shape[1], out.shape[-1], batch.device
+        boxes = chunk["boxes"]
+        kh = int(boxes[:, 2].max())
         y0 = torch.minimum(boxes[:, 0], torch.tensor(batch.shape[-2] - kh))
-        x0 = torch.minimum(boxes[:, 1], torch.tensor(batch.shape[-1] - kw))
-        window = torch.stack([batch[j, :, y:y + kh, x:x + kw]
-                              for j, y, x in zip(draws["source"].tolist(), y0.tolist(), x0.tolist())])
-        scale = draws["brightness"].to(batch.device)[:, :, None, None] / self.std.to(batch.device)
-        window = torch.addcmul(-self.mean.to(batch.device) / self.std.to(batch.device), window, scale)
-        rows = draws["rows"].gather(2, (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1))
-        cols = draws["cols"].gather(2, (x0[:, None, None] + torch.arange(kw)).expand(-1, size, -1))
-        down = torch.matmul(rows.to(batch.device)[:, None], window)
-        torch.bmm(down.reshape(k, c * size, kw), cols.to(batch.device).transpose(1, 2), out=out.view(k, c * size, size))
-        low, high, flip_sum, threshold = (t.to(out.device)[0] for t in self._normalised_constants())
-        bounds = list(zip(low.flatten().tolist(), high.flatten().tolist()))
-        for i in torch.nonzero(draws["bright"])[:, 0].tolist():
-            for channel, (lo, hi) in enumerate(bounds):  # scalar bounds: several times faster than tensors
-                out[i, channel].clamp_(lo, hi)
-        for i in torch.nonzero(draws["solarize"])[:, 0].tolist():
-            torch.where(out[i] > threshold, flip_sum - out[i], out[i], out=out[i])
+        rows = chunk["rows"].gather(2, (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1)).to(device)
+        window = crop_rows(batch, chunk["source"], y0.to(device), kh)
+        window.mul_(chunk["scale"]).add_(self._shift.to(device))
+        across = torch.bmm(window.view(k, c * kh, batch.shape[-1]), chunk["cols"]).view(k, c, kh, size)
+        bands = ((chunk["first"] - y0[:, None]).to(device), (chunk["last"] - y0[:, None]).to(device))
+        banded_row_product(rows, across, out, bands)
+        torch.maximum(out, chunk["low"], out=out)  # a clamp with tensor bounds is not vectorised: 10x slower
+        torch.minimum(out, chunk["high"], out=out)
+        solarized = torch.nonzero(chunk["solarize"])[:, 0].tolist()
+        if solarized:
+            _, _, flip_sum, threshold = (t.to(device)[0] for t in self._normalised_constants())
+            for i in solarized:
+                torch.where(out[i] > threshold, flip_sum - out[i], out[i], out=out[i])
 
     def _normalised_constants(self) -> tuple[torch.Tensor, ...]:
         """0, 1, the solarisation sum 1 (x -> 1 - x) and its threshold, in normalised units."""

@@ -5,6 +5,13 @@ those images (one fancy-indexing copy from the packed memory map, or one TIFF ea
 scales them and augments the batch at once (training.data.augment). Crops depend only on the
 batch seed, so they are the same whatever the number of workers or a resume.
 
+Pretraining batches come from a `RingLoader`: worker threads (torch's kernels release the GIL)
+write the crops into a small ring of preallocated (pinned, when a GPU exists) buffers, so no batch
+pays for fresh memory or for a copy between processes. Lifetime rule: the tensors of batch i are
+valid until the consumer asks for batch i + 1 (`RingLoader.hold` batches in general); a consumer
+that keeps crops longer must clone them. With data.gpu_augment the loader hands out `RawBatch`es
+(the raw integer pixels and the batch seed) and `crops_on_device` augments them where the model is.
+
 A bad image met at read time is never a crash deep in a worker: under data.on_bad_image=skip it
 is logged and replaced; under `fail` the worker hands back a marker and the main process raises
 one clear UserError naming the file.
@@ -12,16 +19,19 @@ one clear UserError naming the file.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import BatchMultiCrop, resize_full
+from training.data.augment import BatchMultiCrop, CropBuffers, resize_full
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
 from training.data.split import load_split
@@ -91,27 +101,37 @@ class BatchDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, item: tuple[int, np.ndarray]):
+        return self.batch(item)
+
+    def batch(self, item: tuple[int, np.ndarray], out: CropBuffers | None = None):
+        """The finished batch for `(seed, indices)`, written into `out` when the transform can."""
         seed, indices = item
+        raw = getattr(self.transform, "raw", False)
         try:
-            images, kept = self._read(np.asarray(indices))
+            images, kept = self._read(np.asarray(indices), scale=not raw)
         except BadImage as bad:
             return BadBatch(bad.path, bad.reason)
         labels = torch.from_numpy(self.images.labels[kept])
+        if raw:
+            return self.transform(images, labels, torch.from_numpy(kept), seed)
         generator = torch.Generator().manual_seed(seed)
+        if out is not None:
+            return self.transform(images, labels, torch.from_numpy(kept), generator, out=out)
         return self.transform(images, labels, torch.from_numpy(kept), generator)
 
-    def _read(self, indices: np.ndarray) -> tuple[torch.Tensor | list[torch.Tensor], np.ndarray]:
-        """Selected channels as float32, min-max scaled: one tensor if shapes agree, else a list."""
+    def _read(self, indices: np.ndarray, scale: bool = True) -> tuple[torch.Tensor | list[torch.Tensor], np.ndarray]:
+        """Selected channels, as float32 min-max scaled (or raw with scale=False): one tensor if
+        shapes agree, else a list."""
+        prepare = _scaled if scale else _raw
         if isinstance(self.images, PackedImages) and self.images.uniform_shape is not None:
-            raw = self.images.read_batch(indices)[:, self.channel_indices]
-            return minmax_scale(torch.from_numpy(raw.astype(np.float32))), indices
+            return prepare(self.images.read_batch(indices)[:, self.channel_indices]), indices
         arrays, kept = [], []
         for i in indices:
             found = self._read_one(int(i))
             if found is not None:
                 arrays.append(found[1])
                 kept.append(found[0])
-        tensors = [minmax_scale(torch.from_numpy(a[self.channel_indices].astype(np.float32))) for a in arrays]
+        tensors = [prepare(a[self.channel_indices]) for a in arrays]
         if len({t.shape for t in tensors}) == 1:
             tensors = torch.stack(tensors)
         return tensors, np.asarray(kept, dtype=np.int64)
@@ -143,8 +163,86 @@ class CheckedLoader(DataLoader):
             yield batch
 
 
+def _scaled(raw: np.ndarray) -> torch.Tensor:
+    return minmax_scale(torch.from_numpy(raw.astype(np.float32)))
+
+
+def _raw(raw: np.ndarray) -> torch.Tensor:
+    """Raw pixels as a tensor of their own integer type (uint8/uint16/...), a copy owned by torch."""
+    return torch.from_numpy(np.ascontiguousarray(raw).copy())
+
+
 def _keep(batch):
     return batch
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc mallopt parameters (malloc.h)."""
+
+
+def retain_freed_memory(mmap_below: int = 32 << 20, trim_above: int = 512 << 20) -> bool:
+    """Let glibc keep freed memory for reuse instead of returning it to the kernel.
+
+    The multi-crop frees and re-allocates the same few-megabyte temporaries every batch; by
+    default glibc serves them with fresh mmaps (or trims them off its heap), and the page faults
+    that follow cost as much CPU time as the crops. Process-wide and harmless elsewhere: up to
+    `trim_above` bytes of freed heap stay mapped. Returns False where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_below)) and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_above))
+    except (OSError, AttributeError):
+        return False
+
+
+def _one_torch_thread() -> None:
+    """Each loader thread runs its kernels on one core: the threads are the parallelism, and
+    nested OpenMP teams would oversubscribe the cores. (This sets the calling thread's count and
+    the default of threads started later; threads already running, the main one included, keep theirs.)"""
+    torch.set_num_threads(1)
+
+
+class RingLoader:
+    """Batches from `dataset.batch` computed ahead by worker threads into a ring of reused buffers.
+
+    Threads, not processes: the augmentation is a handful of large torch kernels that release
+    the GIL, so threads use every core without pickling batches between processes, and the
+    outputs go straight into buffers allocated once (page faults on fresh memory cost as much as
+    the crops themselves). Batch i's tensors stay valid until the consumer asks for batch
+    i + `hold`. With threads=0 each batch is computed on demand in the caller's thread.
+    """
+
+    def __init__(self, dataset: "BatchDataset", sampler: Sampler, *, threads: int,
+                 allocate: Callable[[], Any] | None, hold: int = 1) -> None:
+        self.dataset, self.sampler, self.threads, self.hold = dataset, sampler, threads, hold
+        self.allocate = allocate
+        self.ring = threads + hold + 1
+        retain_freed_memory()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        items = list(self.sampler)
+        # a ring per iterator: batches kept from a finished iterator are never overwritten by the next
+        buffers = [self.allocate() if self.allocate else None for _ in range(self.ring)]
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="loader", initializer=_one_torch_thread) \
+            if self.threads else None
+        pending: deque[Future] = deque()
+        try:
+            for i in range(len(items)):
+                while pool and len(pending) + i < min(len(items), i + self.ring - self.hold + 1):
+                    j = i + len(pending)
+                    pending.append(pool.submit(self.dataset.batch, items[j], buffers[j % self.ring]))
+                batch = pending.popleft().result() if pool else self.dataset.batch(items[i], buffers[i % self.ring])
+                if isinstance(batch, BadBatch):
+                    raise BadImageError(BadImage(batch.path, batch.reason))
+                yield batch
+        finally:
+            for future in pending:
+                future.cancel()
+            if pool:
+                pool.shutdown(wait=True)
 
 
 def _loader(dataset: Dataset, sampler: Sampler, config: Config) -> CheckedLoader:
@@ -163,13 +261,55 @@ def _check_stats(mean: Sequence[float], std: Sequence[float], config: Config) ->
 
 
 class PretrainTransform:
-    """Batch -> (crops, labels): DINO multi-crop, normalised."""
+    """Batch -> (crops, labels): DINO multi-crop, normalised, into `out` buffers when given."""
+
+    raw = False
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
         self.multicrop = BatchMultiCrop(config.dino, mean, std)
 
-    def __call__(self, images, labels, idx, generator):
-        return self.multicrop(images, generator), labels
+    def __call__(self, images, labels, idx, generator, out: CropBuffers | None = None):
+        return self.multicrop(images, generator, out=out), labels
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """A batch before augmentation (data.gpu_augment): raw integer pixels, (B, C, H, W) or a list
+    of (C, h, w) when sizes differ, and the batch seed that fixes every random choice."""
+
+    images: torch.Tensor | list[torch.Tensor]
+    seed: int
+    multicrop: BatchMultiCrop
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def crops(self, device: torch.device) -> list[torch.Tensor]:
+        """Min-max scale and multi-crop on `device`; the same crops as the CPU path for the same seed."""
+        if isinstance(self.images, torch.Tensor):
+            images = minmax_scale(self.images.to(device, non_blocking=True).to(torch.float32))
+        else:
+            images = [minmax_scale(im.to(device, non_blocking=True).to(torch.float32)) for im in self.images]
+        return self.multicrop(images, torch.Generator().manual_seed(self.seed))
+
+
+class RawTransform:
+    """Batch -> (RawBatch, labels): augmentation is left to `crops_on_device`."""
+
+    raw = True
+
+    def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.multicrop = BatchMultiCrop(config.dino, mean, std)
+
+    def __call__(self, images, labels, idx, seed: int):
+        return RawBatch(images, seed, self.multicrop), labels
+
+
+def crops_on_device(crops: list[torch.Tensor] | RawBatch, device: torch.device) -> list[torch.Tensor]:
+    """A loader's crops on the training device: moved there, or (RawBatch) augmented there."""
+    if isinstance(crops, RawBatch):
+        return crops.crops(device)
+    return [c.to(device, non_blocking=True) for c in crops]
 
 
 class EvalTransform:
@@ -187,9 +327,15 @@ class EvalTransform:
 
 
 def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
-                          std: Sequence[float]) -> tuple[DataLoader, DistributedBatchSampler]:
-    """Training-split batches `(crops: [global1, global2, local...], labels)`, same count per rank."""
+                          std: Sequence[float]) -> tuple[RingLoader, DistributedBatchSampler]:
+    """Training-split batches `(crops: [global1, global2, local...], labels)`, same count per rank
+    (under data.gpu_augment, `(RawBatch, labels)`: see `crops_on_device`)."""
     _check_stats(mean, std, config)
+    if config.data.loader == "dali":
+        # An optional extra, imported only when chosen.
+        from training.data.dali import build_dali_pretrain_loader
+
+        return build_dali_pretrain_loader(config, rank=rank, world_size=world_size, mean=mean, std=std)
     images = open_images(config)
     train = load_split(config).train
     batch = config.optim.batch_size_per_gpu
@@ -197,9 +343,21 @@ def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: S
     if len(sampler) == 0:
         raise UserError(f"{len(train)} training images cannot fill one batch of optim.batch_size_per_gpu={batch} "
                         f"on each of {world_size} ranks: lower the batch size or add images")
-    dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image,
-                           PretrainTransform(config, mean, std), substitute=True)
-    return _loader(dataset, sampler, config), sampler
+    return _pretrain_batches(config, images, sampler, mean, std), sampler
+
+
+def _pretrain_batches(config: Config, images, sampler: Sampler, mean: Sequence[float],
+                      std: Sequence[float]) -> RingLoader:
+    """The ring loader over this rank's batches: finished crops, or raw batches under gpu_augment."""
+    raw = config.data.gpu_augment
+    transform = (RawTransform if raw else PretrainTransform)(config, mean, std)
+    dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform,
+                           substitute=True)
+    allocate = None
+    if not raw:
+        batch, pin = config.optim.batch_size_per_gpu, torch.cuda.is_available()
+        allocate = lambda: transform.multicrop.allocate(batch, pin=pin)  # noqa: E731
+    return RingLoader(dataset, sampler, threads=config.data.num_workers, allocate=allocate)
 
 
 def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, world_size: int = 1,

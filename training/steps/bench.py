@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="DataLoader workers (default: data.num_workers)")
     parser.add_argument("--images", type=int, default=2000,
                         help="synthetic images to generate when data.source is absent (loader)")
+    parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
     parser.add_argument("--out", help="also write the JSON to this file")
 
 
