@@ -29,13 +29,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from training.config import Config
+from training.data.augment import (
+    BLUR_KERNEL,
+    BLUR_SIGMA,
+    BRIGHTNESS_P,
+    BRIGHTNESS_RANGE,
+    RATIO,
+    SOLARIZE_THRESHOLD,
+    ViewSpec,
+)
 from training.data.dataset import open_images
 from training.data.loader import DistributedBatchSampler
 from training.data.packed import PackedImages
@@ -45,22 +53,10 @@ from training.errors import UserError
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install -r requirements-dali.txt (the nvidia-dali build matching the node's CUDA)"
-RATIO = (3 / 4, 4 / 3)
-BRIGHTNESS_P, BRIGHTNESS_RANGE = 0.8, (0.5, 1.25)
-BLUR_WINDOW, BLUR_SIGMA, NO_BLUR_SIGMA = 5, (0.1, 1.5), 1e-3
-SOLARIZE_THRESHOLD = 0.5
+NO_BLUR_SIGMA = 1e-3
+"""Sigma of an unblurred crop: the 5-tap kernel is then exactly the identity, so one graph serves all."""
 PREFETCH = 2
 """Batches DALI prepares ahead of the one being consumed."""
-
-
-@dataclass(frozen=True)
-class DaliView:
-    """One kind of view: output side, crop area range and the probabilities of blur/solarise."""
-
-    size: int
-    scale: tuple[float, float]
-    blur_p: float
-    solarize_p: float
 
 
 def require_dali():
@@ -73,12 +69,12 @@ def require_dali():
     return dali
 
 
-def views_of(config: Config) -> list[DaliView]:
+def views_of(config: Config) -> list[ViewSpec]:
     """The views of one sample in output order: global 1, global 2, then the local crops."""
     d = config.dino
-    globals_ = [DaliView(d.global_crop_size, d.global_crops_scale, 1.0, 0.0),
-                DaliView(d.global_crop_size, d.global_crops_scale, 0.1, 0.2)]
-    return globals_ + [DaliView(d.local_crop_size, d.local_crops_scale, 0.5, 0.0)] * d.local_crops_number
+    globals_ = [ViewSpec(d.global_crop_size, d.global_crops_scale, 1.0, 0.0),
+                ViewSpec(d.global_crop_size, d.global_crops_scale, 0.1, 0.2)]
+    return globals_ + [ViewSpec(d.local_crop_size, d.local_crops_scale, 0.5, 0.0)] * d.local_crops_number
 
 
 class PackedFeed:
@@ -132,7 +128,7 @@ def _minmax(images):
     return (images - low) / dmath.max(high - low, 1e-30)
 
 
-def _view(images, view: DaliView, mean: Sequence[float], std: Sequence[float], device: str):
+def _view(images, view: ViewSpec, mean: Sequence[float], std: Sequence[float], device: str):
     """One augmented view of every sample: (C, size, size) float32, normalised."""
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, types
@@ -151,14 +147,14 @@ def _view(images, view: DaliView, mean: Sequence[float], std: Sequence[float], d
     if view.blur_p < 1.0:
         blur = _coin(view.blur_p, "cpu")
         sigma = sigma * blur + (1.0 - blur) * NO_BLUR_SIGMA
-    crop = fn.gaussian_blur(crop, window_size=BLUR_WINDOW, sigma=sigma)
+    crop = fn.gaussian_blur(crop, window_size=BLUR_KERNEL, sigma=sigma)
     if view.solarize_p > 0.0:
         crop = crop + _coin(view.solarize_p, device) * (crop > SOLARIZE_THRESHOLD) * (1.0 - 2.0 * crop)
     return fn.crop_mirror_normalize(crop, mirror=fn.random.coin_flip(probability=0.5), mean=list(mean),
                                     std=list(std), output_layout="CHW", dtype=types.FLOAT)
 
 
-def build_pipeline(feed: PackedFeed, views: Sequence[DaliView], mean: Sequence[float], std: Sequence[float],
+def build_pipeline(feed: PackedFeed, views: Sequence[ViewSpec], mean: Sequence[float], std: Sequence[float],
                    *, batch_size: int, device: str, device_id: int | None, num_threads: int, seed: int):
     """The DALI pipeline: outputs one (B, C, size, size) batch per view, then the (B, 1) labels."""
     dali = require_dali()

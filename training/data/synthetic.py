@@ -1,11 +1,14 @@
 """A synthetic single-cell dataset: N-channel 16-bit TIFFs of cell-like objects in class folders.
 
-Classes differ in what a good representation should pick up: cell size and elongation, nucleus
-size and position, the texture (granularity) of the cytoplasm, and where each marker channel is
-expressed (nucleus, cytoplasm, membrane) and how strongly. Nuisance variation that it should
-ignore: position, rotation, global brightness, per-channel gain, background, noise and debris.
-Every class overlaps the others in any single feature, so raw pixels do clearly worse than a
-representation that combines shape, texture and marker localisation.
+What defines a class is what a good representation of cells should pick up and what survives
+DINO's augmentations (crops, flips, per-channel brightness, blur): where the marker (channel 3)
+sits relative to the nucleus, cytoplasm and membrane (diffuse, nuclear, membrane, puncta, a polar
+cap), the granularity of the cytoplasm (channel 1) and how far the nucleus sits from the centre of
+the cell. What varies regardless of class, and dominates distances between raw pixels: position,
+rotation, size and elongation of the cell and its nucleus, a second marker (channel 4) with its own
+coarse texture, per-channel gain, background, noise and debris of neighbouring cells. A randomly
+initialised network mostly measures how much of each channel is bright, which the size nuisance
+scrambles, so a trained representation does clearly better than either baseline.
 """
 
 from __future__ import annotations
@@ -26,26 +29,27 @@ class Phenotype:
     """Class-level means of the generative features (each image draws around them)."""
 
     name: str
-    radius: float
-    elongation: float
-    nucleus_fraction: float
     nucleus_offset: float
+    """Nucleus centre away from the cell centre, as a fraction of the free room (0 = central)."""
     grain_scale: float
+    """Grain size (px) of the cytoplasm texture."""
     grain_amount: float
-    marker_where: tuple[float, float, float]
-    """Marker (channel 3) weight in nucleus, cytoplasm, membrane."""
-    marker_strength: float
-    second_marker: float
+    marker_where: tuple[float, float, float, float, float]
+    """Marker (channel 3) weight in nucleus, cytoplasm, membrane, puncta and a polar cap."""
 
 
 PHENOTYPES = (
-    Phenotype("round_central", 12.0, 1.10, 0.48, 0.05, 1.0, 0.20, (1.0, 0.3, 0.1), 0.7, 0.35),
-    Phenotype("polar_granular", 12.5, 1.20, 0.40, 0.40, 2.0, 0.55, (0.4, 1.0, 0.2), 0.6, 0.60),
-    Phenotype("elongated", 12.0, 1.55, 0.44, 0.15, 1.4, 0.30, (0.3, 0.4, 1.0), 0.6, 0.45),
-    Phenotype("large_nucleus", 13.0, 1.25, 0.58, 0.10, 1.0, 0.30, (1.0, 0.6, 0.2), 0.45, 0.65),
-    Phenotype("small_speckled", 11.0, 1.20, 0.44, 0.30, 0.7, 0.65, (0.4, 0.7, 0.6), 0.65, 0.50),
-    Phenotype("flat_dim", 13.5, 1.40, 0.38, 0.25, 1.7, 0.15, (0.6, 0.6, 0.4), 0.4, 0.30),
+    Phenotype("nuclear", 0.10, 0.8, 0.35, (1.0, 0.10, 0.0, 0.0, 0.0)),
+    Phenotype("membrane", 0.10, 0.8, 0.35, (0.05, 0.10, 1.0, 0.0, 0.0)),
+    Phenotype("punctate", 0.10, 0.8, 0.35, (0.05, 0.10, 0.0, 1.0, 0.0)),
+    Phenotype("polar", 0.55, 0.8, 0.35, (0.05, 0.10, 0.0, 0.0, 1.0)),
+    Phenotype("granular", 0.10, 2.2, 1.2, (0.05, 0.60, 0.0, 0.0, 0.0)),
+    Phenotype("diffuse", 0.30, 0.8, 0.10, (0.20, 0.60, 0.25, 0.0, 0.0)),
 )
+
+CELL_RADIUS = 10.0
+"""Mean cell radius at 50 px; the size spread below is nuisance shared by every class."""
+PUNCTA = 7
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -65,64 +69,89 @@ def _jitter(rng: np.random.Generator, mean: float, spread: float, n: int) -> np.
     return (mean * np.exp(spread * rng.standard_normal(n))).astype(np.float32)[:, None, None]
 
 
-def _shapes(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> dict[str, np.ndarray]:
-    """Body, membrane ring and nucleus masks of n randomly placed and rotated cells."""
+def _frame(rng: np.random.Generator, n: int, size: int) -> dict[str, np.ndarray]:
+    """Cell coordinates (u along the long axis, v across) of n randomly placed, rotated, sized cells."""
     grid = np.arange(size, dtype=np.float32)
     y, x = grid[None, :, None], grid[None, None, :]
-    cx = size / 2 + rng.uniform(-0.14, 0.14, n).astype(np.float32)[:, None, None] * size
-    cy = size / 2 + rng.uniform(-0.14, 0.14, n).astype(np.float32)[:, None, None] * size
-    theta = rng.uniform(0, np.pi, n).astype(np.float32)[:, None, None]
+    cx = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
+    cy = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
+    theta = rng.uniform(0, 2 * np.pi, n).astype(np.float32)[:, None, None]
+    radius = _jitter(rng, CELL_RADIUS * size / 50, 0.22, n)
+    elong = rng.uniform(1.0, 1.6, n).astype(np.float32)[:, None, None]
     u = (x - cx) * np.cos(theta) + (y - cy) * np.sin(theta)
     v = -(x - cx) * np.sin(theta) + (y - cy) * np.cos(theta)
-    radius = _jitter(rng, p.radius * size / 50, 0.12, n)
-    elong = _jitter(rng, p.elongation, 0.10, n)
-    a, b = radius * np.sqrt(elong), radius / np.sqrt(elong)
+    return {"u": u, "v": v, "a": radius * np.sqrt(elong), "b": radius / np.sqrt(elong), "radius": radius}
+
+
+def _puncta(rng: np.random.Generator, f: dict[str, np.ndarray], size: int) -> np.ndarray:
+    """A few small bright spots scattered over the cytoplasm."""
+    n = f["u"].shape[0]
+    angle = rng.uniform(0, 2 * np.pi, (n, PUNCTA, 1, 1))
+    reach = rng.uniform(0.45, 0.85, (n, PUNCTA, 1, 1))
+    pu = (reach * np.cos(angle) * f["a"][:, None]).astype(np.float32)
+    pv = (reach * np.sin(angle) * f["b"][:, None]).astype(np.float32)
+    sigma = 0.9 * size / 50
+    dist2 = (f["u"][:, None] - pu) ** 2 + (f["v"][:, None] - pv) ** 2
+    return np.exp(-dist2 / (2 * sigma ** 2)).sum(axis=1).clip(0, 1.5)
+
+
+def _compartments(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> dict[str, np.ndarray]:
+    """Body, membrane ring, nucleus, puncta and polar-cap masks of n cells."""
+    f = _frame(rng, n, size)
+    u, v, a, b = f["u"], f["v"], f["a"], f["b"]
     rc = np.sqrt((u / a) ** 2 + (v / b) ** 2)
-    frac = _jitter(rng, p.nucleus_fraction, 0.10, n)
-    offset = (p.nucleus_offset + 0.08 * rng.standard_normal(n)).astype(np.float32)[:, None, None]
+    frac = _jitter(rng, 0.45, 0.12, n)
+    offset = np.clip(p.nucleus_offset + 0.08 * rng.standard_normal(n), 0, 0.9).astype(np.float32)[:, None, None]
     side = rng.choice([-1.0, 1.0], n).astype(np.float32)[:, None, None]
-    rn = np.sqrt(((u - side * offset * a * (1 - frac)) / (frac * a)) ** 2 + (v / (frac * b)) ** 2)
+    nu = u - side * offset * a * (1 - frac)
+    rn = np.sqrt((nu / (frac * a)) ** 2 + (v / (frac * b)) ** 2)
+    body = _sigmoid((1 - rc) * 10)
+    cap_side = -side * (u / a)
     return {
-        "body": _sigmoid((1 - rc) * 10),
-        "ring": np.exp(-(((rc - 1) * radius) / 1.3) ** 2),
+        "body": body,
+        "ring": np.exp(-(((rc - 1) * f["radius"]) / 1.3) ** 2),
         "nucleus": _sigmoid((1 - rn) * 8),
+        "puncta": _puncta(rng, f, size) * body,
+        "cap": body * _sigmoid((cap_side - 0.45) * 12),
     }
 
 
 def _render(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> np.ndarray:
     """Five noiseless channels (n, 5, size, size): membrane, cytoplasm, DNA, marker, second marker."""
-    m = _shapes(rng, p, n, size)
-    body, ring, nucleus = m["body"], m["ring"], m["nucleus"]
-    cytoplasm = body * (1 - 0.7 * nucleus)
+    m = _compartments(rng, p, n, size)
+    body, nucleus = m["body"], m["nucleus"]
+    cytoplasm = body * (1 - 0.8 * nucleus)
     grains = np.clip(_texture(rng, n, size, p.grain_scale), 0, None)
-    amount = _jitter(rng, p.grain_amount, 0.25, n)
+    textured = cytoplasm * (1 + _jitter(rng, p.grain_amount, 0.2, n) * grains)
     fine = _texture(rng, n, size, 0.8)
-    w_nuc, w_cyto, w_mem = p.marker_where
-    marker = (w_nuc * nucleus + w_cyto * cytoplasm * (1 + amount * grains) + w_mem * ring)
-    strength = _jitter(rng, p.marker_strength, 0.25, n)
-    second = _jitter(rng, p.second_marker, 0.25, n) * body * (1 + 0.5 * np.clip(_texture(rng, n, size, 2.5), 0, None))
+    parts = (nucleus, textured, m["ring"], m["puncta"], m["cap"])
+    marker = sum(w * part for w, part in zip(p.marker_where, parts))
+    second = body * (1 + 0.8 * np.clip(_texture(rng, n, size, 3.0), 0, None))
     return np.stack([
-        ring + 0.25 * body * (1 + 0.3 * fine),
-        cytoplasm * (1 + amount * grains),
+        m["ring"] + 0.25 * body * (1 + 0.3 * fine),
+        textured,
         nucleus * (1 + 0.15 * fine),
-        strength * marker,
+        marker,
         second,
     ], axis=1)
 
 
 def _nuisance(rng: np.random.Generator, clean: np.ndarray) -> np.ndarray:
-    """Brightness, per-channel gain, background, debris and noise, then 16-bit quantisation."""
+    """Brightness, per-channel gain, debris and noise, then 16-bit quantisation.
+
+    Background and noise scale with the gain, so that after per-image min-max scaling they look
+    alike in every image: an offset that differs per image and channel survives every DINO
+    augmentation and would be what self-supervision learns to tell images apart by.
+    """
     n, c, size, _ = clean.shape
     def per_channel(low: float, high: float) -> np.ndarray:
         return rng.uniform(low, high, (n, c, 1, 1)).astype(np.float32)
 
     gain = np.exp(0.35 * rng.standard_normal((n, 1, 1, 1)) + 0.2 * rng.standard_normal((n, c, 1, 1)))
-    image = clean * gain.astype(np.float32) + per_channel(0.02, 0.2)
-    debris = _debris(rng, n, size)[:, None] * per_channel(0.0, 0.8)
-    image += debris * (rng.random((n, 1, 1, 1)) < 0.35)
-    shot = 0.05 * np.sqrt(np.clip(image, 0, None))
-    image += (per_channel(0.02, 0.07) + shot) * rng.standard_normal(image.shape, dtype=np.float32)
-    return np.clip(image * 12000 + 300, 0, 65535).astype(np.uint16)
+    debris = _debris(rng, n, size)[:, None] * per_channel(0.0, 0.4) * (rng.random((n, 1, 1, 1)) < 0.35)
+    image = clean + per_channel(0.04, 0.06) + debris
+    image += (0.03 + 0.04 * np.sqrt(np.clip(image, 0, None))) * rng.standard_normal(image.shape, dtype=np.float32)
+    return np.clip(image * gain.astype(np.float32) * 12000 + 100, 0, 65535).astype(np.uint16)
 
 
 def _debris(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
