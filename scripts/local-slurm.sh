@@ -221,10 +221,24 @@ EOF
 }
 
 # Writes the config; prints "changed" when it differs from the one the daemons run with.
+# An existing /etc/slurm/slurm.conf that another checkout's local cluster wrote (same header) may be
+# replaced once that cluster is down; anything else is not ours to overwrite.
+check_takeover() {
+  local other=$1 other_base
+  if ! head -n 1 "$other" 2>/dev/null | grep -q '^# Written by scripts/local-slurm.sh'; then
+    die "$CONF_LINK exists and is not a local-slurm cluster's; move it away (it is not ours to overwrite)"
+  fi
+  other_base=$(dirname "$(dirname "$other")")
+  if alive "$other_base/run/slurmctld.pid" slurmctld; then
+    die "another local cluster ($other_base) is running: stop it with its own scripts/local-slurm.sh stop"
+  fi
+  log "taking over $CONF_LINK from the stopped cluster in $other_base"
+}
+
 install_conf() {
   local conf=$BASE/etc/slurm.conf tmp
   if [ -e "$CONF_LINK" ] && [ "$(readlink -f "$CONF_LINK")" != "$(readlink -f "$conf")" ]; then
-    die "$CONF_LINK exists and is not this cluster's; move it away (it is not ours to overwrite)"
+    check_takeover "$(readlink -f "$CONF_LINK")"
   fi
   tmp=$(mktemp "$BASE/etc/slurm.conf.XXXX")
   render_conf >"$tmp"
