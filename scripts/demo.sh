@@ -8,7 +8,8 @@
 #      print the kNN table and the report's path
 #   5. synthesise the CDK app (`npx cdk synth`), listing what `cdk deploy` would create
 # A second run reuses the dataset, the cluster and a finished run (DEMO_FORCE=1 reruns the chain).
-# Settings: DEMO_CONFIG (configs/demo.yaml), DEMO_FORCE, and scripts/local-slurm.sh's SLURM_LOCAL_*.
+# Settings: DEMO_CONFIG (configs/demo.yaml), DEMO_PER_CLASS (400), DEMO_FORCE, and
+# scripts/local-slurm.sh's SLURM_LOCAL_*.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,6 +17,8 @@ cd "$REPO"
 CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 FORCE=${DEMO_FORCE:-0}
+# 400 images per class: 1000 held out (800 kNN references, 200 queries) with configs/demo.yaml.
+PER_CLASS=${DEMO_PER_CLASS:-400}
 PIPELINE_RAN=0
 START=$SECONDS
 
@@ -39,7 +42,7 @@ make_dataset() {
     say "synthetic dataset: reusing $DATA_DIR ($(find "$DATA_DIR" -name '*.tif' | wc -l) images)"
   else
     say "synthetic dataset -> $DATA_DIR"
-    "$PYTHON" -m training synth-data --config "$CONFIG"
+    "$PYTHON" -m training synth-data --config "$CONFIG" --per-class "$PER_CLASS"
   fi
 }
 
