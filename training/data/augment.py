@@ -46,6 +46,16 @@ class ViewSpec:
     solarize_p: float
 
 
+def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
+    """scDINO's two global views (blur always / rarely, the second may solarise) and its local view.
+
+    The one definition of the views' probabilities: the CPU, device and DALI paths all read it.
+    """
+    globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0),
+                ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2)]
+    return globals_, ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
+
+
 def sample_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, scale: tuple[float, float],
                       generator: torch.Generator, attempts: int = 10) -> torch.Tensor:
     """RandomResizedCrop boxes (top, left, h, w) per image, vectorised over the batch.
@@ -272,9 +282,7 @@ class BatchMultiCrop:
     def __init__(self, dino: DinoConfig, mean: Sequence[float], std: Sequence[float]) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
         self.std = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
-        self.global_views = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0),
-                             ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2)]
-        self.local_view = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
+        self.global_views, self.local_view = scdino_views(dino)
         self.local_number = dino.local_crops_number
         self.channels = len(mean)
         self._shift = -self.mean / self.std

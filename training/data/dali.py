@@ -43,6 +43,7 @@ from training.data.augment import (
     RATIO,
     SOLARIZE_THRESHOLD,
     ViewSpec,
+    scdino_views,
 )
 from training.data.dataset import open_images
 from training.data.loader import DistributedBatchSampler
@@ -71,10 +72,8 @@ def require_dali():
 
 def views_of(config: Config) -> list[ViewSpec]:
     """The views of one sample in output order: global 1, global 2, then the local crops."""
-    d = config.dino
-    globals_ = [ViewSpec(d.global_crop_size, d.global_crops_scale, 1.0, 0.0),
-                ViewSpec(d.global_crop_size, d.global_crops_scale, 0.1, 0.2)]
-    return globals_ + [ViewSpec(d.local_crop_size, d.local_crops_scale, 0.5, 0.0)] * d.local_crops_number
+    globals_, local = scdino_views(config.dino)
+    return globals_ + [local] * config.dino.local_crops_number
 
 
 class PackedFeed:

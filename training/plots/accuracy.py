@@ -32,13 +32,7 @@ def plot_knn_vs_k(knn: dict[str, Any]):
         style = BASELINE_STYLE.get(tag, (None, "-"))[1]
         ax.plot(ks, [100 * entry["top1"][str(k)] for k in ks], style, marker="o", label=tag_label(tag, entry))
     ax.set_xscale("log")
-    ax.set_xlabel("k (neighbours)")
-    ax.set_ylabel("kNN top-1 accuracy (%)")
-    ax.set_title("Global kNN accuracy versus k")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return fig
+    return _finish_accuracy_axes(fig, ax, "k (neighbours)", "Global kNN accuracy versus k")
 
 
 def plot_knn_vs_epoch(knn: dict[str, Any]):
@@ -56,10 +50,15 @@ def plot_knn_vs_epoch(knn: dict[str, Any]):
         if tag in knn["tags"]:
             entry = knn["tags"][tag]
             ax.axhline(100 * entry["top1"][str(entry["best_k"])], linestyle=style, color="grey", label=name)
-    ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _finish_accuracy_axes(fig, ax, "epoch", "Global kNN accuracy during pretraining")
+
+
+def _finish_accuracy_axes(fig, ax, xlabel: str, title: str):
+    """Labels, 0-100 % range, grid and legend shared by the accuracy plots."""
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("kNN top-1 accuracy (%)")
-    ax.set_title("Global kNN accuracy during pretraining")
+    ax.set_title(title)
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend()
