@@ -215,6 +215,24 @@ class EvalConfig:
     """Images per class drawn in the attention-map plots."""
     raw_pixels_size: int = 16
     """Side the images are average-pooled to for the raw-pixel kNN baseline (keeps C*S*S modest)."""
+    finetune_epochs: int = 10
+    """Epochs of `linear --finetune` (backbone and head trained together); a pretrained backbone
+    needs few, and each costs a full forward and backward pass over the reference images."""
+    finetune_lr: float = 0.001
+    """Peak AdamW learning rate of the new linear head, decayed to 0 by a per-step cosine. Not
+    rescaled with the number of ranks, so figures from different world sizes stay comparable."""
+    finetune_backbone_lr_scale: float = 0.1
+    """Backbone learning rate = finetune_lr x this. The pretrained features should move less than
+    the randomly initialised head, or its first noisy gradients wash them out; 1 treats both alike."""
+    finetune_batch_size: int = 32
+    """Images per rank per step of fine-tuning (the global batch is this x the world size); smaller
+    than eval.batch_size because the backward pass keeps every block's activations."""
+    finetune_weight_decay: float = 0.05
+    """AdamW weight decay of the weight matrices (biases, norms, tokens and position embedding are
+    not decayed), to keep a few hundred labelled images from being memorised."""
+    finetune_flips: bool = True
+    """Random horizontal and vertical flips of the training images: cells have no orientation, so
+    the label holds, and it is the only augmentation (crops could cut off what defines the class)."""
 
     def __post_init__(self) -> None:
         if not self.knn_k or min(self.knn_k) < 1:
@@ -222,6 +240,19 @@ class EvalConfig:
         _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
         if self.raw_pixels_size < 1:
             raise ConfigError(f"eval.raw_pixels_size must be >= 1, got {self.raw_pixels_size}")
+        self._check_finetune()
+
+    def _check_finetune(self) -> None:
+        for key in ("finetune_epochs", "finetune_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"eval.{key} must be >= 1, got {getattr(self, key)}")
+        if self.finetune_lr <= 0:
+            raise ConfigError(f"eval.finetune_lr must be > 0, got {self.finetune_lr}")
+        if not 0 < self.finetune_backbone_lr_scale <= 1:
+            raise ConfigError(f"eval.finetune_backbone_lr_scale must be in (0, 1] (the backbone learns no "
+                              f"faster than the head), got {self.finetune_backbone_lr_scale}")
+        if self.finetune_weight_decay < 0:
+            raise ConfigError(f"eval.finetune_weight_decay must be >= 0, got {self.finetune_weight_decay}")
 
 
 @dataclass(frozen=True)

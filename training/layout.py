@@ -18,6 +18,7 @@ Steps talk to each other only through these files, never through each other's in
       labels.json                 `labels`: class names, integer labels and paths of the hold-out images
       knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
       linear/linear.json          `linear`: linear-probe accuracy per epoch
+      linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
       plots/*.png, plots/*.pdf    `plots`
       report.html                 `report`
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}

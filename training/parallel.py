@@ -1,14 +1,18 @@
 """The one place that applies DDP, FSDP2 and torch.compile, and reads/writes their state dicts.
 
-Everything else works on the *raw* student and teacher modules (parameters, EMA, clipping); the
-wrapped modules returned here are used only for the forward and backward passes.
+`wrap_model` prepares any module with a `backbone` (a ViT with `blocks`) and a `head` for
+data-parallel training: the DINO student (`parallelize`, which adds the teacher) and the classifier
+that `linear --finetune` trains (training/eval/finetune.py). Everything else works on the *raw*
+modules (parameters, EMA, clipping, optimizer); the wrapped ones are used only for the forward and
+backward passes.
 
-- DDP (default) replicates the student; gradients are averaged during backward. The teacher is never
-  trained, so it is not wrapped: every rank applies the same EMA update and stays identical.
-- FSDP2 (`train.parallel: fsdp`) shards each transformer block, the head and the rest of the student
-  *and* the teacher over all ranks, so the EMA update runs shard by shard. Model state dicts are
-  gathered to full tensors for checkpoints, so the weights load into any mode (the optimizer state
-  is keyed by parameter name under FSDP, so resume keeps the mode).
+- DDP (default) replicates the module; gradients are averaged during backward. The DINO teacher is
+  never trained, so it is not wrapped: every rank applies the same EMA update and stays identical.
+- FSDP2 (`train.parallel: fsdp`) shards each transformer block, the head and the rest of the module
+  (for DINO, of the student *and* the teacher, so the EMA update runs shard by shard) over all ranks.
+  Every forward then gathers parameters collectively, so all ranks must run the same number of them.
+  Model state dicts are gathered to full tensors for saving, so the weights load into any mode (the
+  optimizer state is keyed by parameter name under FSDP, so resume keeps the mode).
 - `train.compile` compiles the backbones in place (`nn.Module.compile`), which keeps parameter names.
 """
 
@@ -40,25 +44,51 @@ class ParallelModels:
     """True under FSDP: state dicts need gathering."""
 
 
+@dataclass
+class WrappedModel:
+    """A module prepared for data-parallel training by `wrap_model`."""
+
+    module: nn.Module
+    """The raw module (under FSDP the sharded module itself): parameters, optimizer, evaluation."""
+    forward: nn.Module
+    """What the training step calls (DDP-wrapped, sharded or the raw module)."""
+    sharded: bool
+    """True under FSDP: forwards are collective and state dicts need gathering."""
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Full weights; under FSDP a collective on all ranks whose result only rank 0 holds."""
+        return full_state_dict(self.module, sharded=self.sharded)
+
+
+def wrap_model(model: nn.Module, config: Config, ctx: DistContext, *, sync_batchnorm: bool = False) -> WrappedModel:
+    """Move `model` to the device, compile its backbone (train.compile), wrap it (train.parallel).
+
+    `model` needs `backbone.blocks` and `head`, the units FSDP shards. One process: no wrapper.
+    `sync_batchnorm` turns BatchNorm layers into SyncBatchNorm under DDP on GPUs.
+    """
+    model.to(ctx.device)
+    if config.train.compile:
+        model.backbone.compile()
+    if not ctx.distributed:
+        return WrappedModel(model, model, sharded=False)
+    if config.train.parallel == "fsdp":
+        _fully_shard(model, ctx)
+        return WrappedModel(model, model, sharded=True)
+    if sync_batchnorm and ctx.device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return WrappedModel(model, DistributedDataParallel(model, device_ids=device_ids), sharded=False)
+
+
 def parallelize(student: nn.Module, teacher: nn.Module, config: Config, ctx: DistContext) -> ParallelModels:
-    """Move the models to the device, optionally compile, then wrap for data parallelism."""
-    student.to(ctx.device)
+    """The DINO pair: the student wrapped for training, the teacher on the device (sharded under FSDP)."""
     teacher.to(ctx.device)
     if config.train.compile:
-        for model in (student, teacher):
-            model.backbone.compile()
-    mode = config.train.parallel
-    if not ctx.distributed:
-        return ParallelModels(student, teacher, student, sharded=False)
-    if mode == "fsdp":
-        _fully_shard(student, ctx)
+        teacher.backbone.compile()
+    wrapped = wrap_model(student, config, ctx, sync_batchnorm=config.model.use_bn_in_head)
+    if wrapped.sharded:
         _fully_shard(teacher, ctx)
-        return ParallelModels(student, teacher, student, sharded=True)
-    if config.model.use_bn_in_head and ctx.device.type == "cuda":
-        student = nn.SyncBatchNorm.convert_sync_batchnorm(student)
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    wrapped = DistributedDataParallel(student, device_ids=device_ids)
-    return ParallelModels(student, teacher, wrapped, sharded=False)
+    return ParallelModels(wrapped.module, teacher, wrapped.forward, sharded=wrapped.sharded)
 
 
 def _fully_shard(model: nn.Module, ctx: DistContext) -> None:
@@ -73,24 +103,32 @@ def _fully_shard(model: nn.Module, ctx: DistContext) -> None:
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
 
 
-def model_state(models: ParallelModels, which: str) -> dict[str, Any]:
-    """Full (unsharded) state dict of the student or teacher; under FSDP a collective on all ranks."""
-    model = getattr(models, which)
-    if not models.sharded:
+def full_state_dict(model: nn.Module, *, sharded: bool) -> dict[str, Any]:
+    """The unsharded state dict; under FSDP a collective on all ranks, gathered to rank 0's CPU."""
+    if not sharded:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_model_state(models: ParallelModels, which: str, state: dict[str, Any]) -> None:
-    model = getattr(models, which)
-    if not models.sharded:
+def load_full_state_dict(model: nn.Module, state: dict[str, Any], *, sharded: bool) -> None:
+    """Load an unsharded state dict; under FSDP each rank keeps its shard of it."""
+    if not sharded:
         model.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def model_state(models: ParallelModels, which: str) -> dict[str, Any]:
+    """Full (unsharded) state dict of the student or teacher; under FSDP a collective on all ranks."""
+    return full_state_dict(getattr(models, which), sharded=models.sharded)
+
+
+def load_model_state(models: ParallelModels, which: str, state: dict[str, Any]) -> None:
+    load_full_state_dict(getattr(models, which), state, sharded=models.sharded)
 
 
 def optimizer_state(models: ParallelModels, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -87,12 +87,14 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
     ]
 
 
-def _final_checkpoint(config: Config, args: argparse.Namespace) -> Path:
+def final_checkpoint(config: Config, checkpoint: Path | None = None) -> Path:
+    """The weights evaluated as "final": `checkpoint` when given, else the run's latest checkpoint,
+    else model.pretrained; MissingInputError names `pretrain` when there is none."""
     layout = RunLayout.from_config(config)
-    if args.checkpoint is not None:
-        if not Path(args.checkpoint).is_file():
-            raise UserError(f"--checkpoint {args.checkpoint} does not exist: give a checkpoint file")
-        return Path(args.checkpoint)
+    if checkpoint is not None:
+        if not Path(checkpoint).is_file():
+            raise UserError(f"--checkpoint {checkpoint} does not exist: give a checkpoint file")
+        return Path(checkpoint)
     if layout.latest_checkpoint.is_file():
         return layout.latest_checkpoint
     if config.model.pretrained:
@@ -124,7 +126,7 @@ def plan_tags(config: Config, args: argparse.Namespace) -> list[TagPlan]:
     """The tags to compute now: final, numbered epochs, baselines, minus those up to date."""
     from training.data.split import load_split
 
-    final = _final_checkpoint(config, args)
+    final = final_checkpoint(config, args.checkpoint)
     digest = holdout_digest(load_split(config).holdout)
     plans = [_checkpoint_plan(config, args.tag, final, checkpoint_epoch(final), digest)]
     plans += _epoch_plans(config, args, digest)

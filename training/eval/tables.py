@@ -17,6 +17,10 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _epoch(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def knn_rows(knn: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per feature tag, one 'top-1 / top-2' column per k."""
     ks = [int(k) for k in knn["ks"]]
@@ -25,8 +29,7 @@ def knn_rows(knn: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for tag in sorted(knn["tags"], key=tag_order):
         entry = knn["tags"][tag]
         cells = [f"{_percent(entry['top1'][str(k)])} / {_percent(entry['top2'][str(k)])}" for k in ks]
-        epoch = entry.get("epoch")
-        rows.append([tag_title(tag), "-" if epoch is None else str(epoch), *cells, str(entry["best_k"])])
+        rows.append([tag_title(tag), _epoch(entry.get("epoch")), *cells, str(entry["best_k"])])
     return header, rows
 
 
@@ -36,10 +39,25 @@ def linear_rows(linear: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for tag in sorted(linear["tags"], key=tag_order):
         entry = linear["tags"][tag]
-        epoch = entry.get("epoch")
-        rows.append([tag_title(tag), "-" if epoch is None else str(epoch), _percent(entry["final_top1"]),
+        rows.append([tag_title(tag), _epoch(entry.get("epoch")), _percent(entry["final_top1"]),
                      _percent(entry["best_top1"]), str(len(entry["history"]))])
     return header, rows
+
+
+def finetune_rows(finetune: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row: the fine-tuned backbone's final and best validation accuracy, and how it
+    was trained (from which pretraining epoch, for how many epochs, on how many ranks)."""
+    header = ["backbone", "epoch", "final top-1", "best top-1", "fine-tuning epochs", "ranks"]
+    row = [f"fine-tuned ({finetune['parallel']})", _epoch(finetune.get("checkpoint_epoch")),
+           _percent(finetune["final_top1"]), _percent(finetune["best_top1"]), str(len(finetune["history"])),
+           str(finetune["world_size"])]
+    return header, [row]
+
+
+def finetune_history_rows(finetune: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: training loss and validation top-1 of each fine-tuning epoch."""
+    rows = [[str(h["epoch"]), f"{h['train_loss']:.4f}", _percent(h["val_top1"])] for h in finetune["history"]]
+    return ["epoch", "train loss", "val top-1"], rows
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

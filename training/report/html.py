@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from training.eval.tables import knn_rows, linear_rows
+from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.layout import RunLayout
 from training.plots.figures import PlotEntry, read_manifest
 
@@ -41,6 +41,8 @@ ARTEFACTS = (
     ("knn/knn.json", "kNN accuracies, per-class accuracy, confusion matrices"),
     ("knn/knn.md", "kNN table"),
     ("linear/linear.json", "linear-probe accuracy per epoch"),
+    ("linear/finetune.json", "fine-tuning accuracy per epoch (optional `linear --finetune`)"),
+    ("linear/finetune.pth", "fine-tuned backbone and head"),
     ("plots", "figures (PNG, PDF) and manifest.json"),
     ("timings.json", "wall time of each step"),
 )
@@ -132,9 +134,21 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
     parts += [figures(layout, entries, "knn"), figures(layout, entries, "confusion")]
     parts.append("<h2>Linear probe (validation top-1 %)</h2>")
     parts.append(html_table(*linear_rows(linear)) if linear else missing("linear-probe results", "linear"))
+    parts += finetune_section(layout)
     parts += ["<h2>UMAP</h2>", figures(layout, entries, "umap") or missing("UMAPs", "plots")]
     parts += ["<h2>Attention maps</h2>", figures(layout, entries, "attention") or missing("attention maps", "plots")]
     return parts
+
+
+def finetune_section(layout: RunLayout) -> list[str]:
+    """The fine-tuned backbone's table; nothing when `linear --finetune` (optional) has not run."""
+    finetune = load_optional(layout.linear / "finetune.json")
+    if not finetune:
+        return []
+    return ["<h2>Fine-tuned backbone (validation top-1 %)</h2>",
+            f"<p>Backbone and linear head trained on the {finetune['n_train']} reference images, validated "
+            f"on the {finetune['n_val']} query images of the kNN split, {finetune['world_size']} rank(s).</p>",
+            html_table(*finetune_rows(finetune))]
 
 
 def build_report(layout: RunLayout, title: str) -> str:
