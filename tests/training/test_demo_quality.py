@@ -1,7 +1,9 @@
 """The demo's claim, measured: a short CPU pretraining (configs/demo.yaml, 2 ranks as in `make demo`)
-learns a representation that beats the random-init backbone in scDINO's kNN on the held-out cells.
+learns a representation that clearly beats both baselines, the random-init backbone and the raw
+pixels, in scDINO's kNN on the held-out cells of the synthetic set.
 
-About 4 minutes on 2 cores: it runs the real steps through the command line, as the Slurm jobs do.
+About 5 minutes on 2 cores: it runs the real steps through the command line, as the Slurm jobs do.
+The run is deterministic (one thread per rank, gloo), so the margins below are not luck of a seed.
 """
 
 import json
@@ -19,7 +21,7 @@ def run(*args: str, env: dict) -> None:
     assert result.returncode == 0, f"{args[:3]} failed:\n{result.stderr[-3000:]}"
 
 
-def test_demo_pretraining_beats_the_random_backbone(tmp_path):
+def test_demo_pretraining_beats_random_backbone_and_raw_pixels(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     images, run_dir = tmp_path / "images", tmp_path / "run"
     common = ["--config", str(CONFIG), "--set", f"run.output_dir={run_dir}", "--set", f"data.source={images}"]
@@ -33,7 +35,9 @@ def test_demo_pretraining_beats_the_random_backbone(tmp_path):
         run("-m", "training", step, *common, env=env)
 
     tags = json.loads((run_dir / "knn" / "knn.json").read_text())["tags"]
-    trained, random_init = tags["final"], tags["random_init"]
+    trained, random_init, raw = tags["final"], tags["random_init"], tags["raw_pixels"]
     best = max(trained["top1"].values())
-    assert best >= max(random_init["top1"].values()) + 0.05, (trained["top1"], random_init["top1"])
+    assert best >= max(random_init["top1"].values()) + 0.15, (trained["top1"], random_init["top1"])
+    assert best >= max(raw["top1"].values()) + 0.05, (trained["top1"], raw["top1"])
     assert all(trained["top1"][k] > random_init["top1"][k] for k in trained["top1"])
+    assert all(trained["top1"][k] > raw["top1"][k] for k in trained["top1"])
