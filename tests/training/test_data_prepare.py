@@ -3,6 +3,7 @@ split is deterministic; `synth-data` is deterministic; `mean-std` matches a dire
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import tifffile
 from training.data.synthetic import write_tiff
 
 from training.cli import main
-from training.config import dump_config
+from training.config import Config, dump_config
 from training.data.dataset import load_index, open_dataset, open_images, resolve_source
 from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
@@ -64,6 +65,40 @@ def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
     assert message.startswith("error: bad image ") and "corrupt_blank.tif: blank image" in message
     assert "data.on_bad_image=skip" in message
     assert not RunLayout.from_config(config).packed.exists()
+
+
+def test_a_stopping_pack_reads_no_further_than_its_read_ahead(tmp_path, monkeypatch):
+    """Under the fail policy the first bad image stops `prepare`: the readers stop too, rather than
+    reading the rest of a large folder, and images never pile up in memory beyond READ_AHEAD."""
+    import training.data.packed as packed
+    from training.data.index import scan_images
+    from training.data.tiff import BadImage
+
+    root = tmp_path / "images" / "a"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        write_tiff(root / f"{i:03d}.tif", rng.integers(0, 999, (8, 8, 2), dtype=np.uint16))
+    reads = []  # by the reader threads (the format vote reads a few images in the calling thread)
+    real_read = packed.read_image
+
+    def counted(path, axis):
+        if threading.current_thread() is not threading.main_thread():
+            reads.append(path)
+        return real_read(path, axis)
+
+    monkeypatch.setattr(packed, "read_image", counted)
+    monkeypatch.setattr(packed, "READ_AHEAD", 4)
+
+    def stop(bad):
+        raise bad
+
+    index = scan_images(tmp_path / "images", Config().data.folder_depth_for_labels)
+    monkeypatch.setattr(packed, "conform", lambda image, *a: (_ for _ in ()).throw(BadImage("x", "stop")))
+    with pytest.raises(BadImage):
+        packed.pack_images(tmp_path / "images", index, tmp_path / "packed", channel_axis="last", on_bad=stop)
+    assert 1 <= len(reads) <= 4 + packed.READ_THREADS, len(reads)
+    assert not (tmp_path / "packed").exists()
 
 
 def test_tiff_and_packed_datasets_give_identical_tensors(make_config):

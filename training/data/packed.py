@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import shutil
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, deque
+from contextlib import ExitStack, closing
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -75,8 +76,16 @@ def conform(image: np.ndarray, channels: int, dtype: np.dtype, path: str) -> np.
     return image
 
 
+READ_THREADS, READ_AHEAD = 8, 256
+"""Threads reading files for `prepare`, and how many images they may read ahead of the writer."""
+
+
 def _read_all(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> Iterator[np.ndarray | BadImage]:
-    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts."""
+    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts.
+
+    At most READ_AHEAD images wait in memory; closing the generator (a bad image under the `fail`
+    policy, an interrupt) cancels the reads not yet started instead of finishing the whole folder.
+    """
     def read(rel: str) -> np.ndarray | BadImage:
         try:
             return read_image(root / rel, channel_axis)
@@ -84,8 +93,18 @@ def _read_all(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> Itera
             bad.path = rel
             return bad
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        yield from pool.map(read, index.paths, chunksize=64)
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        pending: deque[Future] = deque()
+        try:
+            for rel in index.paths:
+                pending.append(pool.submit(read, rel))
+                if len(pending) >= READ_AHEAD:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _write_index(folder: Path, meta: dict) -> None:
@@ -105,8 +124,9 @@ def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: C
     tmp.mkdir(parents=True)
     report, kept, shapes, offsets, offset = PackReport(), [], [], [], 0
     try:
-        with open(tmp / IMAGES_FILE, "wb") as out:
-            results = _read_all(root, index, channel_axis)
+        with ExitStack() as stack:
+            out = stack.enter_context(open(tmp / IMAGES_FILE, "wb"))
+            results = stack.enter_context(closing(_read_all(root, index, channel_axis)))
             for i, result in enumerate(tqdm(results, total=len(index), desc="prepare", unit="img")):
                 try:
                     if isinstance(result, BadImage):
