@@ -3,6 +3,11 @@
 Complements kNN: kNN measures local neighbourhoods, the probe whether classes are linearly separable.
 Trained with SGD (momentum 0.9, cosine learning rate) on the kNN reference rows, evaluated on the
 query rows every epoch, all seeded so that a rerun gives the same curve.
+
+The features are standardised per dimension with the training rows' mean and std first. The stored
+features are L2-normalised, so each of their (hundreds of) dimensions is small and a linear layer
+on them learns slowly: on the demo run, 20 epochs at lr 0.01 reached 0.50 top-1 on the raw
+features against 0.74 after standardising (kNN on the same split: 0.755).
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ def train_linear_probe(
     x = torch.as_tensor(np.asarray(train_x, np.float32))
     y = torch.as_tensor(np.asarray(train_y, np.int64))
     vx = torch.as_tensor(np.asarray(val_x, np.float32))
+    mean, std = x.mean(0), x.std(0, unbiased=False).clamp(min=1e-6)
+    x, vx = (x - mean) / std, (vx - mean) / std
     vy = torch.as_tensor(np.asarray(val_y, np.int64))
     model = nn.Linear(x.shape[1], num_classes)
     with torch.no_grad():
