@@ -88,7 +88,8 @@ follow() {
     fi
     if [ -n "$running" ]; then
       tail_line=$(tail -c 2000 "$LOG_DIR/scdino-${running% *}_${running#* }.out" 2>/dev/null |
-        tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-150 || true)
+        tr '\r' '\n' | grep -av '^\s*$' | tail -n 1 || true)
+      tail_line=${tail_line:0:150}  # characters, not bytes: progress bars are multi-byte UTF-8
       if [ -n "$tail_line" ] && [ "$tail_line" != "$last_tail" ]; then
         echo "         | $tail_line"
         last_tail=$tail_line
