@@ -45,3 +45,22 @@ def test_cli_prints_one_line_error(capsys, tmp_path):
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: config file not found") and "\n" not in err
+
+
+def test_every_key_the_docs_name_exists():
+    """docs/training.md and the README name config keys; a renamed key must not leave them stale."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from training.config import Config
+
+    repo = Path(__file__).resolve().parents[2]
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    named = set()
+    for doc in (repo / "docs" / "training.md", repo / "README.md"):
+        named |= set(re.findall(r"`(?:--set )?(%s)\.([a-z_]+)" % "|".join(sections), doc.read_text()))
+    assert len(named) > 30
+    fields = {name: {f.name for f in dataclasses.fields(getattr(Config(), name))} for name in sections}
+    unknown = sorted(f"{section}.{key}" for section, key in named if key not in fields[section])
+    assert not unknown, f"docs name keys the config does not have: {unknown}"
