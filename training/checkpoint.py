@@ -77,6 +77,41 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+MUST_MATCH_ON_RESUME = ("model.arch", "model.patch_size", "model.out_dim", "model.use_bn_in_head",
+                        "model.norm_last_layer", "data.channels", "train.parallel")
+"""Settings a run cannot change when it resumes: the saved weights or optimizer state would not load."""
+FOLLOWED_ON_RESUME = ("run.seed", "data.holdout_fraction", "model.drop_path_rate", "dino", "optim")
+"""Settings (keys or whole sections) a resumed run takes from the new config, with a warning: the
+run goes on, but it is no longer the run an uninterrupted job with either config would have made."""
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def check_resumable(saved_config: dict[str, Any] | None, config_now: dict[str, Any], path: Path) -> list[str]:
+    """Refuse to resume across settings the checkpoint cannot follow; return the changed settings
+    the resumed run will follow (as "key: old -> new") so that the caller can warn about them."""
+    if not saved_config:
+        return []
+    old, new = _flat(saved_config), _flat(config_now)
+    changed = [key for key in sorted(set(old) & set(new)) if old[key] != new[key]]
+    fatal = [key for key in changed if key in MUST_MATCH_ON_RESUME]
+    if fatal:
+        settings = ", ".join(f"{key}={old[key]!r} (now {new[key]!r})" for key in fatal)
+        raise UserError(f"{path} was trained with {settings}: resume with the same settings, or start a new "
+                        "run in another run.output_dir")
+    followed = [key for key in changed
+                if any(key == f or key.startswith(f + ".") for f in FOLLOWED_ON_RESUME)]
+    return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in followed]
+
+
 def capture_rng() -> dict[str, Any]:
     """Every RNG the training step draws from: Python, NumPy, torch CPU and CUDA."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -333,6 +333,10 @@ def resume(state: TrainState, layout: RunLayout, ctx: DistContext) -> None:
         torch.manual_seed(state.config.run.seed + ctx.rank)
         return
     saved = ckpt.load_checkpoint(layout.latest_checkpoint)
+    changed = ckpt.check_resumable(saved.get("config"), state.config.to_dict(), layout.latest_checkpoint)
+    if changed:
+        log.warning("resuming %s with settings changed since it was saved (the run follows the new ones "
+                    "from here; a new run.output_dir starts afresh): %s", layout.latest_checkpoint, "; ".join(changed))
     load_model_state(state.models, "student", saved["student"])
     load_model_state(state.models, "teacher", saved["teacher"])
     load_optimizer_state(state.models, state.optimizer, saved["optimizer"])

@@ -12,6 +12,7 @@ import torch
 from training.benchmarks.step import SyntheticCrops
 from training.config import Config
 from training.distributed import DistContext, DistEnv
+from training.errors import UserError
 from training.layout import RunLayout
 from training.trainer import TrainingDivergedError, preempted_marker, train
 
@@ -108,3 +109,13 @@ def test_metrics_lines_and_step_cap(tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
     assert [p.name for p in sorted(RunLayout(tmp_path).checkpoints.glob("*.pth"))] == [
         "checkpoint.pth", "checkpoint_0001.pth", "checkpoint_0002.pth"]
+
+
+def test_resume_refuses_a_changed_model_and_warns_about_a_changed_schedule(tmp_path, caplog):
+    train(tiny_config(tmp_path), CPU, loader_factory=factory(2))
+    with pytest.raises(UserError, match=r"model.out_dim=256 \(now 512\).*another run.output_dir"):
+        train(tiny_config(tmp_path, **{"model.out_dim": 512}), CPU, loader_factory=factory(2))
+    caplog.set_level("WARNING", logger="training.trainer")
+    result = train(tiny_config(tmp_path, **{"optim.epochs": 3}), CPU, loader_factory=factory(2))
+    assert "optim.epochs: 2 -> 3" in caplog.text and "optim.lr" not in caplog.text
+    assert result.epochs_completed == 3
