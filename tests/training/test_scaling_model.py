@@ -40,3 +40,23 @@ def test_cli_reads_step_and_measured_bandwidth(tmp_path, capsys):
     assert one["efficiency_ddp"] == 1.0 and two["efficiency_ddp"] < 0.5
     assert two["compression_pays"] is True
     assert "DDP" in preset["fsdp"]
+
+
+def test_cli_reads_what_bench_step_writes(tmp_path, capsys):
+    """The scaling model is fed the step benchmark's own JSON, not a hand-written stand-in."""
+    import argparse
+
+    from training.benchmarks.step import run_step_benchmark
+    from training.config import Config
+
+    config = Config().replace({"data.channels": "01", "model.arch": "vit_tiny", "model.patch_size": 8,
+                               "model.out_dim": 64, "dino.global_crop_size": 16, "dino.local_crop_size": 8,
+                               "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})
+    measured = run_step_benchmark(config, argparse.Namespace(batches=1, warmup=1))
+    step = tmp_path / "step.json"
+    step.write_text(json.dumps(measured))
+    capsys.readouterr()
+    scaling.main(["--step-json", str(step), "--preset", "p4d.24xlarge", "--nodes", "1,2"])
+    preset = json.loads(capsys.readouterr().out)["presets"]["p4d.24xlarge"]
+    assert preset["step_time_s"] == measured["step_time_s"] and measured["params"] > 1e6
+    assert preset["rows"][0]["efficiency_ddp"] == 1.0 and 0.5 < preset["rows"][1]["efficiency_ddp"] <= 1.0

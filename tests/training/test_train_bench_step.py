@@ -24,10 +24,12 @@ def tiny_config() -> Config:
 def test_step_benchmark_reports_throughput_and_time_split_on_cpu():
     result = run_step_benchmark(tiny_config(), argparse.Namespace(batches=2, warmup=1))
     assert result["device"] == "cpu" and result["precision"] == "fp32" and result["steps"] == 2
-    split = result["step_time_s"]
+    split = result["split_step_time_s"]
     assert set(split) == {"data", "forward", "backward", "optimizer", "total"}
     assert split["total"] == pytest.approx(split["data"] + split["forward"] + split["backward"] + split["optimizer"], rel=1e-3)
-    assert result["images_per_s"] == pytest.approx(4 / split["total"], rel=1e-2)
+    assert result["split_images_per_s"] == pytest.approx(4 / split["total"], rel=1e-2)
+    assert result["images_per_s"] == pytest.approx(4 / result["step_time_s"], rel=1e-2)  # the free-running pass
+    assert result["achieved_tflops"] == pytest.approx(result["images_per_s"] * result["gflops_per_image"] / 1e3, abs=1e-3)
     assert result["mfu"] is None and result["peak_memory_gb"] is None
     assert "3 x student forward" in result["flop_method"]
 
