@@ -348,6 +348,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key} must be a string, got {value!r}")
+        if key == "data.channels" and isinstance(value, int):
+            # YAML reads 01234 as the octal number 668 and 012 as 10: the digits are already lost
+            raise ConfigError(f"data.channels must be quoted, e.g. channels: \"01234\" (unquoted, YAML reads "
+                              f"the digits as a number: {value!r})")
         return "" if value is None else str(value)
     return value
 
@@ -384,7 +388,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set expects key=value (e.g. optim.epochs=2), got {text!r}")
     key, raw = text.split("=", 1)
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+    key = key.strip()
+    if _hint_of(key) is str:  # kept as written: channels "01234" must not become the octal 668
+        return key, raw.strip().strip("'\"")
+    return key, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _hint_of(dotted: str) -> Any:
+    """The declared type of a dotted config key, or None for an unknown key."""
+    hint: Any = Config
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(hint):
+            return None
+        hint = typing.get_type_hints(hint).get(part)
+    return hint
 
 
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:

@@ -64,3 +64,15 @@ def test_every_key_the_docs_name_exists():
     fields = {name: {f.name for f in dataclasses.fields(getattr(Config(), name))} for name in sections}
     unknown = sorted(f"{section}.{key}" for section, key in named if key not in fields[section])
     assert not unknown, f"docs name keys the config does not have: {unknown}"
+
+
+def test_channels_keep_their_leading_zero():
+    """YAML reads 01234 as the octal number 668: `--set` keeps string keys as written, and an
+    unquoted number in a YAML file is refused with the fix rather than silently misread."""
+    from training.config import load_config
+
+    assert load_config(None, ["data.channels=01234"]).data.channels == "01234"
+    assert load_config(None, ["data.channels='012'", "run.name=007"]).data.channels == "012"
+    assert load_config(None, ["optim.epochs=12", "train.compile=true"]).train.compile is True  # others: YAML
+    with pytest.raises(ConfigError, match=r'data.channels must be quoted, e.g. channels: "01234"'):
+        Config().replace({"data.channels": 668})
