@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import ModelConfig
+from training.config import ModelConfig, flatten_dotted
 from training.errors import MissingInputError, UserError
 from training.layout import RunLayout
 from training.models import ARCHS, build_backbone
@@ -85,22 +85,12 @@ FOLLOWED_ON_RESUME = ("run.seed", "data.holdout_fraction", "model.drop_path_rate
 run goes on, but it is no longer the run an uninterrupted job with either config would have made."""
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
-    return flat
-
-
 def check_resumable(saved_config: dict[str, Any] | None, config_now: dict[str, Any], path: Path) -> list[str]:
     """Refuse to resume across settings the checkpoint cannot follow; return the changed settings
     the resumed run will follow (as "key: old -> new") so that the caller can warn about them."""
     if not saved_config:
         return []
-    old, new = _flat(saved_config), _flat(config_now)
+    old, new = flatten_dotted(saved_config), flatten_dotted(config_now)
     changed = [key for key in sorted(set(old) & set(new)) if old[key] != new[key]]
     fatal = [key for key in changed if key in MUST_MATCH_ON_RESUME]
     if fatal:

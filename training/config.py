@@ -291,6 +291,18 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+def flatten_dotted(tree: dict[str, Any], prefix: str = "", keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{"section.key": value} from a nested mapping; a mapping whose dotted path is in `keep` stays a value."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and dotted not in keep:
+            flat.update(flatten_dotted(value, dotted + ".", keep))
+        else:
+            flat[dotted] = value
+    return flat
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree

@@ -19,7 +19,8 @@ import logging
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -142,12 +143,34 @@ def cleanup(ctx: DistContext, *, failed: bool = False) -> None:
         dist.destroy_process_group()
 
 
+@contextmanager
+def process_group(env: DistEnv | None = None) -> Iterator[DistContext]:
+    """`init_distributed` for the length of a step, then `cleanup`: the barrier only after a clean
+    exit, since after an exception the other ranks may never reach it."""
+    ctx = init_distributed(env)
+    failed = True
+    try:
+        yield ctx
+        failed = False
+    finally:
+        cleanup(ctx, failed=failed)
+
+
 def all_reduce_sum(ctx: DistContext, values: torch.Tensor) -> list[float]:
     """Sum a small vector over all ranks and bring it to the host: one synchronisation per call."""
     values = values.detach().float()
     if ctx.distributed:
         dist.all_reduce(values)
     return values.tolist()
+
+
+def all_reduce_max(ctx: DistContext, value: int) -> int:
+    """The largest of every rank's `value`."""
+    if not ctx.distributed:
+        return value
+    box = torch.tensor([value], device=ctx.device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return int(box.item())
 
 
 def broadcast_object(ctx: DistContext, value: object) -> object:

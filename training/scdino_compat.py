@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import yaml
 
+from training.config import flatten_dotted
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def convert_if_scdino(tree: dict[str, Any]) -> dict[str, Any]:
     """Return `tree` unchanged unless it looks like scDINO's pipeline YAML, else the converted tree."""
     if not is_scdino(tree):
         return tree
-    flat = _flatten({k: v for k, v in tree.items() if k in SCDINO_SECTIONS})
+    flat = flatten_dotted({k: v for k, v in tree.items() if k in SCDINO_SECTIONS}, keep=("meta.channel_dict",))
     ours: dict[str, Any] = {}
     ignored = []
     for key, value in flat.items():
@@ -160,17 +161,6 @@ def _check_optimizer(value: Any) -> dict[str, Any]:
     if str(value).lower() != "adamw":
         raise UserError(f"train_scDINO.hyperparameters.optimizer={value!r}: only 'adamw' is supported")
     return {}
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and dotted != "meta.channel_dict":
-            flat.update(_flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:

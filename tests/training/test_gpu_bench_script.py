@@ -29,7 +29,7 @@ def test_smoke_run_writes_every_figure(tmp_path):
     for loader in summary["loader"].values():
         assert loader["baseline_images_per_s"] > 0 and loader["packed_images_per_s"] > 0
         assert loader["device_augment_images_per_s"] > 0
-    assert summary["device"]["device"] == ("cpu" if not torch.cuda.is_available() else summary["device"]["device"])
+    assert summary["device"]["device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     assert f"figures: {tmp_path / 'out'}/summary.json" in result.stdout
 
 

@@ -157,15 +157,12 @@ def count_nodes() -> int:
 
 def run_benchmark(args: argparse.Namespace) -> dict | None:
     """Measure on every rank; rank 0 returns the summary, other ranks None."""
-    from training.distributed import cleanup, init_distributed
+    from training.distributed import process_group
 
-    ctx = init_distributed()
-    if not ctx.distributed:
-        cleanup(ctx)
-        raise SystemExit("error: one process has nothing to all-reduce with: launch with torchrun "
-                         "(or slurm/nccl_tests.slurm) and at least 2 ranks")
-    failed = True
-    try:
+    with process_group() as ctx:
+        if not ctx.distributed:
+            raise SystemExit("error: one process has nothing to all-reduce with: launch with torchrun "
+                             "(or slurm/nccl_tests.slurm) and at least 2 ranks")
         default_sizes = GPU_SIZES if ctx.device.type == "cuda" else CPU_SIZES
         sizes = [parse_size(s) for s in (args.sizes or default_sizes).split(",")]
         results = []
@@ -178,10 +175,7 @@ def run_benchmark(args: argparse.Namespace) -> dict | None:
                          nbytes, seconds * 1e3, algbw, busbw)
         summary = summarise(results, ranks=ctx.world_size, nodes=count_nodes(), device=ctx.device.type,
                             backend=ctx.backend, instance_type=args.instance_type, source="torch.distributed")
-        failed = False
         return summary if ctx.is_main else None
-    finally:
-        cleanup(ctx, failed=failed)
 
 
 def write_json(summary: dict, out: Path | None) -> None:

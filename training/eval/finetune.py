@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
@@ -39,7 +38,7 @@ from training.data.loader import (
 )
 from training.dino.schedules import cosine_schedule
 from training.dino.step import Precision, resolve_precision
-from training.distributed import DistContext, all_reduce_sum
+from training.distributed import DistContext, all_reduce_max, all_reduce_sum
 from training.eval.linear_probe import ProbeResult
 from training.parallel import WrappedModel, wrap_model
 
@@ -186,15 +185,6 @@ def train_epoch(state: FinetuneState, loader: CheckedLoader, sampler: Distribute
     return total / max(count, 1.0)
 
 
-def most_over_ranks(ctx: DistContext, value: int) -> int:
-    """The largest of every rank's `value`."""
-    if not ctx.distributed:
-        return value
-    box = torch.tensor([value], device=ctx.device)
-    dist.all_reduce(box, op=dist.ReduceOp.MAX)
-    return int(box.item())
-
-
 @torch.no_grad()
 def validate(state: FinetuneState, loader: Any, blank: torch.Tensor) -> tuple[float, int]:
     """Top-1 accuracy on the validation images and how many there were, counted on each rank's
@@ -208,7 +198,7 @@ def validate(state: FinetuneState, loader: Any, blank: torch.Tensor) -> tuple[fl
     model.eval()
     counts = torch.zeros(2, device=device)
     batches = iter(loader)
-    for _ in range(most_over_ranks(state.ctx, len(loader))):
+    for _ in range(all_reduce_max(state.ctx, len(loader))):
         images, labels, _ = next(batches, (blank, torch.zeros(0, dtype=torch.int64), None))
         with state.precision.autocast():
             logits = model((images if len(images) else blank).to(device, non_blocking=True))

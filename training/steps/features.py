@@ -44,19 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(config: Config, args: argparse.Namespace) -> int:
     """Plan on rank 0, extract on every rank, write on rank 0."""
-    from training.distributed import cleanup, init_distributed
+    from training.distributed import process_group
 
-    ctx = init_distributed()
-    failed = True
-    try:
+    with process_group() as ctx:
         plans = _shared_plan(config, args, ctx)
         if plans:
             _extract_all(config, plans, ctx)
         else:
             log.info("all feature sets are up to date (use --force to recompute)")
-        failed = False
-    finally:
-        cleanup(ctx, failed=failed)
     return 0
 
 

@@ -89,21 +89,16 @@ def run_finetune(config: Config) -> int:
     The inputs are read before joining the process group: a missing file stops every rank with the
     same message, and none is left waiting for the others.
     """
-    from training.distributed import cleanup, init_distributed
+    from training.distributed import process_group
     from training.eval.finetune import finetune
 
     checkpoint, data = finetune_inputs(config)
-    ctx = init_distributed()
-    failed = True
-    try:
+    with process_group() as ctx:
         start = time.perf_counter()
         result = finetune(config, ctx, checkpoint, data)
         if ctx.is_main:
             payload = finetune_payload(config, ctx, checkpoint, data, result)
             write_finetune(config, {**payload, "seconds": round(time.perf_counter() - start, 3)}, result.state)
-        failed = False
-    finally:
-        cleanup(ctx, failed=failed)
     return 0
 
 

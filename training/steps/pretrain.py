@@ -13,16 +13,11 @@ from __future__ import annotations
 import argparse
 
 from training.config import Config
-from training.distributed import cleanup, init_distributed
+from training.distributed import process_group
 from training.trainer import train
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    ctx = init_distributed()
-    failed = True
-    try:
+    with process_group() as ctx:
         train(config, ctx)
-        failed = False
-    finally:
-        cleanup(ctx, failed=failed)
     return 0
