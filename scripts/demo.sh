@@ -27,15 +27,15 @@ die() { echo "demo: error: $*" >&2; exit 1; }
 
 [ -x "$PYTHON" ] || die "no virtualenv at $PYTHON: run \`make demo\` (it installs first)"
 [ -f "$CONFIG" ] || die "config not found: $CONFIG"
-# Paths of the run, from the config itself: run directory and image folder.
-mapfile -t PATHS < <("$PYTHON" -c '
-import sys
-from training.config import load_config
-c = load_config(sys.argv[1])
-print(c.run.output_dir); print(c.data.source)' "$CONFIG")
+# Paths of the run, asked from the package (training/rundir/layout.py owns every file name).
+mapfile -t PATHS < <("$PYTHON" -m training paths --config "$CONFIG" root logs report knn_json results)
+[ "${#PATHS[@]}" -eq 5 ] || die "cannot read the run paths of $CONFIG (see the error above)"
 RUN_DIR=${PATHS[0]}
-DATA_DIR=${PATHS[1]}
-LOG_DIR=$RUN_DIR/logs
+LOG_DIR=${PATHS[1]}
+REPORT=${PATHS[2]}
+KNN_JSON=${PATHS[3]}
+RESULTS=${PATHS[4]}
+DATA_DIR=$("$PYTHON" -c 'import sys; from training.config import load_config; print(load_config(sys.argv[1]).data.source)' "$CONFIG")
 
 make_dataset() {
   if [ -n "$(find "$DATA_DIR" -name '*.tif' -print -quit 2>/dev/null)" ]; then
@@ -55,7 +55,7 @@ start_cluster() {
 }
 
 run_finished() {
-  [ -s "$RUN_DIR/report.html" ] && [ -s "$RUN_DIR/knn/knn.json" ] && [ "$RUN_DIR/report.html" -nt "$CONFIG" ]
+  [ -s "$REPORT" ] && [ -s "$KNN_JSON" ] && [ "$REPORT" -nt "$CONFIG" ]
 }
 
 job_state() { scontrol show job -o "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
@@ -123,63 +123,13 @@ run_pipeline() {
   follow "${jobs[@]}"
 }
 
-# runs/demo/results.json: kNN top-1/top-2 (at the best k, and per k) of the trained model and the
-# two baselines, each step's time inside Python (timings.json) and as a Slurm job (start to end).
+# The run summary (results.json): kNN of the trained model and both baselines, each step's time in
+# Python and as a Slurm job; job and wall times only when this call ran the pipeline.
 write_results() {
   say "results"
-  "$PYTHON" - "$RUN_DIR" "$((SECONDS - START))" "$PIPELINE_RAN" <<'PY'
-import json
-import subprocess
-import sys
-from datetime import datetime
-from pathlib import Path
-
-run, wall, ran = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-previous = json.loads((run / "results.json").read_text()) if (run / "results.json").exists() else {}
-
-
-def job_seconds() -> dict:
-    jobs = run / "logs" / "jobs.txt"
-    if not ran or not jobs.exists():
-        return previous.get("job_seconds", {})
-    seconds = {}
-    for step, job in (line.split() for line in jobs.read_text().splitlines() if line.strip()):
-        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-        fields = dict(item.split("=", 1) for item in info.split() if "=" in item)
-        start, end = fields.get("StartTime", ""), fields.get("EndTime", "")
-        if start[:1].isdigit() and end[:1].isdigit():
-            seconds[step] = int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
-    return seconds
-
-
-knn = json.loads((run / "knn" / "knn.json").read_text())
-timings = json.loads((run / "timings.json").read_text()) if (run / "timings.json").exists() else {}
-names = {"final": "trained model", "raw_pixels": "raw pixels", "random_init": "random backbone"}
-models = {}
-for tag, label in names.items():
-    entry = knn["tags"].get(tag)
-    if entry is None:
-        continue
-    k = str(entry["best_k"])
-    models[tag] = {"label": label, "best_k": entry["best_k"], "top1": entry["top1"][k], "top2": entry["top2"][k],
-                   "top1_by_k": entry["top1"], "top2_by_k": entry["top2"]}
-results = {
-    "knn": models, "n_reference": knn["n_reference"], "n_query": knn["n_query"],
-    "step_seconds": timings, "job_seconds": job_seconds(),
-    "demo_wall_seconds": wall if ran else previous.get("demo_wall_seconds", wall),
-    "report": str((run / "report.html").resolve()),
-}
-tmp = run / "results.json.tmp"
-tmp.write_text(json.dumps(results, indent=2))
-tmp.replace(run / "results.json")
-print(f"{'features':<18} {'k':>4} {'top-1':>8} {'top-2':>8}")
-for entry in models.values():
-    print(f"{entry['label']:<18} {entry['best_k']:>4} {entry['top1']:>8.3f} {entry['top2']:>8.3f}")
-print("\nstep times, s (in Python / as a Slurm job):")
-for step, value in timings.items():
-    job = results["job_seconds"].get(step)
-    print(f"  {step:<12} {value:>7.1f} / {'-' if job is None else job}")
-PY
+  local -a args=(--config "$CONFIG")
+  ((PIPELINE_RAN)) && args+=(--jobs "$LOG_DIR/jobs.txt" --wall-seconds "$((SECONDS - START))")
+  "$PYTHON" -m training summary "${args[@]}"
 }
 
 synth_cdk() {
@@ -209,5 +159,5 @@ run_pipeline
 write_results
 synth_cdk
 say "done in $((SECONDS - START)) s"
-echo "results: $RUN_DIR/results.json"
-echo "report:  $(cd "$RUN_DIR" && pwd)/report.html"
+echo "results: $RESULTS"
+echo "report:  $(cd "$(dirname "$REPORT")" && pwd)/$(basename "$REPORT")"

@@ -70,33 +70,26 @@ torchrun_all_nodes() {
   "${srun_cmd[@]}" bash -c 'trap "" USR1; exec "$0" "$@"' "${launcher[@]}" "$@"
 }
 
-# Paths of `CONFIG [--set key=value ...]` after the overrides, one per line: the run directory and
-# the packed dataset (data.packed_dir, or <run>/packed). Exits non-zero on a bad config.
-run_paths() {
-  "$SCDINO_PYTHON" - "$@" <<'PY'
-import argparse
-import sys
-
-from training.config import load_config
-from training.errors import UserError
-from training.layout import RunLayout
-
-parser = argparse.ArgumentParser()
-parser.add_argument("config")
-parser.add_argument("--set", dest="overrides", action="append", default=[])
-args, _ = parser.parse_known_args()
-try:
-    config = load_config(args.config, args.overrides)
-except UserError as exc:
-    sys.exit(f"error: {exc}")
-layout = RunLayout.from_config(config)
-print(layout.root)
-print(config.data.packed_dir or layout.packed)
-PY
+# Paths of a run, asked from the package (training/rundir/layout.py owns every file name):
+# `run_path NAME CONFIG [--set key=value ...]` prints one, e.g. root, packed, preempted_marker.
+# Only the --set overrides among the step's arguments matter. Exits non-zero on a bad config,
+# with the package's one-line error.
+run_path() {
+  local name=$1 config=$2 overrides=()
+  shift 2
+  while (($#)); do
+    if [ "$1" = --set ] && (($# > 1)); then
+      overrides+=(--set "$2")
+      shift 2
+    else
+      shift
+    fi
+  done
+  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" "$name"
 }
 
-run_dir() { run_paths "$@" | sed -n 1p; }
-packed_dir() { run_paths "$@" | sed -n 2p; }
+run_dir() { run_path root "$@"; }
+packed_dir() { run_path packed "$@"; }
 
 # Copies directory SRC to DEST on the node-local NVMe of every node of the allocation (DEST is the
 # same path on each); an existing copy is only brought up to date.

@@ -1,14 +1,17 @@
 """Command line: `python -m training <step> --config run.yaml [--set section.key=value ...]`.
 
 Steps, in pipeline order: synth-data, prepare, mean-std, pretrain, features, labels, knn, linear,
-plots, report. `bench step|loader` prints benchmark figures as JSON.
+plots, report, summary. `bench step|loader` prints benchmark figures as JSON; `paths` prints where a
+run's files are (for shell scripts); `upload-data` copies images to the data bucket.
+
+Step modules import only the standard library and the configuration at module level (torch and the
+libraries load inside `run`), so `--help` and the light steps start quickly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import sys
@@ -16,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from training.atomic import write_json_atomic
 from training.config import Config, dump_config, load_config
 from training.errors import UserError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
-# step name -> module under training.steps (imported lazily: torch is slow to import)
+# step name -> module under training.steps
 STEPS: dict[str, str] = {
     "synth-data": "synth_data",
     "prepare": "prepare",
@@ -34,9 +38,13 @@ STEPS: dict[str, str] = {
     "linear": "linear",
     "plots": "plots",
     "report": "report",
+    "summary": "summary",
     "bench": "bench",
     "upload-data": "upload_data",
+    "paths": "paths",
 }
+UTILITIES = ("synth-data", "bench", "upload-data", "paths", "summary")
+"""Commands that are not pipeline steps: they write no config.yaml and no timing into a run."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,24 +69,24 @@ def is_rank_zero() -> bool:
 
 
 def record_timing(layout: RunLayout, step: str, seconds: float) -> None:
-    """Merge this step's wall time into <run>/timings.json (rank 0 only)."""
-    timings = json.loads(layout.timings.read_text()) if layout.timings.exists() else {}
+    """Merge this step's wall time into the run's timings (rank 0 only)."""
+    from training.rundir.artifacts import read_timings
+
+    timings = read_timings(layout)
     timings[step] = round(seconds, 3)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    tmp = layout.timings.with_suffix(".tmp")
-    tmp.write_text(json.dumps(timings, indent=2))
-    tmp.replace(layout.timings)
+    write_json_atomic(layout.timings, timings, indent=2)
 
 
 def run_step(args: argparse.Namespace) -> int:
     config: Config = load_config(args.config, args.overrides)
     layout = RunLayout.from_config(config)
-    if is_rank_zero() and args.step not in ("synth-data", "bench", "upload-data"):
+    pipeline_step = args.step not in UTILITIES
+    if is_rank_zero() and pipeline_step:
         layout.root.mkdir(parents=True, exist_ok=True)
         dump_config(config, layout.config)
     start = time.perf_counter()
-    result = args.module.run(config, args)
-    if is_rank_zero() and args.step not in ("bench", "upload-data"):
+    result = args.module.run(config, layout, args)
+    if is_rank_zero() and pipeline_step:
         record_timing(layout, args.step, time.perf_counter() - start)
     return int(result or 0)
 

@@ -39,10 +39,6 @@ class DistEnv:
     master_port: int = 29500
     launcher: str = "single"
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 @dataclass(frozen=True)
 class DistContext:

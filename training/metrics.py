@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from training.config import Config
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 

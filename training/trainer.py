@@ -24,9 +24,7 @@ checkpoint.pth remains the last good checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import signal
 import threading
 import time
@@ -35,25 +33,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
-from training import checkpoint as ckpt
+from training.checkpointing import CheckpointManager, capture_rng, restore_rng
 from training.config import Config
-from training.data.loader import crops_on_device
+from training.data.loaders import crops_on_device
 from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_temperature_schedule
-from training.dino.step import TrainState, forward_loss, resolve_precision, update
+from training.dino.step import TrainState, forward_loss, update
 from training.distributed import DistContext, all_reduce_sum
 from training.errors import UserError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
-from training.parallel import (
-    load_model_state,
-    load_optimizer_state,
-    model_state,
-    optimizer_state,
-    parallelize,
-)
+from training.models.pretrained import load_pretrained_into
+from training.parallel import parallelize
+from training.precision import resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +65,6 @@ class TrainResult:
     last_loss: float | None
     state: TrainState | None = field(default=None, repr=False, compare=False)
     """The live training state (models, optimizer), for callers that inspect it."""
-
-
-def preempted_marker(layout: RunLayout) -> Path:
-    return layout.checkpoints / "PREEMPTED"
 
 
 class StopSignals:
@@ -103,7 +92,7 @@ class StopSignals:
 
 
 def default_loader_factory(config: Config, ctx: DistContext) -> tuple[Any, Any]:
-    from training.data.loader import build_pretrain_loader
+    from training.data.loaders import build_pretrain_loader
     from training.data.stats import load_mean_std
 
     mean, std = load_mean_std(config)
@@ -115,7 +104,7 @@ def build_state(config: Config, ctx: DistContext, steps_per_epoch: int) -> Train
     torch.manual_seed(config.run.seed)  # same initial weights on every rank
     student, teacher = build_model(config, config.data.in_chans)
     if config.model.pretrained:
-        ckpt.load_pretrained_into(student.backbone, Path(config.model.pretrained), config.model)
+        load_pretrained_into(student.backbone, Path(config.model.pretrained), config.model)
         teacher.load_state_dict(student.state_dict())
     log.info("student: %s/%d, %.1fM parameters", config.model.arch, config.model.patch_size,
              count_parameters(student) / 1e6)
@@ -151,10 +140,11 @@ def steps_in_epoch(config: Config, loader: Any) -> int:
 def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | None = None) -> TrainResult:
     """Pretrain (or resume) the run in config.run.output_dir; returns how far it got."""
     layout = RunLayout.from_config(config)
+    checkpoints = CheckpointManager(layout, config.train)
     loader, sampler = (loader_factory or default_loader_factory)(config, ctx)
     steps = steps_in_epoch(config, loader)
     state = build_state(config, ctx, steps)
-    resume(state, layout, ctx)
+    checkpoints.resume(state, ctx)
     metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
     last_loss = None
     try:
@@ -162,9 +152,9 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
             while state.epoch < config.optim.epochs:
                 last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, signals, metrics)
                 if stopped_by:
-                    save(state, layout, ctx, preempted_by=stopped_by)
+                    checkpoints.save(state, ctx, preempted_by=stopped_by)
                     return TrainResult(state.epoch, state.global_step, True, last_loss, state)
-                save(state, layout, ctx)
+                checkpoints.save(state, ctx)
     finally:
         metrics.close()
     log.info("pretraining finished: %d epochs, %d steps, last loss %s", state.epoch, state.global_step,
@@ -182,16 +172,16 @@ def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(state.epoch)
     if state.rng_on_resume is not None and not state.step_in_epoch:
-        ckpt.restore_rng(state.rng_on_resume)  # saved at the end of the previous epoch
+        restore_rng(state.rng_on_resume)  # saved at the end of the previous epoch
         state.rng_on_resume = None
     elif state.step_in_epoch and state.epoch_rng is not None:
-        ckpt.restore_rng(state.epoch_rng)
-    state.epoch_rng = ckpt.capture_rng()
+        restore_rng(state.epoch_rng)
+    state.epoch_rng = capture_rng()
     batches = iter(loader)
     for _ in range(state.step_in_epoch):
         next(batches)
     if state.rng_on_resume is not None:
-        ckpt.restore_rng(state.rng_on_resume)
+        restore_rng(state.rng_on_resume)
         state.rng_on_resume = None
     return batches
 
@@ -284,75 +274,10 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
 
 
 def diverged(state: TrainState, ctx: DistContext, loss_sum: float) -> TrainingDivergedError:
-    layout = RunLayout.from_config(state.config)
-    last_good = layout.latest_checkpoint if layout.latest_checkpoint.exists() else "none yet"
+    latest = RunLayout.from_config(state.config).latest_checkpoint
+    last_good = latest if latest.exists() else "none yet"
     return TrainingDivergedError(
         f"non-finite loss ({loss_sum / ctx.world_size}) at epoch {state.epoch + 1}, step "
         f"{state.step_in_epoch + 1} of the epoch (global step {state.global_step + 1}); last good "
         f"checkpoint: {last_good}. Try a lower optim.lr, a smaller optim.clip_grad or train.precision=fp32"
     )
-
-
-def save(state: TrainState, layout: RunLayout, ctx: DistContext, *, preempted_by: str | None = None) -> None:
-    """Gather the full state (a collective under FSDP) and write it from rank 0."""
-    payload = {
-        "student": model_state(state.models, "student"),
-        "teacher": model_state(state.models, "teacher"),
-        "optimizer": optimizer_state(state.models, state.optimizer),
-        "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
-        "config": state.config.to_dict(), "dino_loss": state.loss_fn.state_dict(),
-        "scaler": state.scaler.state_dict(), "world_size": ctx.world_size,
-        "rng": _gather(ctx, ckpt.capture_rng()), "epoch_rng": _gather(ctx, state.epoch_rng),
-    }
-    if ctx.is_main:
-        train = state.config.train
-        path = ckpt.write_checkpoint(layout, payload, save_every=train.saveckp_freq, keep_last=train.keep_last)
-        if preempted_by:
-            marker = {"signal": preempted_by, "epoch": state.epoch, "step": state.global_step, "time": time.time()}
-            preempted_marker(layout).write_text(json.dumps(marker))
-            log.warning("pre-empted: saved %s at epoch %d step %d; exiting 0 for a requeue",
-                        path, state.epoch, state.global_step)
-    if ctx.distributed:
-        dist.barrier()
-
-
-def _gather(ctx: DistContext, value: Any) -> list[Any]:
-    """Every rank's value, in rank order (RNG states differ between ranks)."""
-    if not ctx.distributed:
-        return [value]
-    values: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(values, value)
-    return values
-
-
-def resume(state: TrainState, layout: RunLayout, ctx: DistContext) -> None:
-    """Continue from checkpoint.pth if the run directory has one; remove a pre-emption marker."""
-    if ctx.is_main:
-        preempted_marker(layout).unlink(missing_ok=True)
-    if not layout.latest_checkpoint.exists():
-        torch.manual_seed(state.config.run.seed + ctx.rank)
-        return
-    saved = ckpt.load_checkpoint(layout.latest_checkpoint)
-    changed = ckpt.check_resumable(saved.get("config"), state.config.to_dict(), layout.latest_checkpoint)
-    if changed:
-        log.warning("resuming %s with settings changed since it was saved (the run follows the new ones "
-                    "from here; a new run.output_dir starts afresh): %s", layout.latest_checkpoint, "; ".join(changed))
-    load_model_state(state.models, "student", saved["student"])
-    load_model_state(state.models, "teacher", saved["teacher"])
-    load_optimizer_state(state.models, state.optimizer, saved["optimizer"])
-    state.scaler.load_state_dict(saved["scaler"])
-    state.loss_fn.load_state_dict(saved["dino_loss"])
-    state.epoch, state.step_in_epoch = saved["epoch"], saved.get("step_in_epoch", 0)
-    state.global_step = saved["global_step"]
-    if saved.get("world_size") == ctx.world_size:
-        state.rng_on_resume = saved["rng"][ctx.rank]
-        state.epoch_rng = saved["epoch_rng"][ctx.rank]
-    else:
-        log.warning("resuming with %d ranks instead of %s: random streams restart", ctx.world_size,
-                    saved.get("world_size"))
-        torch.manual_seed(state.config.run.seed + ctx.rank + state.global_step)
-    log.info("resumed from %s: epoch %d, step %d", layout.latest_checkpoint, state.epoch, state.global_step)
-    if state.epoch >= state.config.optim.epochs:
-        log.info("the checkpoint already completed optim.epochs=%d; nothing to train", state.config.optim.epochs)
-    if not math.isfinite(float(state.loss_fn.center.abs().sum())):
-        raise UserError(f"{layout.latest_checkpoint} holds a non-finite loss centre; delete it to restart")

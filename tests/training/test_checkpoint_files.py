@@ -3,10 +3,13 @@
 import pytest
 import torch
 
-from training import checkpoint as ckpt
-from training.config import Config, ModelConfig
+from training.atomic import save_torch_atomic
+from training.checkpointing import CheckpointManager
+from training.config import Config, ModelConfig, TrainConfig
+from training.models import pretrained
+from training.models.pretrained import load_checkpoint
 from training.errors import MissingInputError, UserError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 from training.models import build_backbone, build_model
 
 torch.set_num_threads(1)
@@ -16,27 +19,28 @@ TINY = ModelConfig(arch="vit_tiny", patch_size=8, out_dim=256)
 
 def test_numbered_checkpoints_every_n_epochs_keep_the_last_k(tmp_path):
     layout = RunLayout(tmp_path)
+    manager = CheckpointManager(layout, TrainConfig(saveckp_freq=2, keep_last=2))
     for epoch in range(1, 8):
-        ckpt.write_checkpoint(layout, {"epoch": epoch, "w": torch.ones(2) * epoch}, save_every=2, keep_last=2)
-    assert [e for e, _ in ckpt.numbered_checkpoints(layout)] == [4, 6]
-    assert ckpt.load_checkpoint(layout.latest_checkpoint)["epoch"] == 7
-    assert torch.equal(ckpt.load_checkpoint(layout.epoch_checkpoint(6))["w"], torch.full((2,), 6.0))
+        manager.write({"epoch": epoch, "w": torch.ones(2) * epoch})
+    assert [e for e, _ in layout.numbered_checkpoints()] == [4, 6]
+    assert load_checkpoint(layout.latest_checkpoint)["epoch"] == 7
+    assert torch.equal(load_checkpoint(layout.epoch_checkpoint(6))["w"], torch.full((2,), 6.0))
     assert sorted(p.name for p in layout.checkpoints.iterdir()) == [
         "checkpoint.pth", "checkpoint_0004.pth", "checkpoint_0006.pth"]
 
 
 def test_mid_epoch_checkpoint_is_not_numbered(tmp_path):
     layout = RunLayout(tmp_path)
-    ckpt.write_checkpoint(layout, {"epoch": 2, "step_in_epoch": 3}, save_every=1, keep_last=3)
-    assert ckpt.numbered_checkpoints(layout) == []
+    CheckpointManager(layout, TrainConfig(saveckp_freq=1, keep_last=3)).write({"epoch": 2, "step_in_epoch": 3})
+    assert layout.numbered_checkpoints() == []
 
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pth"
-    ckpt.save_atomic({"epoch": 1}, path)
+    save_torch_atomic({"epoch": 1}, path)
     with pytest.raises(Exception):
-        ckpt.save_atomic({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
-    assert ckpt.load_checkpoint(path)["epoch"] == 1
+        save_torch_atomic({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
+    assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pth"]
 
 
@@ -58,10 +62,10 @@ def test_load_backbone_from_our_or_dino_checkpoint(tmp_path, prefix):
     state, teacher_backbone = _wrapper_checkpoint(5, prefix)
     path = tmp_path / "ck.pth"
     torch.save(state, path)
-    loaded = ckpt.load_backbone(path, TINY, in_chans=5, which="teacher")
+    loaded = pretrained.load_backbone(path, TINY, in_chans=5, which="teacher")
     x = torch.randn(2, 5, 40, 40)
     assert torch.allclose(loaded.eval()(x), teacher_backbone.eval()(x), atol=1e-6)
-    student = ckpt.load_backbone(path, TINY, in_chans=5, which="student")
+    student = pretrained.load_backbone(path, TINY, in_chans=5, which="student")
     assert float(student.cls_token.detach().mean()) != pytest.approx(0.5)
 
 
@@ -69,7 +73,7 @@ def test_plain_imagenet_weights_are_adapted_to_the_channel_count(tmp_path):
     rgb = build_backbone(ModelConfig(arch="vit_tiny", patch_size=16), in_chans=3, img_size=224)
     path = tmp_path / "dino_deitsmall16_pretrain.pth"
     torch.save(rgb.state_dict(), path)
-    loaded = ckpt.load_backbone(path, ModelConfig(arch="vit_tiny", patch_size=16), in_chans=5)
+    loaded = pretrained.load_backbone(path, ModelConfig(arch="vit_tiny", patch_size=16), in_chans=5)
     weight = loaded.patch_embed.proj.weight
     assert weight.shape == (192, 5, 16, 16)
     expected = rgb.patch_embed.proj.weight.mean(dim=1) * 3 / 5
@@ -84,16 +88,16 @@ def test_pretrained_weights_initialise_a_backbone_of_another_crop_size(tmp_path)
     path = tmp_path / "w.pth"
     torch.save({"teacher": {"backbone." + k: v for k, v in source.state_dict().items()}}, path)
     target = build_backbone(TINY, in_chans=5, img_size=48)
-    ckpt.load_pretrained_into(target, path, TINY)
+    pretrained.load_pretrained_into(target, path, TINY)
     assert target.pos_embed.shape == (1, 37, 192)
     assert torch.equal(target.blocks[3].mlp.fc1.weight, source.blocks[3].mlp.fc1.weight)
 
 
 def test_missing_and_mismatched_checkpoints_explain_the_fix(tmp_path):
     with pytest.raises(MissingInputError, match="python -m training pretrain"):
-        ckpt.load_backbone(tmp_path / "none.pth", TINY, in_chans=5)
+        pretrained.load_backbone(tmp_path / "none.pth", TINY, in_chans=5)
     small = build_backbone(ModelConfig(arch="vit_small", patch_size=16), in_chans=5, img_size=32)
     path = tmp_path / "small.pth"
     torch.save(small.state_dict(), path)
     with pytest.raises(UserError, match="holds a vit_small with patch 16, but model.arch=vit_tiny"):
-        ckpt.load_backbone(path, TINY, in_chans=5)
+        pretrained.load_backbone(path, TINY, in_chans=5)

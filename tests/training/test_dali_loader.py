@@ -164,7 +164,7 @@ def test_gpu_mode_gives_the_same_batches_on_the_device(indexed_config):
 
 def test_config_selects_the_dali_loader(indexed_config):
     from training.data.dali import DaliPretrainLoader
-    from training.data.loader import build_pretrain_loader
+    from training.data.loaders import build_pretrain_loader
 
     loader, sampler = build_pretrain_loader(indexed_config, rank=0, world_size=1, mean=MEAN, std=STD)
     assert isinstance(loader, DaliPretrainLoader)

@@ -11,7 +11,8 @@ from torchvision.transforms import InterpolationMode
 
 from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
 from training.config import Config, DinoConfig
-from training.data.augment import (BatchMultiCrop, MultiCropAugmentation, blur_matrices, crop_resize, resize_full,
+from augment_reference import blur_matrices
+from training.data.augment import (BatchMultiCrop, crop_resize, resize_full,
                                    sample_crop_boxes)
 from training.data.dataset import open_dataset
 
@@ -63,7 +64,7 @@ def test_multicrop_shapes_for_any_channel_count(channels):
     crops = BatchMultiCrop(dino, [0.5] * channels, [0.2] * channels)(torch.rand(4, channels, 50, 50))
     assert [tuple(c.shape) for c in crops] == [(4, channels, 32, 32)] * 2 + [(4, channels, 16, 16)] * 3
     assert all(c.dtype == torch.float32 and torch.isfinite(c).all() for c in crops)
-    single = MultiCropAugmentation(dino, [0.5] * channels, [0.2] * channels)(torch.rand(channels, 40, 30))
+    single = [crop[0] for crop in BatchMultiCrop(dino, [0.5] * channels, [0.2] * channels)(torch.rand(1, channels, 40, 30))]
     assert [tuple(c.shape) for c in single] == [(channels, 32, 32)] * 2 + [(channels, 16, 16)] * 3
 
 

@@ -11,7 +11,9 @@ import torch
 from training.cli import main
 from training.config import dump_config
 from training.data.dataset import BadImageError
-from training.data.loader import DistributedBatchSampler, build_eval_loader, build_pretrain_loader
+from training.data.loaders import build_pretrain_loader
+from training.data.sampler import DistributedBatchSampler
+from training.data.torch_loader import build_eval_loader
 from training.data.split import load_split
 from training.data.synthetic import write_corrupt_files
 

@@ -21,7 +21,7 @@ from training.data.stats import load_mean_std, sample_for_stats
 from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset
 from training.data.tiff import read_image
 from training.errors import MissingInputError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 
 def _cli(config, step, *extra):

@@ -14,11 +14,11 @@ from training.dino import (
     build_schedules,
     cancel_last_layer_gradients,
     clip_gradients,
-    cosine_schedule,
     scaled_lr,
     teacher_temperature_schedule,
     update_teacher,
 )
+from training.schedules import cosine_schedule
 
 torch.set_num_threads(1)
 

@@ -71,7 +71,7 @@ train:
 def test_scdino_pipeline_yaml_is_converted(tmp_path, caplog):
     path = tmp_path / "scDINO_full_pipeline.yaml"
     path.write_text(SCDINO_YAML)
-    with caplog.at_level(logging.INFO, logger="training.scdino_compat"):
+    with caplog.at_level(logging.INFO, logger="training.config.scdino"):
         config = load_config(path)
     assert config.run.output_dir == "/outputdir/pbmc" and config.run.seed == 40
     assert config.data.source == "/datasetdir" and config.data.folder_depth_for_labels == 1

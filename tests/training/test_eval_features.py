@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from training.errors import MissingInputError
 from training.eval.extract import extract_shard, gather_shards, raw_pixel_encoder
-from training.eval.store import FeatureSet, list_tags, load_features, save_features
+from training.rundir.features import FeatureSet, list_tags, load_features, save_features
 
 
 def _feature_set(n=5, d=3):

@@ -13,7 +13,7 @@ import torch
 
 from eval_tiny_run import CLASSES, pretrained_run, run_dir, run_step
 from training.config import Config, ConfigError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 from training.report.html import build_report
 
 # 7 held-out images per class (0.45 of 16), of which the kNN split gives 4 to training and 3 to

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eval_tiny_run import CLASSES, evaluated_run, run_dir, run_step
-from training.eval.store import load_features
+from training.rundir.features import load_features
 
 TAGS = ["epoch_0001", "epoch_0002", "final", "random_init", "raw_pixels"]
 

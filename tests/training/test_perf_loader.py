@@ -12,8 +12,10 @@ import torch
 
 from training.cli import main
 from training.config import dump_config
-from training.data.augment import BatchMultiCrop, banded_row_product, blur_matrices, resize_matrices
-from training.data.loader import RawBatch, build_pretrain_loader, crops_on_device
+from augment_reference import blur_matrices
+from training.data.augment import BatchMultiCrop, banded_row_product, resize_matrices
+from training.data.loaders import build_pretrain_loader
+from training.data.torch_loader import RawBatch, crops_on_device
 from training.distributed import DistContext, DistEnv
 from training.dino.step import forward_loss
 from training.trainer import build_state, train

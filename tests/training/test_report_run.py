@@ -46,7 +46,7 @@ def test_report_has_tables_config_and_artefact_locations(report):
 
 
 def test_sections_without_input_name_the_step_that_fills_them(tmp_path):
-    from training.layout import RunLayout
+    from training.rundir import RunLayout
     from training.report.html import build_report
 
     layout = RunLayout(tmp_path)

@@ -13,8 +13,8 @@ from training.benchmarks.step import SyntheticCrops
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.errors import UserError
-from training.layout import RunLayout
-from training.trainer import TrainingDivergedError, preempted_marker, train
+from training.rundir import RunLayout
+from training.trainer import TrainingDivergedError, train
 
 torch.set_num_threads(1)
 
@@ -68,14 +68,14 @@ def test_resume_after_preemption_continues_with_identical_losses(tmp_path):
     layout = RunLayout.from_config(config)
     first = train(config, CPU, loader_factory=factory(3, at=(1, 0)))
     assert first.preempted and first.global_step == 4  # stopped after the first step of epoch 2
-    marker = json.loads(preempted_marker(layout).read_text())
+    marker = json.loads(layout.preempted_marker.read_text())
     assert marker["signal"] == "SIGUSR1" and marker["step"] == 4
     saved = torch.load(layout.latest_checkpoint, weights_only=False)
     assert (saved["epoch"], saved["step_in_epoch"]) == (1, 1)
 
     second = train(config, CPU, loader_factory=factory(3))
     assert second.global_step == 6 and not second.preempted
-    assert not preempted_marker(layout).exists()
+    assert not layout.preempted_marker.exists()
     assert step_losses(tmp_path / "run") == pytest.approx(step_losses(tmp_path / "ref"), rel=1e-6)
     final, ref_final = (torch.load(RunLayout(tmp_path / d).latest_checkpoint, weights_only=False)
                         for d in ("run", "ref"))

@@ -6,7 +6,7 @@ The baseline does what scDINO's `main_dino.py` does per image: `tifffile.imread`
 (float64), channel selection, per-channel min-max in NumPy, then torchvision's per-sample
 DataAugmentationDINO (multi-channel branch) and default collation. The packed loader reads the
 same images from the memory-mapped array and builds the same multi-crop for a whole batch, in
-worker threads writing into reused buffers (training.data.loader.RingLoader); the third figure
+worker threads writing into reused buffers (training.data.torch_loader.RingLoader); the third figure
 hands out raw batches and runs the multi-crop where training would (the GPU when one exists,
 else the CPU, in the consuming thread). All run with the same number of workers (processes for
 the baseline, threads for ours); images/s counts source images. `--size G/L` sets the crop sides
@@ -34,7 +34,8 @@ from torchvision.transforms import functional as TF
 from training.benchmarks.dali import benchmark_dali
 from training.config import Config
 from training.data.index import scan_images
-from training.data.loader import build_pretrain_loader, crops_on_device
+from training.data.loaders import build_pretrain_loader
+from training.data.torch_loader import crops_on_device
 from training.data.packed import is_packed, pack_images
 from training.data.synthetic import write_dataset
 from training.errors import UserError

@@ -136,7 +136,7 @@ def resize_matrices(start: torch.Tensor, length: torch.Tensor, out_size: int, in
 
 
 def blur_taps(positions: torch.Tensor, weights: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The taps of `blur_matrices(sigma, S) @ resize matrix`, without forming either matrix: output
+    """The taps of (blur matrix of sigma) @ (resize matrix), without forming either matrix: output
     position y takes the resize taps of its 5 (reflected) neighbours, each scaled by its blur weight."""
     size = positions.shape[1]
     t = torch.arange(BLUR_KERNEL, dtype=torch.float32) - BLUR_KERNEL // 2
@@ -157,19 +157,6 @@ def crop_resize(images: torch.Tensor, boxes: torch.Tensor, size: int,
     rows = resize_matrices(boxes[:, 0], boxes[:, 2], size, height, vflip).to(images.device)
     cols = resize_matrices(boxes[:, 1], boxes[:, 3], size, width, hflip).to(images.device)
     return torch.matmul(torch.matmul(rows[:, None], images), cols.transpose(1, 2)[:, None])
-
-
-def blur_matrices(sigma: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, size, size) matrices applying torchvision's GaussianBlur along one axis (kernel 5, reflect
-    borders), one sigma per matrix; `B @ crop @ B^T` is the 2-D blur."""
-    t = torch.arange(BLUR_KERNEL, dtype=torch.float32) - BLUR_KERNEL // 2
-    kernel = torch.exp(-0.5 * (t[None] / sigma.float()[:, None]) ** 2)
-    kernel = kernel / kernel.sum(1, keepdim=True)
-    source = torch.arange(size)[:, None] + t.long()[None]
-    source = torch.where(source < 0, -source, torch.where(source > size - 1, 2 * (size - 1) - source, source))
-    matrix = torch.zeros(sigma.shape[0], size, size)
-    weights = kernel[:, None, :].expand(-1, size, -1)
-    return matrix.scatter_add_(2, source[None].expand(sigma.shape[0], -1, -1), weights.contiguous())
 
 
 def pad_to_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -415,13 +402,3 @@ def resize_full(images: torch.Tensor | Sequence[torch.Tensor], size: int) -> tor
     zeros = torch.zeros_like(heights)
     boxes = torch.stack([zeros, zeros, heights, widths], dim=1).double()
     return crop_resize(batch, boxes, size)
-
-
-class MultiCropAugmentation:
-    """Single-image multi-crop (the per-sample CPU path): image (C, H, W) in [0, 1] -> list of crops."""
-
-    def __init__(self, dino: DinoConfig, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.batch = BatchMultiCrop(dino, mean, std)
-
-    def __call__(self, image: torch.Tensor, generator: torch.Generator | None = None) -> list[torch.Tensor]:
-        return [crop[0] for crop in self.batch(image[None], generator)]

@@ -46,7 +46,7 @@ from training.data.augment import (
     scdino_views,
 )
 from training.data.dataset import open_images
-from training.data.loader import DistributedBatchSampler
+from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
 from training.data.packed import PackedImages
 from training.data.split import load_split
 from training.errors import UserError
@@ -232,20 +232,15 @@ def resolve_device(device: str | None) -> tuple[str, int | None, torch.device]:
 def build_dali_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
                                std: Sequence[float], device: str | None = None
                                ) -> tuple[DaliPretrainLoader, DistributedBatchSampler]:
-    """The DALI counterpart of build_pretrain_loader: same batches per rank, same output format."""
+    """The DALI counterpart of the torch loader: same batches per rank, same output format."""
     require_dali()
-    if len(mean) != config.data.in_chans or len(std) != config.data.in_chans:
-        raise UserError(f"mean/std have {len(mean)}/{len(std)} values for {config.data.in_chans} channels "
-                        f"(data.channels={config.data.channels!r}): re-run `python -m training mean-std`")
+    check_stats(mean, std, config)
     images = open_images(config)
     if not isinstance(images, PackedImages):
         raise UserError(f"the DALI loader reads a packed dataset, and {config.data.source} is a TIFF folder: "
                         "run `python -m training prepare` first")
-    train, batch = load_split(config).train, config.optim.batch_size_per_gpu
-    sampler = DistributedBatchSampler(train, batch, rank=rank, world_size=world_size, seed=config.run.seed)
-    if len(sampler) == 0:
-        raise UserError(f"{len(train)} training images cannot fill one batch of optim.batch_size_per_gpu={batch} "
-                        f"on each of {world_size} ranks: lower the batch size or add images")
+    sampler = pretrain_sampler(config, load_split(config).train, rank=rank, world_size=world_size)
+    batch = config.optim.batch_size_per_gpu
     kind, device_id, torch_device = resolve_device(device)
     feed, views = PackedFeed(images, config.data.channel_indices), views_of(config)
     seed = int(np.random.default_rng([config.run.seed, rank]).integers(2**31 - 1))

@@ -6,7 +6,7 @@ each min-max scaled per image as scDINO does. A constant channel scales to 0 rat
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 import logging
 from pathlib import Path
 
@@ -19,7 +19,9 @@ from training.data.index import ImageIndex, scan_images
 from training.data.packed import PackedImages, expected_format, is_packed
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
-from training.layout import RunLayout
+from training.atomic import write_json_atomic
+from training.rundir import RunLayout
+from training.rundir.artifacts import bad_image_paths
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,18 @@ class BadImageError(UserError):
             f"bad image {bad.path}: {bad.reason}; fix or remove it, or set data.on_bad_image=skip"
         )
         self.path, self.reason = bad.path, bad.reason
+
+
+def write_bad_report(path: Path, step: str, bad: list[BadImage]) -> None:
+    """The bad-image report with every skipped image and its reason; removed when there is none."""
+    if not bad:
+        path.unlink(missing_ok=True)
+        return
+    write_json_atomic(path, {"step": step, "count": len(bad),
+                             "images": [{"path": b.path, "reason": b.reason} for b in bad]})
+    kinds = Counter(b.reason.split(":")[0].split("(")[0].strip() for b in bad)
+    log.warning("skipped %d bad images (%s); details in %s", len(bad),
+                ", ".join(f"{n} {k}" for k, n in kinds.most_common()), path)
 
 
 class TiffImages:
@@ -65,13 +79,9 @@ class TiffImages:
         return [self.read(int(i)) for i in indices]
 
 
-def packed_dir(config: Config) -> Path:
-    return Path(config.data.packed_dir) if config.data.packed_dir else RunLayout.from_config(config).packed
-
-
 def resolve_source(config: Config) -> tuple[str, Path]:
     """("packed", folder) or ("tiff", root), following data.loader ("auto" prefers packed)."""
-    source, packed = Path(config.data.source), packed_dir(config)
+    source, packed = Path(config.data.source), RunLayout.from_config(config).packed
     if config.data.loader == "tiff":
         if is_packed(source):
             raise UserError(f"data.loader=tiff but data.source {source} is a packed dataset")
@@ -84,21 +94,13 @@ def resolve_source(config: Config) -> tuple[str, Path]:
     return "tiff", source
 
 
-def bad_image_paths(config: Config) -> set[str]:
-    """Paths an earlier `prepare` reported as bad; the TIFF reader leaves them out."""
-    report = RunLayout.from_config(config).bad_images
-    if not report.exists():
-        return set()
-    return {entry["path"] for entry in json.loads(report.read_text()).get("images", [])}
-
-
 def load_index(config: Config) -> ImageIndex:
     """The dataset's images and labels in dataset-index order, for either form."""
     kind, folder = resolve_source(config)
     if kind == "packed":
         images = PackedImages(folder)
         return ImageIndex(images.paths, images.labels.tolist(), images.class_names)
-    return scan_images(folder, config.data.folder_depth_for_labels).without(bad_image_paths(config))
+    return scan_images(folder, config.data.folder_depth_for_labels).without(bad_image_paths(RunLayout.from_config(config)))
 
 
 def open_images(config: Config) -> PackedImages | TiffImages:

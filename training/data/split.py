@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from training.config import Config
 from training.errors import UserError
-from training.layout import RunLayout
-from training.data.io import write_json_atomic
+from training.rundir import RunLayout
+from training.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def split_from_paths(saved: dict, paths: list[str]) -> Split:
     holdout = [position[p] for p in saved["holdout"] if p in position]
     if len(train) + len(holdout) != len(paths):
         raise UserError(
-            f"split.json does not match the dataset ({len(paths)} images, "
+            f"the saved split does not match the dataset ({len(paths)} images, "
             f"{len(train) + len(holdout)} in the split): re-run `python -m training prepare`"
         )
     return Split(np.sort(np.array(train, dtype=np.int64)), np.sort(np.array(holdout, dtype=np.int64)))
@@ -78,3 +80,24 @@ def load_split(config: Config) -> Split:
         return split_from_paths(json.loads(path.read_text()), index.paths)
     log.info("no %s: computing the split (seed %d) on the fly", path, config.run.seed)
     return make_split(np.asarray(index.labels), config.data.holdout_fraction, config.run.seed)
+
+
+def holdout_labels(config: Config) -> dict[str, Any]:
+    """The labels.json payload: held-out images in dataset order with their classes."""
+    from training.data.dataset import open_dataset
+
+    dataset = open_dataset(config)
+    holdout = load_split(config).holdout
+    labels = [int(dataset.labels[i]) for i in holdout]
+    counts = Counter(labels)
+    return {
+        "class_names": list(dataset.class_names),
+        "counts": {name: counts.get(i, 0) for i, name in enumerate(dataset.class_names)},
+        "n_images": len(holdout),
+        "source": config.data.source,
+        "folder_depth_for_labels": config.data.folder_depth_for_labels,
+        "seed": config.run.seed,
+        "indices": [int(i) for i in holdout],
+        "labels": labels,
+        "paths": [dataset.paths[i] for i in holdout],
+    }

@@ -16,11 +16,10 @@ from tqdm import tqdm
 
 from training.config import Config
 from training.data.dataset import BadImageError, open_images
-from training.data.io import write_json_atomic
 from training.data.split import load_split
 from training.data.tiff import BadImage
 from training.errors import MissingInputError, UserError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +64,6 @@ def compute_mean_std(config: Config) -> dict:
     std = np.sqrt(np.maximum(squares / pixels - mean ** 2, 0.0))
     return {"mean": mean.tolist(), "std": std.tolist(), "n_images": used, "n_skipped": skipped,
             "fraction": config.data.mean_std_fraction, "seed": config.run.seed}
-
-
-def write_mean_std(config: Config, stats: dict) -> None:
-    write_json_atomic(RunLayout.from_config(config).mean_std, stats)
 
 
 def load_mean_std(config: Config) -> tuple[list[float], list[float]]:

@@ -7,7 +7,7 @@ from training.dino.optim import (
     clip_gradients,
     update_teacher,
 )
-from training.dino.schedules import Schedules, build_schedules, cosine_schedule, scaled_lr
+from training.dino.schedules import Schedules, build_schedules, scaled_lr
 
 __all__ = [
     "DINOLoss",
@@ -16,7 +16,6 @@ __all__ = [
     "build_schedules",
     "cancel_last_layer_gradients",
     "clip_gradients",
-    "cosine_schedule",
     "scaled_lr",
     "teacher_temperature_schedule",
     "update_teacher",

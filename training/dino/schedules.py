@@ -1,4 +1,4 @@
-"""Per-iteration schedules: cosine learning rate with warm-up, cosine weight decay, teacher momentum."""
+"""DINO's per-iteration schedules: cosine learning rate with warm-up, cosine weight decay, teacher momentum."""
 
 from __future__ import annotations
 
@@ -7,24 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.config import Config
-
-
-def cosine_schedule(
-    base: float,
-    final: float,
-    epochs: int,
-    iters_per_epoch: int,
-    *,
-    warmup_epochs: int = 0,
-    warmup_start: float = 0.0,
-) -> np.ndarray:
-    """One value per iteration: linear warm-up to `base`, then a half cosine from `base` to `final`."""
-    warmup_iters = warmup_epochs * iters_per_epoch
-    warmup = np.linspace(warmup_start, base, warmup_iters) if warmup_iters > 0 else np.array([])
-    iters = np.arange(epochs * iters_per_epoch - warmup_iters)
-    length = max(len(iters), 1)
-    cosine = final + 0.5 * (base - final) * (1 + np.cos(np.pi * iters / length))
-    return np.concatenate((warmup, cosine))
+from training.schedules import cosine_schedule
 
 
 def scaled_lr(config: Config, world_size: int) -> float:

@@ -7,48 +7,17 @@ scheduled lr / weight decay, then the EMA teacher update with the scheduled mome
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from training.config import Config, ConfigError
+from training.config import Config
 from training.dino.loss import DINOLoss
 from training.dino.optim import apply_schedules, cancel_last_layer_gradients, clip_gradients, update_teacher
 from training.dino.schedules import Schedules
 from training.parallel import ParallelModels
-
-
-@dataclass(frozen=True)
-class Precision:
-    name: str
-    """fp32, bf16 or fp16 (fp16 uses a gradient scaler)."""
-    device_type: str
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.name]
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.name == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-
-def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """auto: bf16 on GPUs that have it, fp16 on those that do not (T4), fp32 on CPU."""
-    if device.type != "cuda":
-        if requested == "fp16":
-            raise ConfigError("train.precision=fp16 needs a CUDA GPU; use auto, fp32 or bf16 on CPU")
-        return Precision("bf16" if requested == "bf16" else "fp32", device.type)
-    has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-    if requested == "auto":
-        return Precision("bf16" if has_bf16 else "fp16", "cuda")
-    if requested == "bf16" and not has_bf16:
-        name = torch.cuda.get_device_name(device)
-        raise ConfigError(f"train.precision=bf16: {name} has no bf16; use auto or fp16")
-    return Precision(requested, "cuda")
+from training.precision import Precision
 
 
 @dataclass

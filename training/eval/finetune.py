@@ -26,20 +26,23 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from training.checkpoint import load_backbone
+from training.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.config import Config, EvalConfig
+from training.errors import UserError
+from training.rundir import RunLayout
 from training.data.dataset import open_images
-from training.data.loader import (
+from training.data.sampler import DistributedBatchSampler
+from training.data.torch_loader import (
     BatchDataset,
     CheckedLoader,
-    DistributedBatchSampler,
     EvalTransform,
     build_eval_loader,
 )
-from training.dino.schedules import cosine_schedule
-from training.dino.step import Precision, resolve_precision
+from training.schedules import cosine_schedule
+from training.precision import Precision, resolve_precision
 from training.distributed import DistContext, all_reduce_max, all_reduce_sum
 from training.eval.linear_probe import ProbeResult
+from training.models.pretrained import load_backbone
 from training.parallel import WrappedModel, wrap_model
 
 log = logging.getLogger(__name__)
@@ -236,3 +239,65 @@ def finetune(config: Config, ctx: DistContext, checkpoint: Path, data: FinetuneD
     log.info("rank %d/%d took %d training steps", ctx.rank, ctx.world_size, state.step)
     result.state = model.full_state_dict()
     return result
+
+
+def finetune_inputs(config: Config, layout: RunLayout) -> tuple[Path, FinetuneData]:
+    """The checkpoint to start from (as `features` picks it) and the training and validation images
+    (the kNN split of the held-out images); MissingInputError names the step to run first."""
+    from training.data.stats import load_mean_std
+    from training.eval.knn import reference_query
+    from training.eval.plan import final_checkpoint
+    from training.rundir.artifacts import load_labels
+
+    checkpoint = final_checkpoint(config, layout)
+    labels = load_labels(layout)
+    mean, std = load_mean_std(config)
+    check_labels_describe_dataset(config, layout, labels)
+    _, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
+    indices = np.asarray(labels["indices"], np.int64)
+    data = FinetuneData(train=indices[ref], val=indices[query], class_names=list(labels["class_names"]),
+                        mean=mean, std=std)
+    return checkpoint, data
+
+
+def check_labels_describe_dataset(config: Config, layout: RunLayout, labels: dict[str, Any]) -> None:
+    """Fine-tuning reads the images by the held-out labels' dataset indices: they must still be its images."""
+    from training.data.dataset import load_index
+
+    paths = load_index(config).paths
+    if any(i >= len(paths) or paths[i] != path for i, path in zip(labels["indices"], labels["paths"])):
+        raise UserError(f"{layout.labels} describes other images than {config.data.source}: "
+                        "rerun `python -m training labels`")
+
+
+def finetune_payload(config: Config, ctx: DistContext, checkpoint: Path, data: FinetuneData,
+                     result: FinetuneResult) -> dict[str, Any]:
+    """The fine-tuning results but their timing: settings, world size, parallel mode, per-epoch history."""
+    from training.eval.plan import checkpoint_epoch
+
+    settings = config.eval
+    return {
+        "checkpoint": str(checkpoint), "checkpoint_epoch": checkpoint_epoch(checkpoint),
+        "seed": config.run.seed, "epochs": settings.finetune_epochs, "lr": settings.finetune_lr,
+        "backbone_lr_scale": settings.finetune_backbone_lr_scale, "weight_decay": settings.finetune_weight_decay,
+        "batch_size_per_rank": settings.finetune_batch_size, "flips": settings.finetune_flips,
+        "image_size": settings.image_size, "world_size": ctx.world_size, "parallel": parallel_mode(config, ctx),
+        "precision": resolve_precision(config.train.precision, ctx.device).name,
+        "n_train": int(len(data.train)), "n_val": int(len(data.val)), "class_names": list(data.class_names),
+        "history": result.history, "final_top1": result.final_top1, "best_top1": result.best_top1,
+    }
+
+
+def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], state: dict[str, Any]) -> None:
+    """The fine-tuning results (JSON and Markdown) and weights, each written atomically."""
+    from training.eval.tables import finetune_history_rows, finetune_rows, markdown_table
+
+    save_torch_atomic({"model": state, "class_names": payload["class_names"], "config": config.to_dict()},
+                      layout.finetune_weights)
+    write_json_atomic(layout.finetune_json, payload)
+    summary = markdown_table(*finetune_rows(payload))
+    history = markdown_table(*finetune_history_rows(payload))
+    write_text_atomic(layout.finetune_md, f"# Fine-tuned backbone (validation top-1, %)\n\n{summary}\n\n"
+                                          f"## Per epoch\n\n{history}\n")
+    log.info("wrote %s", layout.finetune_json)
+    print(summary)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from training.config import EvalConfig
 from training.errors import UserError
+from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)
 
@@ -145,3 +147,46 @@ def confusion_matrix(truth: np.ndarray, predicted: np.ndarray, num_classes: int)
     counts = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(counts, (np.asarray(truth), np.asarray(predicted)), 1)
     return counts
+
+
+def reference_query(labels: dict[str, Any], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels of the held-out images (labels.json) and the seeded reference and query rows of them:
+    the kNN, the linear probe and fine-tuning all use this one split."""
+    y = np.asarray(labels["labels"], np.int64)
+    ref, query = split_reference_query(y, fraction, seed)
+    return y, ref, query
+
+
+def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.ndarray, np.ndarray],
+                 settings: EvalConfig, num_classes: int) -> dict[str, Any]:
+    """The knn.json entry of one feature set: accuracy per k, and per class at the best k."""
+    ref, query = rows
+    x = feature_set.features
+    result = knn_classify(x[ref], labels[ref], x[query], labels[query], ks=settings.knn_k,
+                          temperature=settings.knn_temperature, num_classes=num_classes, progress=True)
+    best = result.best_k
+    return {
+        "epoch": feature_set.meta.get("epoch"),
+        "kind": feature_set.meta.get("kind"),
+        "checkpoint": feature_set.meta.get("checkpoint"),
+        "dim": feature_set.dim,
+        "top1": {str(k): v for k, v in result.top1.items()},
+        "top2": {str(k): v for k, v in result.top2.items()},
+        "effective_k": {str(k): v for k, v in result.effective_k.items()},
+        "best_k": best,
+        "per_class_top1": per_class_accuracy(labels[query], result.predictions[best], num_classes),
+        "confusion": confusion_matrix(labels[query], result.predictions[best], num_classes).tolist(),
+    }
+
+
+def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], settings: EvalConfig,
+                          seed: int) -> dict[str, Any]:
+    """The knn.json payload: every feature set evaluated on one shared reference/query split."""
+    y, ref, query = reference_query(labels, settings.knn_train_fraction, seed)
+    num_classes = len(labels["class_names"])
+    return {
+        "seed": seed, "temperature": settings.knn_temperature,
+        "train_fraction": settings.knn_train_fraction, "ks": list(settings.knn_k),
+        "n_reference": int(len(ref)), "n_query": int(len(query)), "class_names": labels["class_names"],
+        "tags": {tag: evaluate_tag(fs, y, (ref, query), settings, num_classes) for tag, fs in sets.items()},
+    }

@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
+
+from training.config import Config
+from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)
 
@@ -89,4 +93,22 @@ def train_linear_probe(
         top1, predictions = _evaluate(model, vx, vy)
         result.history.append({"epoch": epoch + 1, "train_loss": total / len(x), "val_top1": top1})
         result.predictions = predictions
+    return result
+
+
+def probe_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], config: Config) -> dict[str, Any]:
+    """The linear-probe results: one probe per feature set, on the kNN step's reference/query split."""
+    from training.eval.knn import reference_query
+
+    y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
+    result = {"seed": config.run.seed, "epochs": config.eval.linear_epochs, "lr": config.eval.linear_lr,
+              "n_train": int(len(ref)), "n_val": int(len(query)), "class_names": labels["class_names"], "tags": {}}
+    for tag, feature_set in sets.items():
+        x = np.asarray(feature_set.features)
+        log.info("linear probe on features/%s (%d x %d)", tag, *x.shape)
+        probe = train_linear_probe(x[ref], y[ref], x[query], y[query], num_classes=len(labels["class_names"]),
+                                   epochs=config.eval.linear_epochs, lr=config.eval.linear_lr,
+                                   seed=config.run.seed, progress=True)
+        result["tags"][tag] = {"epoch": feature_set.meta.get("epoch"), "history": probe.history,
+                               "final_top1": probe.final_top1, "best_top1": probe.best_top1}
     return result

@@ -7,7 +7,6 @@ fingerprint is up to date and is skipped; anything else is recomputed.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -20,12 +19,25 @@ import torch
 from training.config import Config
 from training.errors import MissingInputError, UserError
 from training.eval.extract import Encoder, raw_pixel_encoder
-from training.eval.store import read_index
-from training.layout import RunLayout
+from training.rundir import RunLayout, tags
+from training.rundir.features import read_index
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("raw_pixels", "random_init")
+@dataclass(frozen=True)
+class FeaturesRequest:
+    """What `python -m training features` was asked to compute."""
+
+    epochs: str = "all"
+    """Numbered checkpoints besides the final one: "all", "none" or a list such as "5,10"."""
+    checkpoint: Path | None = None
+    """Weights to evaluate instead of the run's latest checkpoint."""
+    tag: str = tags.FINAL
+    """Tag of the evaluated weights' features."""
+    baselines: bool = True
+    """Also compute the raw-pixel and random-init baselines."""
+    force: bool = False
+    """Recompute tags that are up to date."""
 
 
 @dataclass(frozen=True)
@@ -80,17 +92,18 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
     common = _common_meta(config, digest)
     size = config.eval.raw_pixels_size
     return [
-        TagPlan("raw_pixels", "raw_pixels", config.data.in_chans * size * size,
-                meta={**common, "tag": "raw_pixels", "kind": "raw_pixels", "epoch": None, "raw_pixels_size": size}),
-        TagPlan("random_init", "random_init", ARCHS[config.model.arch][0],
-                meta={**common, "tag": "random_init", "kind": "random_init", "epoch": 0, "seed": config.run.seed}),
+        TagPlan(tags.RAW_PIXELS, tags.RAW_PIXELS, config.data.in_chans * size * size,
+                meta={**common, "tag": tags.RAW_PIXELS, "kind": tags.RAW_PIXELS, "epoch": None,
+                      "raw_pixels_size": size}),
+        TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, ARCHS[config.model.arch][0],
+                meta={**common, "tag": tags.RANDOM_INIT, "kind": tags.RANDOM_INIT, "epoch": 0,
+                      "seed": config.run.seed}),
     ]
 
 
-def final_checkpoint(config: Config, checkpoint: Path | None = None) -> Path:
+def final_checkpoint(config: Config, layout: RunLayout, checkpoint: Path | None = None) -> Path:
     """The weights evaluated as "final": `checkpoint` when given, else the run's latest checkpoint,
     else model.pretrained; MissingInputError names `pretrain` when there is none."""
-    layout = RunLayout.from_config(config)
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
             raise UserError(f"--checkpoint {checkpoint} does not exist: give a checkpoint file")
@@ -103,37 +116,34 @@ def final_checkpoint(config: Config, checkpoint: Path | None = None) -> Path:
     raise MissingInputError("checkpoint", layout.latest_checkpoint, "pretrain")
 
 
-def _epoch_plans(config: Config, args: argparse.Namespace, digest: str) -> list[TagPlan]:
-    from training.checkpoint import numbered_checkpoints
-
-    if args.checkpoint is not None or args.epochs == "none":
+def _epoch_plans(config: Config, layout: RunLayout, request: FeaturesRequest, digest: str) -> list[TagPlan]:
+    if request.checkpoint is not None or request.epochs == "none":
         return []
-    found = dict(numbered_checkpoints(RunLayout.from_config(config)))
+    found = dict(layout.numbered_checkpoints())
     wanted = sorted(found)
-    if args.epochs != "all":
+    if request.epochs != "all":
         try:
-            wanted = sorted({int(e) for e in str(args.epochs).split(",") if e.strip()})
+            wanted = sorted({int(e) for e in str(request.epochs).split(",") if e.strip()})
         except ValueError:
-            raise UserError(f"--epochs must be all, none or a list such as 5,10; got {args.epochs!r}") from None
+            raise UserError(f"--epochs must be all, none or a list such as 5,10; got {request.epochs!r}") from None
         missing = [e for e in wanted if e not in found]
         if missing:
-            raise UserError(f"--epochs {args.epochs}: no checkpoint for epoch(s) {missing}; "
+            raise UserError(f"--epochs {request.epochs}: no checkpoint for epoch(s) {missing}; "
                             f"available: {sorted(found) or 'none'}")
-    return [_checkpoint_plan(config, f"epoch_{e:04d}", found[e], e, digest) for e in wanted]
+    return [_checkpoint_plan(config, tags.epoch_tag(e), found[e], e, digest) for e in wanted]
 
 
-def plan_tags(config: Config, args: argparse.Namespace) -> list[TagPlan]:
+def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> list[TagPlan]:
     """The tags to compute now: final, numbered epochs, baselines, minus those up to date."""
     from training.data.split import load_split
 
-    final = final_checkpoint(config, args.checkpoint)
+    final = final_checkpoint(config, layout, request.checkpoint)
     digest = holdout_digest(load_split(config).holdout)
-    plans = [_checkpoint_plan(config, args.tag, final, checkpoint_epoch(final), digest)]
-    plans += _epoch_plans(config, args, digest)
-    if not args.no_baselines:
+    plans = [_checkpoint_plan(config, request.tag, final, checkpoint_epoch(final), digest)]
+    plans += _epoch_plans(config, layout, request, digest)
+    if request.baselines:
         plans += _baseline_plans(config, digest)
-    layout = RunLayout.from_config(config)
-    todo = [p for p in plans if args.force or not _up_to_date(layout.features(p.tag), p)]
+    todo = [p for p in plans if request.force or not _up_to_date(layout.features(p.tag), p)]
     for plan in plans:
         if plan not in todo:
             log.info("features/%s is up to date; skipped", plan.tag)
@@ -147,16 +157,16 @@ def _up_to_date(directory: Path, plan: TagPlan) -> bool:
 
 def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.device) -> Encoder:
     """The function images -> features for one tag, in eval mode on `device`."""
-    if plan.kind == "raw_pixels":
+    if plan.kind == tags.RAW_PIXELS:
         return raw_pixel_encoder(config.eval.raw_pixels_size)
-    if plan.kind == "random_init":
+    if plan.kind == tags.RANDOM_INIT:
         from training.models import build_backbone
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
             model = build_backbone(config.model, in_chans, img_size=config.eval.image_size)
     else:
-        from training.checkpoint import load_backbone
+        from training.models.pretrained import load_backbone
 
         model = load_backbone(plan.checkpoint, config.model, in_chans, which="teacher")
     return model.to(device).eval()

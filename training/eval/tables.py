@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.eval.store import tag_order
-
-TAG_NAMES = {"raw_pixels": "raw pixels (baseline)", "random_init": "random init (baseline)"}
-
-
-def tag_title(tag: str) -> str:
-    return TAG_NAMES.get(tag, tag)
+from training.rundir import tags
 
 
 def _percent(value: float | None) -> str:
@@ -26,10 +20,10 @@ def knn_rows(knn: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     ks = [int(k) for k in knn["ks"]]
     header = ["features", "epoch", *[f"k={k}" for k in ks], "best k"]
     rows = []
-    for tag in sorted(knn["tags"], key=tag_order):
+    for tag in sorted(knn["tags"], key=tags.sort_key):
         entry = knn["tags"][tag]
         cells = [f"{_percent(entry['top1'][str(k)])} / {_percent(entry['top2'][str(k)])}" for k in ks]
-        rows.append([tag_title(tag), _epoch(entry.get("epoch")), *cells, str(entry["best_k"])])
+        rows.append([tags.title(tag), _epoch(entry.get("epoch")), *cells, str(entry["best_k"])])
     return header, rows
 
 
@@ -37,9 +31,9 @@ def linear_rows(linear: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: final and best validation accuracy of the probe per feature tag."""
     header = ["features", "epoch", "final top-1", "best top-1", "probe epochs"]
     rows = []
-    for tag in sorted(linear["tags"], key=tag_order):
+    for tag in sorted(linear["tags"], key=tags.sort_key):
         entry = linear["tags"][tag]
-        rows.append([tag_title(tag), _epoch(entry.get("epoch")), _percent(entry["final_top1"]),
+        rows.append([tags.title(tag), _epoch(entry.get("epoch")), _percent(entry["final_top1"]),
                      _percent(entry["best_top1"]), str(len(entry["history"]))])
     return header, rows
 

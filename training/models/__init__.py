@@ -1,7 +1,7 @@
 """Models: the ViT backbone, the DINO head and the multi-crop wrapper that joins them.
 
 Model code knows nothing about distribution or checkpoints; `training.parallel` wraps it and
-`training.checkpoint` loads weights into it.
+`training.models.pretrained` loads weights into it.
 """
 
 from __future__ import annotations

@@ -8,29 +8,18 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from training.plots.common import new_figure
-
-BASELINE_STYLE = {"raw_pixels": ("raw pixels", ":"), "random_init": ("random init", "--")}
-
-
-def tag_label(tag: str, entry: dict[str, Any]) -> str:
-    """Human name of a feature tag: 'final (epoch 10)', 'epoch 5', 'raw pixels', ..."""
-    if tag in BASELINE_STYLE:
-        return BASELINE_STYLE[tag][0]
-    if tag.startswith("epoch_"):
-        return f"epoch {int(tag.split('_')[1])}"
-    epoch = entry.get("epoch")
-    return f"{tag} (epoch {epoch})" if epoch is not None else tag
-
+from training.rundir import tags
 
 def plot_knn_vs_k(knn: dict[str, Any]):
     """Top-1 accuracy against k (log axis) for the trained features and the baselines."""
     fig, ax = new_figure(6.0, 4.0)
-    tags = [t for t in knn["tags"] if not t.startswith("epoch_")] or list(knn["tags"])
-    for tag in tags:
+    shown = [t for t in knn["tags"] if not tags.is_epoch_tag(t)] or list(knn["tags"])
+    for tag in shown:
         entry = knn["tags"][tag]
         ks = sorted(int(k) for k in entry["top1"])
-        style = BASELINE_STYLE.get(tag, (None, "-"))[1]
-        ax.plot(ks, [100 * entry["top1"][str(k)] for k in ks], style, marker="o", label=tag_label(tag, entry))
+        style = tags.LINE_STYLES.get(tag, "-")
+        ax.plot(ks, [100 * entry["top1"][str(k)] for k in ks], style, marker="o",
+                label=tags.label(tag, entry.get("epoch")))
     ax.set_xscale("log")
     return _finish_accuracy_axes(fig, ax, "k (neighbours)", "Global kNN accuracy versus k")
 
@@ -40,16 +29,17 @@ def plot_knn_vs_epoch(knn: dict[str, Any]):
     points = sorted(
         (entry["epoch"], 100 * entry["top1"][str(entry["best_k"])])
         for tag, entry in knn["tags"].items()
-        if tag not in BASELINE_STYLE and entry.get("epoch") is not None
+        if not tags.is_baseline(tag) and entry.get("epoch") is not None
     )
     fig, ax = new_figure(6.0, 4.0)
     if points:
         epochs, accuracy = zip(*dict(points).items())
         ax.plot(epochs, accuracy, "-", marker="o", label="trained (best k)")
-    for tag, (name, style) in BASELINE_STYLE.items():
+    for tag in tags.BASELINES:
         if tag in knn["tags"]:
             entry = knn["tags"][tag]
-            ax.axhline(100 * entry["top1"][str(entry["best_k"])], linestyle=style, color="grey", label=name)
+            ax.axhline(100 * entry["top1"][str(entry["best_k"])], linestyle=tags.LINE_STYLES[tag], color="grey",
+                       label=tags.label(tag))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _finish_accuracy_axes(fig, ax, "epoch", "Global kNN accuracy during pretraining")
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from matplotlib.ticker import MaxNLocator
@@ -21,19 +19,6 @@ PANELS = (
     ("images_per_s", "images / s"),
     ("data_wait_s", "data wait (s / step)"),
 )
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Parse JSON lines, skipping a truncated last line (pretraining may still be writing)."""
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s:%d is not JSON; skipped", path, number)
-    return records
 
 
 def plot_training_curves(records: list[dict[str, Any]], title: str):

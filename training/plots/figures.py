@@ -10,19 +10,23 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from training.config import Config
-from training.eval.store import list_tags, load_features, tag_order, write_text_atomic
-from training.layout import RunLayout
-from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k, tag_label
+from training.atomic import write_json_atomic
+from training.rundir import tags
+from training.errors import MissingInputError
+from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics
+from training.rundir.features import list_tags, load_features
+from training.rundir import RunLayout
+from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k
 from training.plots.attention import cls_attention, plot_attention
 from training.plots.common import save_figure
-from training.plots.curves import plot_training_curves, read_metrics
+from training.plots.curves import plot_training_curves
 from training.plots.embedding import plot_embedding, umap_embedding
 
 log = logging.getLogger(__name__)
@@ -47,12 +51,12 @@ def _entry(section: str, title: str, paths: list[Path], caption: str) -> PlotEnt
 def umap_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
     """One UMAP per feature tag (each checkpoint epoch and the baselines), seeded."""
     entries = []
-    for tag in sorted(list_tags(layout.root / "features"), key=tag_order):
+    for tag in sorted(list_tags(layout.features_root), key=tags.sort_key):
         feature_set = load_features(layout.features(tag))
         names = feature_set.meta.get("class_names") or [str(c) for c in sorted(set(feature_set.labels))]
         embedding = umap_embedding(feature_set.features, seed=config.run.seed,
                                    n_neighbors=config.eval.umap_neighbors, min_dist=config.eval.umap_min_dist)
-        title = f"UMAP of {tag_label(tag, feature_set.meta)} features"
+        title = f"UMAP of {tags.label(tag, feature_set.meta.get('epoch'))} features"
         paths = save_figure(plot_embedding(embedding, feature_set.labels, names, title), out, f"umap_{tag}")
         entries.append(_entry("umap", title, paths, f"{len(feature_set.labels)} held-out images, "
                                                     f"{feature_set.dim}-d features, coloured by class."))
@@ -67,9 +71,9 @@ def knn_plots(knn: dict[str, Any], out: Path) -> list[PlotEntry]:
         entries.append(_entry("knn", "kNN accuracy versus epoch",
                               save_figure(plot_knn_vs_epoch(knn), out, "knn_vs_epoch"),
                               "Top-1 accuracy at the best k of each checkpoint; baselines as horizontal lines."))
-    for tag in [t for t in ("final", "raw_pixels", "random_init") if t in knn["tags"]]:
+    for tag in [t for t in tags.HEADLINE if t in knn["tags"]]:
         entry = knn["tags"][tag]
-        title = f"Confusion matrix, {tag_label(tag, entry)}, k={entry['best_k']}"
+        title = f"Confusion matrix, {tags.label(tag, entry.get('epoch'))}, k={entry['best_k']}"
         fig = plot_confusion(np.asarray(entry["confusion"]), knn["class_names"], title)
         entries.append(_entry("confusion", title, save_figure(fig, out, f"confusion_{tag}"),
                               "Rows: true class (normalised to 1); numbers: query images."))
@@ -78,7 +82,7 @@ def knn_plots(knn: dict[str, Any], out: Path) -> list[PlotEntry]:
 
 def curve_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
     """Training curves from metrics.jsonl."""
-    records = read_metrics(layout.metrics)
+    records = read_metrics(layout)
     if not records:
         log.warning("%s is empty: no training curves", layout.metrics)
         return []
@@ -87,17 +91,16 @@ def curve_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]
                    f"From {layout.metrics.name}: per logged step and per epoch.")]
 
 
-def write_manifest(out: Path, entries: list[PlotEntry]) -> None:
-    """plots/manifest.json: what the report embeds, in drawing order."""
-    write_text_atomic(out / "manifest.json", json.dumps([asdict(e) for e in entries], indent=1))
+def write_manifest(layout: RunLayout, entries: list[PlotEntry]) -> None:
+    """The plots manifest: what the report embeds, in drawing order."""
+    write_json_atomic(layout.plots_manifest, [asdict(e) for e in entries])
 
 
 def read_manifest(layout: RunLayout) -> list[PlotEntry]:
     """The figures `plots` drew; empty when it has not run."""
-    path = layout.plots / "manifest.json"
-    if not path.is_file():
+    if not layout.plots_manifest.is_file():
         return []
-    return [PlotEntry(**e) for e in json.loads(path.read_text())]
+    return [PlotEntry(**e) for e in json.loads(layout.plots_manifest.read_text())]
 
 
 def channel_names(config: Config) -> list[str]:
@@ -118,7 +121,7 @@ def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> l
 
 def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
     """Attention maps of the final teacher for one held-out image per class."""
-    from training.checkpoint import load_backbone
+    from training.models.pretrained import load_backbone
     from training.data.dataset import open_dataset
     from training.data.stats import load_mean_std
 
@@ -140,3 +143,46 @@ def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, ou
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
+
+
+def figure_groups(config: Config, layout: RunLayout, *, umap: bool, attention: bool) -> list[tuple]:
+    """(name, input present?, missing input, producing step, draw function) per figure group."""
+    out = layout.plots
+    features_root = layout.features_root
+    knn_json = layout.knn_json
+    checkpoint = final_weights(layout)
+
+    def attention_maps() -> list[PlotEntry]:
+        return attention_plots(config, load_labels(layout), checkpoint, out)
+
+    groups: list[tuple[str, bool, object, str, Callable[[], list[PlotEntry]]]] = [
+        ("training curves", layout.metrics.is_file(), layout.metrics, "pretrain",
+         lambda: curve_plots(config, layout, out)),
+        ("kNN plots", knn_json.is_file(), knn_json, "knn",
+         lambda: knn_plots(load_knn(layout), out)),
+    ]
+    if umap:
+        groups.append(("UMAPs", bool(list_tags(features_root)), features_root, "features",
+                       lambda: umap_plots(config, layout, out)))
+    if attention:
+        ready = checkpoint.is_file() and layout.labels.is_file()
+        missing, step = (checkpoint, "pretrain") if not checkpoint.is_file() else (layout.labels, "labels")
+        groups.append(("attention maps", ready, missing, step, attention_maps))
+    return groups
+
+def draw_all(config: Config, layout: RunLayout, *, umap: bool = True, attention: bool = True) -> list[PlotEntry]:
+    """Draw every figure group whose input exists and write the manifest; fail only when none does."""
+    entries: list[PlotEntry] = []
+    missing: list[MissingInputError] = []
+    for name, ready, path, step, draw in figure_groups(config, layout, umap=umap, attention=attention):
+        if not ready:
+            missing.append(MissingInputError(f"input of the {name}", path, step))
+            log.warning("no %s: %s", name, missing[-1])
+            continue
+        log.info("drawing %s", name)
+        entries.extend(draw())
+    if not entries:
+        raise missing[0] if missing else MissingInputError("run outputs", layout.root, "pretrain")
+    write_manifest(layout, entries)
+    log.info("wrote %d figures to %s", len(entries), layout.plots)
+    return entries

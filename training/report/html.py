@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import base64
 import html
-import json
-from pathlib import Path
 from typing import Any
 
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
-from training.layout import RunLayout
+from training.rundir import RunLayout, tags
+from training.rundir.artifacts import read_optional_json, read_timings
 from training.plots.figures import PlotEntry, read_manifest
 
 CSS = """
@@ -30,22 +29,23 @@ pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em}.missing{color
 """
 
 ARTEFACTS = (
-    ("config.yaml", "resolved configuration"),
-    ("split.json", "train / hold-out split"),
-    ("mean_std.json", "per-channel mean and std"),
+    ("config", "resolved configuration"),
+    ("split", "train / hold-out split"),
+    ("mean_std", "per-channel mean and std"),
     ("checkpoints", "checkpoints (latest and numbered)"),
-    ("metrics.jsonl", "training metrics, one JSON object per line"),
+    ("metrics", "training metrics, one JSON object per line"),
     ("tensorboard", "TensorBoard event files"),
-    ("features", "CLS features per tag (features.npy + index.json)"),
-    ("labels.json", "held-out labels and paths"),
-    ("knn/knn.json", "kNN accuracies, per-class accuracy, confusion matrices"),
-    ("knn/knn.md", "kNN table"),
-    ("linear/linear.json", "linear-probe accuracy per epoch"),
-    ("linear/finetune.json", "fine-tuning accuracy per epoch (optional `linear --finetune`)"),
-    ("linear/finetune.pth", "fine-tuned backbone and head"),
-    ("plots", "figures (PNG, PDF) and manifest.json"),
-    ("timings.json", "wall time of each step"),
+    ("features_root", "CLS features per tag"),
+    ("labels", "held-out labels and paths"),
+    ("knn_json", "kNN accuracies, per-class accuracy, confusion matrices"),
+    ("knn_md", "kNN table"),
+    ("linear_json", "linear-probe accuracy per epoch"),
+    ("finetune_json", "fine-tuning accuracy per epoch (optional `linear --finetune`)"),
+    ("finetune_weights", "fine-tuned backbone and head"),
+    ("plots", "figures (PNG, PDF) and their manifest"),
+    ("timings", "wall time of each step"),
 )
+"""(RunLayout path name, what it holds) of every artefact the report links to."""
 
 
 def esc(value: Any) -> str:
@@ -84,28 +84,24 @@ def figures(layout: RunLayout, entries: list[PlotEntry], section: str) -> str:
     return "".join(figure(layout, e) for e in entries if e.section == section)
 
 
-def load_optional(path: Path) -> Any:
-    """A JSON file, or None when a step has not written it yet."""
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def headline(knn: dict[str, Any] | None) -> str:
     """One sentence: trained top-1 at its best k against both baselines."""
     if not knn:
         return ""
     parts = []
-    for tag, name in (("final", "trained"), ("raw_pixels", "raw pixels"), ("random_init", "random init")):
+    for tag in tags.HEADLINE:
         entry = knn["tags"].get(tag)
         if entry:
-            parts.append(f"{name} {100 * entry['top1'][str(entry['best_k'])]:.1f}% (k={entry['best_k']})")
+            parts.append(f"{tags.label(tag)} {100 * entry['top1'][str(entry['best_k'])]:.1f}% (k={entry['best_k']})")
     return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
 
 
 def artefact_rows(layout: RunLayout) -> list[str]:
     """One table row per run artefact: a link when present, the status otherwise."""
     rows = []
-    for relative, description in ARTEFACTS:
-        path = layout.root / relative
+    for name, description in ARTEFACTS:
+        path = getattr(layout, name)
+        relative = path.relative_to(layout.root).as_posix()
         if path.exists():
             link = f'<a href="{esc(relative)}">{esc(relative)}</a>'
             rows.append(f"<tr><td>{link}</td><td>{esc(description)}</td><td>present</td></tr>")
@@ -142,7 +138,7 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
 
 def finetune_section(layout: RunLayout) -> list[str]:
     """The fine-tuned backbone's table; nothing when `linear --finetune` (optional) has not run."""
-    finetune = load_optional(layout.linear / "finetune.json")
+    finetune = read_optional_json(layout.finetune_json)
     if not finetune:
         return []
     return ["<h2>Fine-tuned backbone (validation top-1 %)</h2>",
@@ -154,10 +150,10 @@ def finetune_section(layout: RunLayout) -> list[str]:
 def build_report(layout: RunLayout, title: str) -> str:
     """The whole HTML document as a string."""
     entries = read_manifest(layout)
-    knn = load_optional(layout.knn / "knn.json")
-    linear = load_optional(layout.linear / "linear.json")
-    timings = load_optional(layout.timings) or {}
-    config_text = layout.config.read_text() if layout.config.is_file() else "(config.yaml missing)"
+    knn = read_optional_json(layout.knn_json)
+    linear = read_optional_json(layout.linear_json)
+    timings = read_timings(layout)
+    config_text = layout.config.read_text() if layout.config.is_file() else f"({layout.config.name} missing)"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{esc(title)}</h1>", headline(knn)]
     parts += results_sections(layout, entries, knn, linear)

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="also write the JSON to this file")
 
 
-def run(config, args: argparse.Namespace) -> int:
+def run(config, layout, args: argparse.Namespace) -> int:
     if args.what == "loader":
         from training.benchmarks.loader import run_loader_benchmark
 

@@ -11,14 +11,17 @@ import argparse
 import logging
 
 from training.config import Config
-from training.data.stats import compute_mean_std, write_mean_std
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
 
-def run(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    from training.atomic import write_json_atomic
+    from training.data.stats import compute_mean_std
+
     stats = compute_mean_std(config)
-    write_mean_std(config, stats)
+    write_json_atomic(layout.mean_std, stats)
     log.info("mean %s std %s over %d images", [round(m, 4) for m in stats["mean"]],
              [round(s, 4) for s in stats["std"]], stats["n_images"])
     return 0

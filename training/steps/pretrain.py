@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 
 from training.config import Config
-from training.distributed import process_group
-from training.trainer import train
+from training.rundir import RunLayout
 
 
-def run(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    from training.distributed import process_group
+    from training.trainer import train
+
     with process_group() as ctx:
         train(config, ctx)
     return 0

@@ -13,19 +13,18 @@ import logging
 
 from training.config import Config
 from training.errors import MissingInputError
-from training.eval.store import write_text_atomic
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
 
-def run(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write report.html from the run's files."""
+    from training.atomic import write_text_atomic
     from training.report.html import build_report
 
-    layout = RunLayout.from_config(config)
-    if not (layout.plots / "manifest.json").is_file() and not (layout.knn / "knn.json").is_file():
-        raise MissingInputError("plots and kNN results", layout.plots / "manifest.json", "plots")
+    if not layout.plots_manifest.is_file() and not layout.knn_json.is_file():
+        raise MissingInputError("plots and kNN results", layout.plots_manifest, "plots")
     text = build_report(layout, f"scDINO run {config.run.name}")
     write_text_atomic(layout.report, text)
     log.info("wrote %s (%.1f kB); open it in a browser", layout.report, len(text) / 1024)

@@ -14,15 +14,15 @@ import logging
 from pathlib import Path
 
 from training.config import Config
-from training.data.synthetic import PHENOTYPES, write_corrupt_files, write_dataset
 from training.errors import UserError
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output folder (default: data.source)")
-    parser.add_argument("--classes", type=int, default=5, help=f"number of classes, 1..{len(PHENOTYPES)}")
+    parser.add_argument("--classes", type=int, default=5, help="number of classes (at most the number of built-in phenotypes)")
     parser.add_argument("--per-class", type=int, default=200, help="images per class")
     parser.add_argument("--channels", type=int,
                         help="channels per image (default: enough for data.channels, at least 5)")
@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corrupt", action="store_true", help="also write bad images into the first class folder")
 
 
-def run(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    from training.data.synthetic import PHENOTYPES, write_corrupt_files, write_dataset
+
     out = args.out or Path(config.data.source)
     channels = args.channels or max(5, max(config.data.channel_indices) + 1)
     if not 1 <= args.classes <= len(PHENOTYPES):

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-only", action="store_true", help="check the images, upload nothing")
 
 
-def run(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, layout, args: argparse.Namespace) -> int:
     root = resolve_source(args)
     check = check_images(root, config)
     print_check(root, check)

@@ -1,11 +1,8 @@
-"""Run configuration: a tree of typed dataclasses loaded from YAML.
-
-Every pipeline step reads the same file::
-
-    python -m training <step> --config configs/demo.yaml --set optim.epochs=2
+"""The run configuration's schema: a tree of typed, validated dataclasses, and how a plain tree
+becomes one (`from_dict`).
 
 Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the dotted key
-and what is allowed. The resolved configuration is written into every run directory.
+and what is allowed. Loading files and `--set` overrides is training/config/load.py.
 """
 
 from __future__ import annotations
@@ -14,10 +11,7 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
-
-import yaml
 
 from training.errors import UserError
 
@@ -272,7 +266,7 @@ class Config:
         """A copy with dotted-key overrides applied, e.g. {"optim.lr": 1e-4}."""
         tree = self.to_dict()
         for dotted, value in overrides.items():
-            _set_dotted(tree, dotted, value)
+            set_dotted(tree, dotted, value)
         return from_dict(tree)
 
 
@@ -303,14 +297,30 @@ def flatten_dotted(tree: dict[str, Any], prefix: str = "", keep: tuple[str, ...]
     return flat
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any, *, create: bool = False) -> None:
+    """Set tree["a"]["b"] = value for "a.b"; with `create`, missing sections are added (and an
+    unknown one is then reported by `from_dict`, with the allowed keys)."""
     *parents, leaf = dotted.split(".")
-    node = tree
+    node, hint = tree, Config
     for part in parents:
+        fields = typing.get_type_hints(hint) if dataclasses.is_dataclass(hint) else {}
+        hint = fields.get(part)
+        if create and node.get(part) is None and dataclasses.is_dataclass(hint):
+            node[part] = {}
         if not isinstance(node.get(part), dict):
-            raise ConfigError(f"unknown config section {dotted!r}: {_suggest(part, node)}")
+            raise ConfigError(f"unknown config section {dotted!r}: {_suggest(part, fields or node)}")
         node = node[part]
     node[leaf] = value
+
+
+def hint_of(dotted: str) -> Any:
+    """The declared type of a dotted config key, or None for an unknown key."""
+    hint: Any = Config
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(hint):
+            return None
+        hint = typing.get_type_hints(hint).get(part)
+    return hint
 
 
 def _suggest(key: str, allowed: typing.Iterable[str]) -> str:
@@ -393,54 +403,3 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 def from_dict(data: dict[str, Any]) -> Config:
     """Build and validate a Config from a plain nested mapping."""
     return _build(Config, data, "")
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse one `--set key=value` argument; the value is read as YAML (numbers, lists, booleans)."""
-    if "=" not in text:
-        raise ConfigError(f"--set expects key=value (e.g. optim.epochs=2), got {text!r}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if _hint_of(key) is str:  # kept as written: channels "01234" must not become the octal 668
-        return key, raw.strip().strip("'\"")
-    return key, yaml.safe_load(raw) if raw.strip() else ""
-
-
-def _hint_of(dotted: str) -> Any:
-    """The declared type of a dotted config key, or None for an unknown key."""
-    hint: Any = Config
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(hint):
-            return None
-        hint = typing.get_type_hints(hint).get(part)
-    return hint
-
-
-def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Load a YAML config (scDINO pipeline YAMLs are converted), then apply `key=value` overrides."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            from training.scdino_compat import read_yaml  # safe_load plus scDINO's !!python/tuple
-
-            tree = read_yaml(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path} must hold a mapping of sections, got {type(tree).__name__}")
-        from training.scdino_compat import convert_if_scdino
-
-        tree = convert_if_scdino(tree)
-    config = from_dict(tree)
-    if overrides:
-        config = config.replace(dict(parse_override(o) for o in overrides))
-    return config
-
-
-def dump_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-
-

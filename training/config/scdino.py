@@ -5,7 +5,7 @@
 A tree with scDINO's top-level sections (`meta`, `train_scDINO`, `downstream_analyses`) is converted
 key by key with MAPPING below; keys with no counterpart are listed in one log line (IGNORED says why).
 Sections of our own config tree given beside them (e.g. `train:`) apply on top. scDINO writes
-tuples as `!!python/tuple`, which `read_yaml` accepts as lists.
+tuples as `!!python/tuple`, which training/config/load.py reads as lists.
 
 Differences worth knowing:
 - `meta.train_datasetsplit_fraction` (0.8) becomes data.holdout_fraction = 1 - 0.8.
@@ -22,9 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-import yaml
-
-from training.config import flatten_dotted
+from training.config.schema import flatten_dotted
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -88,18 +86,6 @@ IGNORED: dict[str, str] = {
     "train_scDINO.num_gpus": "the launcher (torchrun/srun) sets the number of ranks",
     "train_scDINO.dist_url": "ranks meet through the launcher's environment",
 }
-
-
-def read_yaml(text: str) -> Any:
-    """yaml.safe_load that also accepts scDINO's `!!python/tuple` tags (as lists)."""
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_constructor(
-        "tag:yaml.org,2002:python/tuple", lambda loader, node: loader.construct_sequence(node)
-    )
-    return yaml.load(text, Loader=Loader)
 
 
 def is_scdino(tree: dict[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Feature sets on disk: `features.npy` (N, D) float32 plus `index.json` describing each row.
+"""Feature sets on disk (<run>/features/<tag>/): `features.npy` (N, D) float32 plus `index.json` describing each row.
 
 A binary array with a small JSON index loads in milliseconds and memory-maps, where scDINO's CSV of
 floats takes minutes and gigabytes for 100k images. Both files are written to temporary names and
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from training.atomic import atomic_path, write_json_atomic
 from training.errors import MissingInputError, UserError
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,8 @@ class FeatureSet:
 
 def save_features(directory: Path, feature_set: FeatureSet) -> None:
     """Write `features.npy` and `index.json` atomically (the index last: it marks completion)."""
-    directory.mkdir(parents=True, exist_ok=True)
     array = np.ascontiguousarray(feature_set.features, dtype=np.float32)
-    tmp_array = directory / f".{FEATURES_FILE}.{os.getpid()}.tmp"
-    with open(tmp_array, "wb") as handle:
+    with atomic_path(directory / FEATURES_FILE) as tmp, open(tmp, "wb") as handle:
         np.save(handle, array)
     index = {
         **feature_set.meta,
@@ -62,10 +60,7 @@ def save_features(directory: Path, feature_set: FeatureSet) -> None:
         "indices": [int(v) for v in feature_set.indices],
         "paths": list(feature_set.paths),
     }
-    tmp_index = directory / f".{INDEX_FILE}.{os.getpid()}.tmp"
-    tmp_index.write_text(json.dumps(index))
-    tmp_array.replace(directory / FEATURES_FILE)
-    tmp_index.replace(directory / INDEX_FILE)
+    write_json_atomic(directory / INDEX_FILE, index, indent=None)
     log.info("wrote %d x %d features to %s", array.shape[0], array.shape[1], directory)
 
 
@@ -107,32 +102,3 @@ def list_tags(features_root: Path) -> list[str]:
     if not features_root.is_dir():
         return []
     return sorted(p.name for p in features_root.iterdir() if read_index(p) is not None)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write text beside `path` under a temporary name, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def read_json(path: Path, what: str, step: str) -> Any:
-    """A JSON file an earlier step wrote; MissingInputError names that step when it is absent."""
-    if not path.is_file():
-        raise MissingInputError(what, path, step)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}): rerun `python -m training {step}`") from None
-
-
-def tag_order(tag: str) -> tuple[int, str]:
-    """Sort key: trained features first (final, then epochs in order), baselines last."""
-    if tag == "final":
-        return (0, tag)
-    if tag.startswith("epoch_"):
-        return (1, tag)
-    if tag in ("raw_pixels", "random_init"):
-        return (3, tag)
-    return (2, tag)

@@ -1,4 +1,6 @@
-"""DataLoaders for pretraining (multi-crop) and evaluation (resized whole images).
+"""The torch data path: pretraining batches (multi-crop) and evaluation batches (resized whole images).
+
+`training.data.loaders.build_pretrain_loader` chooses between this and DALI (training/data/dali.py).
 
 Each DataLoader item is a whole batch: the sampler yields `(batch_seed, indices)`, a worker reads
 those images (one fancy-indexing copy from the packed memory map, or one TIFF each), min-max
@@ -34,9 +36,8 @@ from training.config import Config
 from training.data.augment import BatchMultiCrop, CropBuffers, resize_full
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
-from training.data.split import load_split
+from training.data.sampler import DistributedBatchSampler, check_stats
 from training.data.tiff import BadImage
-from training.errors import UserError
 
 log = logging.getLogger(__name__)
 SUBSTITUTE_TRIES = 16
@@ -48,44 +49,6 @@ class BadBatch:
 
     path: str
     reason: str
-
-
-class DistributedBatchSampler(Sampler):
-    """Per-rank batches of dataset indices, reshuffled each epoch, equal in number on every rank.
-
-    The shuffled indices are padded by repetition to a multiple of the world size (as torch's
-    DistributedSampler), then every rank drops its incomplete last batch: all ranks run the same
-    number of steps and none waits forever in a collective on uneven data.
-    """
-
-    def __init__(self, indices: np.ndarray, batch_size: int, *, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = True, pad: bool = True) -> None:
-        self.indices = np.asarray(indices, dtype=np.int64)
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.seed, self.shuffle, self.drop_last, self.pad = seed, shuffle, drop_last, pad
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _shard(self) -> np.ndarray:
-        order = self.indices
-        if self.shuffle:
-            order = order[np.random.default_rng([self.seed, self.epoch]).permutation(len(order))]
-        if self.pad and len(order) % self.world_size:
-            extra = self.world_size - len(order) % self.world_size
-            order = np.concatenate([order, np.resize(order, extra)])
-        return order[self.rank::self.world_size]
-
-    def __len__(self) -> int:
-        n = len(self._shard()) if not self.pad else -(-len(self.indices) // self.world_size)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        shard = self._shard()
-        for k in range(len(self)):
-            seed = int(np.random.default_rng([self.seed, self.epoch, self.rank, k]).integers(2**62))
-            yield seed, shard[k * self.batch_size:(k + 1) * self.batch_size]
 
 
 class BatchDataset(Dataset):
@@ -254,12 +217,6 @@ def _loader(dataset: Dataset, sampler: Sampler, config: Config) -> CheckedLoader
     )
 
 
-def _check_stats(mean: Sequence[float], std: Sequence[float], config: Config) -> None:
-    if len(mean) != config.data.in_chans or len(std) != config.data.in_chans:
-        raise UserError(f"mean/std have {len(mean)}/{len(std)} values for {config.data.in_chans} channels "
-                        f"(data.channels={config.data.channels!r}): re-run `python -m training mean-std`")
-
-
 class PretrainTransform:
     """Batch -> (crops, labels): DINO multi-crop, normalised, into `out` buffers when given."""
 
@@ -326,27 +283,7 @@ class EvalTransform:
         return resize_full(images, self.size).sub_(self.mean).div_(self.std), labels, idx
 
 
-def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
-                          std: Sequence[float]) -> tuple[RingLoader, DistributedBatchSampler]:
-    """Training-split batches `(crops: [global1, global2, local...], labels)`, same count per rank
-    (under data.gpu_augment, `(RawBatch, labels)`: see `crops_on_device`)."""
-    _check_stats(mean, std, config)
-    if config.data.loader == "dali":
-        # An optional extra, imported only when chosen.
-        from training.data.dali import build_dali_pretrain_loader
-
-        return build_dali_pretrain_loader(config, rank=rank, world_size=world_size, mean=mean, std=std)
-    images = open_images(config)
-    train = load_split(config).train
-    batch = config.optim.batch_size_per_gpu
-    sampler = DistributedBatchSampler(train, batch, rank=rank, world_size=world_size, seed=config.run.seed)
-    if len(sampler) == 0:
-        raise UserError(f"{len(train)} training images cannot fill one batch of optim.batch_size_per_gpu={batch} "
-                        f"on each of {world_size} ranks: lower the batch size or add images")
-    return _pretrain_batches(config, images, sampler, mean, std), sampler
-
-
-def _pretrain_batches(config: Config, images, sampler: Sampler, mean: Sequence[float],
+def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
                       std: Sequence[float]) -> RingLoader:
     """The ring loader over this rank's batches: finished crops, or raw batches under gpu_augment."""
     raw = config.data.gpu_augment
@@ -363,7 +300,7 @@ def _pretrain_batches(config: Config, images, sampler: Sampler, mean: Sequence[f
 def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, world_size: int = 1,
                       mean: Sequence[float], std: Sequence[float], batch_size: int | None = None) -> DataLoader:
     """Batches `(images, labels, idx)` over this rank's disjoint shard of `indices` (no padding)."""
-    _check_stats(mean, std, config)
+    check_stats(mean, std, config)
     sampler = DistributedBatchSampler(np.asarray(indices), batch_size or config.eval.batch_size, rank=rank,
                                       world_size=world_size, seed=config.run.seed, shuffle=False,
                                       drop_last=False, pad=False)

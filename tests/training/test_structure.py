@@ -1,0 +1,172 @@
+"""The package's structure, as docs/architecture.md states it: checked over the source, not trusted.
+
+- no import circles between modules of training/ (function-level imports count too);
+- a pipeline step imports no other step;
+- only training/rundir/layout.py spells a run file's name (code and shell scripts ask it);
+- the command line starts without torch, numpy or the step libraries.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from training.cli import main
+from training.rundir import RunLayout
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "training"
+PATH_OWNER = PACKAGE / "rundir" / "layout.py"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of the package that `path` imports anywhere in its body, resolved to known modules."""
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {known(a.name) for a in node.names if a.name.startswith("training")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("training"):
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                found.add(target if target in modules else known(node.module))
+    return found - {"", module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {name: imported_modules(path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circles_in_the_package():
+    assert cycles(import_graph()) == []
+
+
+def test_steps_import_no_other_step():
+    graph = import_graph()
+    offenders = {name: sorted(m for m in deps if m.startswith("training.steps.") and m != "training.steps")
+                 for name, deps in graph.items() if name.startswith("training.steps.")}
+    assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+def run_file_names() -> set[str]:
+    """File names of the run directory, from the layout itself (folders such as plots/ are words
+    used elsewhere too; files have an extension, the pre-emption marker is in capitals)."""
+    names = {path.name for path in RunLayout(Path("run")).named_paths().values()}
+    return {n for n in names if "." in n or n.isupper()}
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """Bare string statements: module, class and function docstrings and attribute docstrings."""
+    return {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+
+
+def run_files_named_in(path: Path, names: set[str]) -> list[str]:
+    """String constants in code (not docstrings) that contain a run file's name."""
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            hits += [f"{path.relative_to(REPO)}:{node.lineno}: {name}" for name in names if name in node.value]
+    return hits
+
+
+def test_only_the_layout_names_run_files():
+    names = run_file_names()
+    assert {"knn.json", "results.json", "labels.json", "PREEMPTED", "manifest.json"} <= names
+    hits = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != PATH_OWNER
+            for hit in run_files_named_in(path, names)]
+    assert hits == []
+
+
+def shell_code_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("script", [*sorted((REPO / "slurm").glob("*.slurm")), *sorted((REPO / "slurm").glob("*.sh")),
+                                    REPO / "scripts" / "demo.sh"], ids=lambda p: p.name)
+def test_shell_scripts_ask_python_for_run_paths(script):
+    names = run_file_names()
+    hits = [f"{script.name}: {line.strip()}" for line in shell_code_lines(script)
+            for name in names if re.search(rf"[/\"'$ ]{re.escape(name)}\b", line)]
+    assert hits == []
+
+
+def test_the_command_line_starts_without_heavy_imports():
+    code = ("import sys; from training.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'numpy', 'timm', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_paths_prints_the_layouts_paths(tmp_path):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["paths", "--set", f"run.output_dir={tmp_path / 'r'}", "--set", "data.packed_dir=/scratch/p",
+                     "root", "packed", "preempted_marker", "results"])
+    assert code == 0
+    assert out.getvalue().split() == [str(tmp_path / "r"), "/scratch/p", str(tmp_path / "r" / "checkpoints" / "PREEMPTED"),
+                                      str(tmp_path / "r" / "results.json")]
+
+
+def test_paths_refuses_an_unknown_name(tmp_path, capsys):
+    assert main(["paths", "--set", f"run.output_dir={tmp_path}", "reslts"]) == 2
+    assert "unknown path name(s) reslts; known: root, packed" in capsys.readouterr().err

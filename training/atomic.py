@@ -1,0 +1,60 @@
+"""Atomic file writes: a step that dies half-way never leaves a half-written file behind.
+
+Every writer in the package goes through `atomic_path`: the content is written to a temporary
+name beside the target (`.<name>.<pid>.tmp`, same directory so the rename cannot cross file
+systems), then renamed over it. A reader sees either the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary file `path` is written to before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path to write to; on success it replaces `path`, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(path: str | Path, payload: Any, *, indent: int | None = 1) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=indent))
+
+
+def save_torch_atomic(state: Any, path: str | Path) -> None:
+    """torch.save through a temporary file (checkpoints, fine-tuned weights)."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def link_atomic(source: Path, path: Path) -> None:
+    """Make `path` a hard link to `source` (same bytes, no second write), replacing it atomically."""
+    with atomic_path(path) as tmp:
+        os.link(source, tmp)

@@ -1,0 +1,32 @@
+"""The one factory of pretraining loaders: the torch path or DALI, chosen by data.loader.
+
+    loader, sampler = build_pretrain_loader(config, rank=0, world_size=1, mean=mean, std=std)
+
+Both paths yield `(crops: [global1, global2, local...], labels)` batches, the same number per rank
+(under data.gpu_augment the torch path yields `(RawBatch, labels)`: see `crops_on_device`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from training.config import Config
+from training.data.dataset import open_images
+from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
+from training.data.split import load_split
+from training.data.torch_loader import crops_on_device, torch_pretrain_loader
+
+__all__ = ["build_pretrain_loader", "crops_on_device"]
+
+
+def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
+                          std: Sequence[float], device: str | None = None) -> tuple[Any, DistributedBatchSampler]:
+    """(loader, sampler) of this rank's training batches; `device` only matters for DALI."""
+    check_stats(mean, std, config)
+    if config.data.loader == "dali":
+        from training.data.dali import build_dali_pretrain_loader  # an optional extra: imported when chosen
+
+        return build_dali_pretrain_loader(config, rank=rank, world_size=world_size, mean=mean, std=std,
+                                          device=device)
+    sampler = pretrain_sampler(config, load_split(config).train, rank=rank, world_size=world_size)
+    return torch_pretrain_loader(config, open_images(config), sampler, mean, std), sampler

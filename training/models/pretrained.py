@@ -1,0 +1,107 @@
+"""Weights from elsewhere: our, DINO's or scDINO's checkpoints and ImageNet DINO ViT weights.
+
+Used to evaluate a run's checkpoints (`features`, `plots`, `linear --finetune`) and to start a run
+from published weights (`model.pretrained`). The keys are cleaned of DDP's `module.`, DINO's
+MultiCropWrapper `backbone.` and torch.compile's `_orig_mod.` prefixes; the head is dropped; the
+patch embedding is adapted to the channel count (RGB weights on 5-channel images).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.config import ModelConfig
+from training.errors import MissingInputError, UserError
+from training.models import build_backbone
+from training.models.vit import ARCHS
+
+log = logging.getLogger(__name__)
+
+_PREFIXES = ("module.", "backbone.", "_orig_mod.")
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's dict on the CPU (ours hold the config and RNG states: not weights-only)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def backbone_state_dict(checkpoint: dict[str, Any], which: str = "teacher") -> dict[str, torch.Tensor]:
+    """ViT weights from our, DINO's or scDINO's checkpoint, or from plain ImageNet DINO weights."""
+    state = checkpoint
+    if which in checkpoint and isinstance(checkpoint[which], dict):
+        state = checkpoint[which]
+    elif "state_dict" in checkpoint and isinstance(checkpoint["state_dict"], dict):
+        state = checkpoint["state_dict"]
+    out = {}
+    for key, value in state.items():
+        while key.startswith(_PREFIXES):
+            key = next(key[len(p):] for p in _PREFIXES if key.startswith(p))
+        if not key.startswith("head.") and isinstance(value, torch.Tensor):
+            out[key] = value
+    if "pos_embed" not in out or "patch_embed.proj.weight" not in out:
+        raise UserError(f"no ViT weights (pos_embed, patch_embed) under key {which!r} of the checkpoint")
+    return out
+
+
+def adapt_patch_embedding(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Map a patch embedding made for C channels (e.g. RGB) to `in_chans`: average, then replicate.
+
+    Scaling by C / in_chans keeps the embedding's response to an image of uniform channels.
+    """
+    source = weight.shape[1]
+    if source == in_chans:
+        return weight
+    mean = weight.mean(dim=1, keepdim=True)
+    return mean.repeat(1, in_chans, 1, 1) * (source / in_chans)
+
+
+def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: str = "teacher") -> nn.Module:
+    """Build the backbone for `model_config` and load the checkpoint's `which` weights into it."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInputError("checkpoint", path, "pretrain")
+    state = backbone_state_dict(load_checkpoint(path), which)
+    _check_arch(state, model_config, path)
+    tokens = state["pos_embed"].shape[1] - 1
+    grid = math.isqrt(tokens)
+    backbone = build_backbone(model_config, in_chans, img_size=grid * model_config.patch_size)
+    state["patch_embed.proj.weight"] = adapt_patch_embedding(state["patch_embed.proj.weight"], in_chans)
+    backbone.load_state_dict(state)
+    log.info("loaded %s backbone (%s/%d, %d channels) from %s", which, model_config.arch,
+             model_config.patch_size, in_chans, path)
+    return backbone
+
+
+def load_pretrained_into(backbone: nn.Module, path: Path, model_config: ModelConfig, which: str = "teacher") -> None:
+    """Initialise a freshly built backbone from a checkpoint (`model.pretrained`)."""
+    from timm.layers import resample_abs_pos_embed
+
+    if not Path(path).is_file():
+        raise UserError(f"model.pretrained: no checkpoint at {path}; fix the path or leave it empty")
+    state = backbone_state_dict(load_checkpoint(Path(path)), which)
+    _check_arch(state, model_config, Path(path))
+    state["patch_embed.proj.weight"] = adapt_patch_embedding(
+        state["patch_embed.proj.weight"], backbone.patch_embed.proj.in_channels
+    )
+    grid = backbone.patch_embed.grid_size
+    state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=list(grid), num_prefix_tokens=1)
+    backbone.load_state_dict(state)
+    log.info("initialised the backbone from %s (%s weights)", path, which)
+
+
+def _check_arch(state: dict[str, torch.Tensor], model_config: ModelConfig, path: Path) -> None:
+    embed_dim = state["pos_embed"].shape[-1]
+    patch = state["patch_embed.proj.weight"].shape[-1]
+    expected = ARCHS[model_config.arch][0]
+    if embed_dim != expected or patch != model_config.patch_size:
+        arch = next((name for name, dims in ARCHS.items() if dims[0] == embed_dim), f"embed_dim {embed_dim}")
+        raise UserError(
+            f"{path} holds a {arch} with patch {patch}, but model.arch={model_config.arch} and "
+            f"model.patch_size={model_config.patch_size}; set them to match the checkpoint"
+        )

@@ -1,0 +1,105 @@
+"""Where every file of a run lives: the one owner of the run directory's paths and file names.
+
+Steps talk to each other only through these files, never through each other's internals. No other
+module spells a run file's name; shell scripts ask `python -m training paths` (training/steps/paths.py).
+
+    <output_dir>/
+      config.yaml                 resolved configuration (written by every step)
+      packed/                     `prepare`: the packed dataset (training/data/packed.py has its format);
+                                  data.packed_dir puts it elsewhere (e.g. node-local NVMe)
+      split.json                  `prepare`: train / hold-out membership by image path (seeded)
+      bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
+      mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
+                                  "fraction", "seed"}; data.stats.load_mean_std picks data.channels
+      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ... and the
+                                  PREEMPTED marker while a pre-empted job waits for its requeue
+      metrics.jsonl               `pretrain`: one JSON object per logged step / epoch (rank 0)
+      tensorboard/                `pretrain`: event files
+      features/<tag>/             `features`: one feature set per tag (training/rundir/tags.py; format in
+                                  training/eval/store.py)
+      labels.json                 `labels`: class names, integer labels and paths of the hold-out images
+      knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
+      linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch
+      linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
+      plots/*.png, *.pdf          `plots`, listed in plots/manifest.json for the report
+      report.html                 `report`
+      timings.json                wall time of each step, merged by every step
+      results.json                `summary`: the headline kNN figures and step times (training/rundir/summary.py)
+      logs/                       Slurm job logs of `make demo`
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training.config import Config
+
+_NUMBERED = re.compile(r"checkpoint_(\d+)\.pth")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+    packed: Path | None = None
+    """The packed dataset: <run>/packed unless data.packed_dir names another folder."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+        object.__setattr__(self, "packed", Path(self.packed) if self.packed else self.root / "packed")
+
+    @classmethod
+    def from_config(cls, config: Config) -> RunLayout:
+        return cls(Path(config.run.output_dir), Path(config.data.packed_dir) if config.data.packed_dir else None)
+
+    config = property(lambda self: self.root / "config.yaml")
+    split = property(lambda self: self.root / "split.json")
+    bad_images = property(lambda self: self.root / "bad_images.json")
+    mean_std = property(lambda self: self.root / "mean_std.json")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
+    preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    tensorboard = property(lambda self: self.root / "tensorboard")
+    features_root = property(lambda self: self.root / "features")
+    labels = property(lambda self: self.root / "labels.json")
+    knn = property(lambda self: self.root / "knn")
+    knn_json = property(lambda self: self.knn / "knn.json")
+    knn_md = property(lambda self: self.knn / "knn.md")
+    linear = property(lambda self: self.root / "linear")
+    linear_json = property(lambda self: self.linear / "linear.json")
+    linear_md = property(lambda self: self.linear / "linear.md")
+    finetune_json = property(lambda self: self.linear / "finetune.json")
+    finetune_md = property(lambda self: self.linear / "finetune.md")
+    finetune_weights = property(lambda self: self.linear / "finetune.pth")
+    plots = property(lambda self: self.root / "plots")
+    plots_manifest = property(lambda self: self.plots / "manifest.json")
+    report = property(lambda self: self.root / "report.html")
+    timings = property(lambda self: self.root / "timings.json")
+    results = property(lambda self: self.root / "results.json")
+    logs = property(lambda self: self.root / "logs")
+
+    def epoch_checkpoint(self, epoch: int) -> Path:
+        return self.checkpoints / f"checkpoint_{epoch:04d}.pth"
+
+    def numbered_checkpoints(self) -> list[tuple[int, Path]]:
+        """(epoch, path) of every numbered checkpoint, oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        found = []
+        for path in self.checkpoints.iterdir():
+            match = _NUMBERED.fullmatch(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def features(self, tag: str) -> Path:
+        return self.features_root / tag
+
+    def named_paths(self) -> dict[str, Path]:
+        """Every fixed path by name, as `python -m training paths` prints them."""
+        names = [name for name, value in vars(RunLayout).items() if isinstance(value, property)]
+        return {"root": self.root, "packed": self.packed, **{name: getattr(self, name) for name in names}}

@@ -1,0 +1,92 @@
+"""The run summary, <run>/results.json: the headline kNN figures and the time of each step.
+
+    python -m training summary --config run.yaml [--jobs logs/jobs.txt] [--wall-seconds N]
+
+Written by `make demo` at the end of the pipeline, and by anyone who wants one file to compare runs:
+kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
+time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from training.atomic import write_json_atomic
+from training.rundir import tags
+from training.rundir.artifacts import load_knn, read_optional_json, read_timings
+from training.rundir.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+
+def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per headline tag present in knn.json: its label, best k and top-1/top-2 there and per k."""
+    models = {}
+    for tag in tags.HEADLINE:
+        entry = knn["tags"].get(tag)
+        if entry is None:
+            continue
+        k = str(entry["best_k"])
+        models[tag] = {"label": tags.label(tag), "best_k": entry["best_k"], "top1": entry["top1"][k],
+                       "top2": entry["top2"][k], "top1_by_k": entry["top1"], "top2_by_k": entry["top2"]}
+    return models
+
+
+def parse_jobs(text: str) -> list[tuple[str, str]]:
+    """(step, job id) per line of `slurm/submit_pipeline.sh`'s output ("step jobid")."""
+    return [(parts[0], parts[1]) for parts in (line.split() for line in text.splitlines()) if len(parts) >= 2]
+
+
+def job_seconds(jobs: list[tuple[str, str]]) -> dict[str, int]:
+    """Each finished job's run time from `scontrol show job` (start to end), by step."""
+    seconds: dict[str, int] = {}
+    for step, job in jobs:
+        try:
+            shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+        except FileNotFoundError:
+            log.warning("scontrol not found: no Slurm job times in the summary")
+            return seconds
+        fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+        start, end = fields.get("StartTime", ""), fields.get("EndTime", "")
+        if start[:1].isdigit() and end[:1].isdigit():
+            seconds[step] = int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+    return seconds
+
+
+def build_summary(layout: RunLayout, *, jobs: dict[str, int] | None = None,
+                  wall_seconds: int | None = None) -> dict[str, Any]:
+    """The results.json payload; without new job times or wall time, the previous summary's are kept."""
+    previous = read_optional_json(layout.results) or {}
+    knn = load_knn(layout)
+    return {
+        "knn": knn_headline(knn), "n_reference": knn["n_reference"], "n_query": knn["n_query"],
+        "step_seconds": read_timings(layout),
+        "job_seconds": jobs if jobs is not None else previous.get("job_seconds", {}),
+        "demo_wall_seconds": wall_seconds if wall_seconds is not None else previous.get("demo_wall_seconds"),
+        "report": str(layout.report.resolve()),
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """The kNN table and the step times, as printed at the end of `make demo`."""
+    lines = [f"{'features':<18} {'k':>4} {'top-1':>8} {'top-2':>8}"]
+    for entry in summary["knn"].values():
+        lines.append(f"{entry['label']:<18} {entry['best_k']:>4} {entry['top1']:>8.3f} {entry['top2']:>8.3f}")
+    lines += ["", "step times, s (in Python / as a Slurm job):"]
+    for step, value in summary["step_seconds"].items():
+        job = summary["job_seconds"].get(step)
+        lines.append(f"  {step:<12} {value:>7.1f} / {'-' if job is None else job}")
+    return "\n".join(lines)
+
+
+def write_summary(layout: RunLayout, *, jobs_file: Path | None = None, wall_seconds: int | None = None) -> dict:
+    """Build and write results.json; `jobs_file` lists "step jobid" lines of the jobs just run."""
+    jobs = job_seconds(parse_jobs(jobs_file.read_text())) if jobs_file and jobs_file.is_file() else None
+    summary = build_summary(layout, jobs=jobs, wall_seconds=wall_seconds)
+    write_json_atomic(layout.results, summary, indent=2)
+    log.info("wrote %s", layout.results)
+    return summary

@@ -1,0 +1,33 @@
+"""paths: print where a run's files are, so shell scripts never spell a file name themselves.
+
+    python -m training paths --config run.yaml [--set key=value ...] root packed knn_json
+    python -m training paths --config run.yaml --all      # every name, "name<TAB>path" per line
+
+One path per requested name, in order (names: training/rundir/layout.py, e.g. root, packed,
+preempted_marker, results, report). An unknown name is an error that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from training.config import Config
+from training.errors import UserError
+from training.rundir import RunLayout
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="*", metavar="NAME", help="path names, e.g. root packed report")
+    parser.add_argument("--all", action="store_true", help="print every name and path")
+
+
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    known = layout.named_paths()
+    if args.all:
+        print("\n".join(f"{name}\t{path}" for name, path in known.items()))
+        return 0
+    unknown = [name for name in args.names if name not in known]
+    if unknown or not args.names:
+        raise UserError(f"unknown path name(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}")
+    print("\n".join(str(known[name]) for name in args.names))
+    return 0
