@@ -44,15 +44,14 @@ def test_cli_reads_step_and_measured_bandwidth(tmp_path, capsys):
 
 def test_cli_reads_what_bench_step_writes(tmp_path, capsys):
     """The scaling model is fed the step benchmark's own JSON, not a hand-written stand-in."""
-    import argparse
-
+    from training.benchmarks.request import StepBenchRequest
     from training.benchmarks.step import run_step_benchmark
     from training.config import Config
 
     config = Config().replace({"data.channels": "01", "model.arch": "vit_tiny", "model.patch_size": 8,
                                "model.out_dim": 64, "dino.global_crop_size": 16, "dino.local_crop_size": 8,
                                "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})
-    measured = run_step_benchmark(config, argparse.Namespace(batches=1, warmup=1))
+    measured = run_step_benchmark(config, StepBenchRequest(steps=1, warmup=1))
     step = tmp_path / "step.json"
     step.write_text(json.dumps(measured))
     capsys.readouterr()
