@@ -232,11 +232,11 @@ def _check_enough(loader, request: LoaderBenchRequest) -> None:
     needed = request.warmup + request.batches
     if len(loader) < needed:
         raise UserError(f"the dataset gives {len(loader)} batches per epoch; the benchmark needs "
-                        f"--warmup + --batches = {needed}: use fewer batches or more --images")
+                        f"--warmup + --batches = {needed}: use fewer batches or more images")
 
 
-def _report(config: Config, request: LoaderBenchRequest, workers: int, n_images: int, rates: dict[str, tuple[float, float]],
-            prepare_s: float) -> dict:
+def _report(config: Config, request: LoaderBenchRequest, workers: int, n_images: int,
+            rates: dict[str, tuple[float, float]], prepare_s: float) -> dict:
     d = config.dino
     (base_rate, base_cpu), (packed_rate, packed_cpu), (dev_rate, dev_cpu) = (
         rates["baseline"], rates["packed"], rates["device"])
