@@ -5,8 +5,10 @@
 #   GPU_BENCH_SMOKE=1 scripts/gpu-bench.sh OUT_DIR    # tiny sizes, runs on a CPU (what the tests check)
 # Writes device.json, step_<setting>.json (ViT-S/16 and ViT-B/16 at scDINO's crops, eager and
 # compiled, and ViT-S/8 at the cells' native resolution), loader_224.json and loader_native.json
-# (baseline, packed, device-side multi-crop, DALI), gpu_tests.txt (pytest -m gpu) and summary.json.
-# Settings: BENCH_BATCH (images per step, 64), BENCH_STEPS (timed steps, 30), PYTHON.
+# (baseline, packed, device-side multi-crop, DALI), scaling_vits16_224.json (the multi-node model of
+# training/benchmarks/scaling.py fed the ViT-S/16 step), gpu_tests.txt (pytest -m gpu) and summary.json.
+# Settings: BENCH_BATCH (images per step, 64), BENCH_STEPS (timed steps, 30), BENCH_WARMUP (untimed
+# steps first, 3: enough for cuDNN autotuning and torch.compile), PYTHON.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +17,7 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 SMOKE=${GPU_BENCH_SMOKE:-0}
 BATCH=${BENCH_BATCH:-64}
 STEPS=${BENCH_STEPS:-30}
+WARMUP=${BENCH_WARMUP:-3}
 
 die() { echo "gpu-bench: error: $*" >&2; exit 1; }
 [ -x "$PYTHON" ] || die "no Python at $PYTHON: run \`make install\` or set PYTHON"
@@ -29,11 +32,11 @@ fi
 # The settings, as `name|--set overrides` lines. Full size: scDINO's crops, 5 channels, bf16 where
 # the GPU has it; smoke: the same code paths at toy sizes.
 if [ "$SMOKE" = 1 ]; then
-  BATCH=2 STEPS=1
+  BATCH=2 STEPS=1 WARMUP=0
   COMMON="data.channels=01234 model.out_dim=64 dino.local_crops_number=2 dino.global_crop_size=16 dino.local_crop_size=8"
   SETTINGS=("vits16_224|model.arch=vit_tiny model.patch_size=8"
             "vits8_native|model.arch=vit_tiny model.patch_size=8 dino.global_crop_size=8 dino.local_crop_size=8")
-  LOADER=(--images 40 --batches 1 --warmup 1 --workers 1)
+  LOADER=(--images 40 --batches 1 --warmup 0 --workers 1)
   NATIVE_SIZE=8/8
 else
   COMMON="data.channels=01234"
@@ -62,8 +65,11 @@ for entry in "${SETTINGS[@]}"; do
   name=${entry%%|*}
   mapfile -t args < <(sets "${entry#*|}")
   echo "== bench step: $name"
-  "$PYTHON" -m training bench step --batches "$STEPS" --warmup 3 "${args[@]}" --out "$OUT/step_$name.json" >/dev/null
+  "$PYTHON" -m training bench step --batches "$STEPS" --warmup "$WARMUP" "${args[@]}" --out "$OUT/step_$name.json" >/dev/null
 done
+
+echo "== scaling model: vits16_224"
+"$PYTHON" -m training.benchmarks.scaling --step-json "$OUT/step_vits16_224.json" > "$OUT/scaling_vits16_224.json"
 
 mapfile -t args < <(sets "")
 echo "== bench loader: 2 x 224 + 8 x 96"

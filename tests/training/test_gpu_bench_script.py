@@ -25,6 +25,10 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert set(summary["step"]) == {"vits16_224", "vits8_native"}
     for step in summary["step"].values():
         assert step["images_per_s"] > 0 and step["split_step_time_s"]["total"] > 0
+    step = json.loads((tmp_path / "out" / "step_vits16_224.json").read_text())
+    scaling = json.loads((tmp_path / "out" / "scaling_vits16_224.json").read_text())
+    assert scaling["model"]["params"] == step["params"] and scaling["model"]["backward_s"] == step["backward_s"]
+    assert all(preset["rows"][0]["nodes"] == 1 for preset in scaling["presets"].values())
     assert set(summary["loader"]) == {"224", "native"}
     for loader in summary["loader"].values():
         assert loader["baseline_images_per_s"] > 0 and loader["packed_images_per_s"] > 0

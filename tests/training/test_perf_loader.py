@@ -1,7 +1,7 @@
 """The fast loader path computes what the plain one does: banded products against dense ones,
 ring-buffered threads against the synchronous loader and the plain multi-crop, device-side
 augmentation against the CPU path (crops and DINO loss), the ring's lifetime rule, and the
-`bench loader` JSON with its three paths and --size."""
+`bench loader` JSON with its three paths, --size and --warmup 0."""
 
 import json
 import time
@@ -107,9 +107,10 @@ def test_bench_loader_reports_three_paths_at_native_size(make_config, tmp_path, 
     path = tmp_path / "bench.yaml"
     dump_config(config, path)
     assert main(["bench", "loader", "--config", str(path), "--images", "25", "--batches", "2",
-                 "--warmup", "1", "--workers", "1", "--size", "24/12"]) == 0
+                 "--warmup", "0", "--workers", "1", "--size", "24/12"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["settings"]["crops"] == "2x24 + 2x12"
+    assert result["settings"]["warmup_batches"] == 0 and result["settings"]["timed_batches"] == 2
     device = result["device_augment"]
     assert device["device"] == "cpu" and device["images_per_s"] > 0 and device["cpu_ms_per_image"] > 0
     assert device["ratio"] == pytest.approx(device["images_per_s"] / result["baseline_scdino_style_images_per_s"],

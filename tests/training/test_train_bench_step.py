@@ -1,14 +1,23 @@
-"""`bench step`: the figures it reports on CPU, and its analytic FLOP count against PyTorch's counter."""
+"""`bench step`: the figures it reports on CPU, its analytic FLOP count against PyTorch's counter,
+and the flags: typed requests, `--warmup 0` meaning 0, one-line errors naming a bad flag."""
 
-import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from training.benchmarks import step as step_module
+from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest
 from training.benchmarks.step import run_step_benchmark, train_flops_per_image, vit_forward_flops, head_flops
-from training.config import Config
+from training.cli import build_parser, main
+from training.config import Config, dump_config
+from training.errors import UserError
 from training.models import build_model
+from training.steps.bench import loader_request, step_request
 
 torch.set_num_threads(1)
 
@@ -22,7 +31,7 @@ def tiny_config() -> Config:
 
 
 def test_step_benchmark_reports_throughput_and_time_split_on_cpu():
-    result = run_step_benchmark(tiny_config(), argparse.Namespace(batches=2, warmup=1))
+    result = run_step_benchmark(tiny_config(), StepBenchRequest(steps=2, warmup=1))
     assert result["device"] == "cpu" and result["precision"] == "fp32" and result["steps"] == 2
     split = result["split_step_time_s"]
     assert set(split) == {"data", "forward", "backward", "optimizer", "total"}
@@ -49,3 +58,72 @@ def test_analytic_flops_match_pytorch_flop_counter():
         return vit_forward_flops("vit_tiny", 8, 5, side) + head_flops("vit_tiny", 256)
 
     assert per_image == pytest.approx(3 * (2 * forward(32) + 2 * forward(16)) + 2 * forward(32))
+
+
+def _args(*argv: str):
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_flags_become_typed_requests_and_warmup_zero_stays_zero():
+    assert step_request(_args("step", "--batches", "5", "--warmup", "0")) == StepBenchRequest(steps=5, warmup=0)
+    assert loader_request(_args("loader", "--warmup", "0", "--workers", "0", "--size", "48/24")) == \
+        LoaderBenchRequest(warmup=0, workers=0, crop_sizes=(48, 24))
+    # without flags each benchmark gets its documented defaults (docs/performance.md)
+    assert (step_request(_args("step")).steps, step_request(_args("step")).warmup) == (20, 3)
+    assert (loader_request(_args("loader")).batches, loader_request(_args("loader")).warmup) == (10, 2)
+
+
+def test_warmup_zero_runs_no_untimed_step(tmp_path, capsys, monkeypatch):
+    drawn = []
+
+    class CountedCrops(step_module.SyntheticCrops):
+        def __iter__(self):
+            for batch in super().__iter__():
+                drawn.append(batch)
+                yield batch
+
+    monkeypatch.setattr(step_module, "SyntheticCrops", CountedCrops)
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(), config)
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--config", str(config), "--batches", "1", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == printed
+    assert printed["steps"] == 1 and printed["warmup_steps"] == 0
+    # The timed pass draws every batch of a loader of steps + warmup = 1 batch, and the free-running
+    # pass stages the first min(4, 1) of them again: 2 in all (8 if --warmup 0 had become 3).
+    assert len(drawn) == 1 + 1
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["step", "--batches", "0"], "--batches"),
+    (["step", "--warmup", "-1"], "--warmup"),
+    (["step", "--size", "48/24"], "--size"),
+    (["loader", "--batches", "0"], "--batches"),
+    (["loader", "--warmup", "-2"], "--warmup"),
+    (["loader", "--workers", "-1"], "--workers"),
+    (["loader", "--images", "0"], "--images"),
+    (["loader", "--size", "48/0"], "--size"),
+    (["loader", "--size", "48x24"], "--size"),
+])
+def test_bad_flags_fail_in_one_line_naming_the_flag(argv, flag, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {flag} ") and "\n" not in err
+
+
+def test_requests_reject_bad_values_built_in_code():
+    with pytest.raises(UserError, match="^--batches 0: "):
+        StepBenchRequest(steps=0)
+    with pytest.raises(UserError, match="^--warmup True: "):
+        LoaderBenchRequest(warmup=True)
+    with pytest.raises(UserError, match="^--size "):
+        LoaderBenchRequest(crop_sizes=(48,))
+
+
+def test_the_bench_step_module_imports_no_torch():
+    code = "import sys, training.steps.bench; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    assert imported.stdout.strip() == "[]"

@@ -17,7 +17,6 @@ comparable when the machine is shared with other work (see "load_average").
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import random
@@ -32,6 +31,7 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
 from training.benchmarks.dali import benchmark_dali
+from training.benchmarks.request import LoaderBenchRequest
 from training.config import Config
 from training.data.index import scan_images
 from training.data.loaders import build_pretrain_loader
@@ -166,41 +166,29 @@ def _stop(iterator) -> None:
         iterator.close()
 
 
-def _tiff_source(config: Config, args: argparse.Namespace, scratch: Path) -> Path:
+def _tiff_source(config: Config, images: int, scratch: Path) -> Path:
+    """The configured TIFF folder, or `images` synthetic 5-class TIFFs written under scratch."""
     source = Path(config.data.source)
     if source.is_dir() and not is_packed(source):
         return source
     channels = max(5, max(config.data.channel_indices) + 1)
-    per_class = max(1, args.images // 5)
+    per_class = max(1, images // 5)
     write_dataset(scratch / "images", 5, per_class, channels, 50, config.run.seed)
     return scratch / "images"
-
-
-def crop_sizes(text: str | None) -> dict:
-    """`--size 48/24` -> the config overrides for global/local crop sides (native resolution)."""
-    if not text:
-        return {}
-    try:
-        global_size, local_size = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise UserError(f"--size {text!r}: give the global and local crop sides as G/L, e.g. --size 48/24") from None
-    if min(global_size, local_size) < 1:
-        raise UserError(f"--size {text!r}: crop sides must be positive")
-    return {"dino.global_crop_size": global_size, "dino.local_crop_size": local_size}
 
 
 def bench_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def run_loader_benchmark(config: Config, args: argparse.Namespace) -> dict:
+def run_loader_benchmark(config: Config, request: LoaderBenchRequest) -> dict:
     """The three loaders over the same images and worker count; returns the figures as a dict."""
-    config = config.replace(crop_sizes(getattr(args, "size", None)))
-    workers = config.data.num_workers if args.workers is None else args.workers
+    config = config.replace(request.config_overrides())
+    workers = config.data.num_workers if request.workers is None else request.workers
     batch = config.optim.batch_size_per_gpu
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
         scratch = Path(tmp)
-        source = _tiff_source(config, args, scratch)
+        source = _tiff_source(config, request.images, scratch)
         index = scan_images(source, config.data.folder_depth_for_labels)
         start = time.perf_counter()
         pack_images(source, index, scratch / "packed", channel_axis=config.data.channel_axis,
@@ -218,17 +206,17 @@ def run_loader_benchmark(config: Config, args: argparse.Namespace) -> dict:
         packed, _ = build_pretrain_loader(bench, rank=0, world_size=1, mean=stats[0], std=stats[1])
         raw, _ = build_pretrain_loader(bench.replace({"data.gpu_augment": True}), rank=0, world_size=1,
                                        mean=stats[0], std=stats[1])
-        _check_enough(packed, args)
+        _check_enough(packed, request)
         rates = {
-            "baseline": _time_batches(baseline, args.warmup, args.batches, batch),
-            "packed": _time_batches(packed, args.warmup, args.batches, batch),
-            "device": _time_device_path(raw, args, batch),
+            "baseline": _time_batches(baseline, request.warmup, request.batches, batch),
+            "packed": _time_batches(packed, request.warmup, request.batches, batch),
+            "device": _time_device_path(raw, request, batch),
         }
-        dali = benchmark_dali(bench, mean=stats[0], std=stats[1], batches=args.batches, warmup=args.warmup)
-    return {**_report(config, args, workers, len(index), rates, prepare_s), **dali}
+        dali = benchmark_dali(bench, mean=stats[0], std=stats[1], batches=request.batches, warmup=request.warmup)
+    return {**_report(config, request, workers, len(index), rates, prepare_s), **dali}
 
 
-def _time_device_path(loader, args: argparse.Namespace, batch: int) -> tuple[float, float]:
+def _time_device_path(loader, request: LoaderBenchRequest, batch: int) -> tuple[float, float]:
     """The raw loader with the multi-crop on the device. On a CPU the crops run in this thread on
     one core: OpenMP teams that spin while the cores are shared cost more than they bring."""
     device = bench_device()
@@ -236,19 +224,20 @@ def _time_device_path(loader, args: argparse.Namespace, batch: int) -> tuple[flo
     if device.type == "cpu":
         torch.set_num_threads(1)
     try:
-        return _time_batches(loader, args.warmup, args.batches, batch, device)
+        return _time_batches(loader, request.warmup, request.batches, batch, device)
     finally:
         torch.set_num_threads(threads)
 
 
-def _check_enough(loader, args: argparse.Namespace) -> None:
-    if len(loader) < args.warmup + args.batches:
+def _check_enough(loader, request: LoaderBenchRequest) -> None:
+    needed = request.warmup + request.batches
+    if len(loader) < needed:
         raise UserError(f"the dataset gives {len(loader)} batches per epoch; the benchmark needs "
-                        f"--warmup + --batches = {args.warmup + args.batches}: use fewer or more images")
+                        f"--warmup + --batches = {needed}: use fewer batches or more images")
 
 
-def _report(config: Config, args, workers: int, n_images: int, rates: dict[str, tuple[float, float]],
-            prepare_s: float) -> dict:
+def _report(config: Config, request: LoaderBenchRequest, workers: int, n_images: int,
+            rates: dict[str, tuple[float, float]], prepare_s: float) -> dict:
     d = config.dino
     (base_rate, base_cpu), (packed_rate, packed_cpu), (dev_rate, dev_cpu) = (
         rates["baseline"], rates["packed"], rates["device"])
@@ -269,8 +258,8 @@ def _report(config: Config, args, workers: int, n_images: int, rates: dict[str, 
         "load_average": round(os.getloadavg()[0], 2),
         "settings": {
             "workers": workers, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "batch_size": config.optim.batch_size_per_gpu, "timed_batches": args.batches,
-            "warmup_batches": args.warmup, "dataset_images": n_images, "channels": config.data.channels,
+            "batch_size": config.optim.batch_size_per_gpu, "timed_batches": request.batches,
+            "warmup_batches": request.warmup, "dataset_images": n_images, "channels": config.data.channels,
             "crops": f"2x{d.global_crop_size} + {d.local_crops_number}x{d.local_crop_size}",
             "global_crops_scale": list(d.global_crops_scale), "local_crops_scale": list(d.local_crops_scale),
             "prepare_s": round(prepare_s, 2), "torch": torch.__version__,

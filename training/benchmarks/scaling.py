@@ -14,6 +14,13 @@ Inside one node the intra-node bus bandwidth applies; across nodes the inter-nod
 when the replicated training state does not fit beside the activations. A bf16 gradient-compression
 hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths are published
 figures (sources below) unless a measured `--busbw-json` (slurm/nccl_tests.slurm) replaces them.
+
+Inputs, field by field, and who writes them:
+- `--step-json`, from `python -m training bench step` (training/benchmarks/step.py): `benchmark`
+  ("step"), `step_time_s`, `backward_s`, `params`, `flops_per_step`, and `mfu` and
+  `peak_memory_gb`, which are null where they could not be measured (a CPU, an unknown GPU);
+- `--busbw-json`, from `python -m training.benchmarks.allreduce` (training/benchmarks/allreduce.py):
+  `busbw_gbs`, and `nodes`, which says whether it is the inside-one-node or the across-nodes figure.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 GB = 1e9
@@ -89,8 +96,13 @@ def efficiency(profile: StepProfile, net: Interconnect, nodes: int, *, grad_byte
     return profile.step_time_s / (profile.step_time_s + exposed), exposed
 
 
+def replicated_state_gb(params: int) -> float:
+    """What every DDP rank holds besides activations: fp32 weights, gradients, AdamW moments, teacher."""
+    return params * (ADAMW_STATE_BYTES_PER_PARAM + TEACHER_BYTES_PER_PARAM) / GB
+
+
 def fsdp_verdict(profile: StepProfile, net: Interconnect) -> str:
-    state_gb = profile.params * (ADAMW_STATE_BYTES_PER_PARAM + TEACHER_BYTES_PER_PARAM) / GB
+    state_gb = replicated_state_gb(profile.params)
     if state_gb + profile.activation_gb < 0.7 * net.gpu_memory_gb:
         return (f"DDP: the replicated state ({state_gb:.2f} GB) fits; FSDP would add 50% more "
                 "communication for no memory benefit")
@@ -123,16 +135,42 @@ def predict(profile: StepProfile, node_counts: list[int], presets: dict[str, Int
     return out
 
 
-def profile_from_step_json(data: dict, backward_fraction: float) -> StepProfile:
-    """Read `python -m training bench step` output: step time, its backward share, parameters."""
+# The fields of `bench step` output this model reads (see the module docstring); the nullable ones
+# are null where the benchmark could not measure them.
+STEP_FIELDS = ("step_time_s", "backward_s", "params", "flops_per_step")
+STEP_NULLABLE_FIELDS = ("mfu", "peak_memory_gb")
+
+
+def profile_from_step_json(data: dict) -> StepProfile:
+    """Read `python -m training bench step` output into the model's step profile.
+
+    The activation memory is the measured peak less the replicated state, so that fsdp_verdict
+    compares the measured footprint, not an estimate, with the GPU's memory.
+    """
+    if data.get("benchmark") != "step":
+        raise SystemExit("error: --step-json is not the output of `python -m training bench step` "
+                         f"(its \"benchmark\" is {data.get('benchmark')!r}, not \"step\")")
+    missing = [key for key in STEP_FIELDS + STEP_NULLABLE_FIELDS if key not in data]
+    if missing:
+        raise SystemExit(f"error: --step-json lacks {', '.join(missing)}: rerun `python -m training bench step`")
+    params = int(data["params"])
+    peak = data["peak_memory_gb"]
+    activation_gb = max(0.0, float(peak) - replicated_state_gb(params)) if peak is not None else 0.0
+    return StepProfile(float(data["step_time_s"]), float(data["backward_s"]), params, activation_gb,
+                       float(data["flops_per_step"]), float(data["mfu"] or 0.0))
+
+
+def with_measured_busbw(net: Interconnect, data: dict, name: str) -> Interconnect:
+    """The preset with a measured `allreduce` figure in place of the published one: the
+    across-nodes figure when it was measured across nodes, else the inside-one-node one."""
     try:
-        step = float(data["step_time_s"])
-        params = int(data.get("trainable_params") or data["params"])
+        busbw, nodes = float(data["busbw_gbs"]), int(data["nodes"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise SystemExit(f"error: the step JSON lacks {exc}: pass --step-time and --params") from None
-    backward = float(data.get("backward_s") or backward_fraction * step)
-    return StepProfile(step, backward, params, float(data.get("activation_gb") or 0.0),
-                       float(data.get("flops_per_step") or 0.0), float(data.get("mfu") or 0.0))
+        raise SystemExit(f"error: --busbw-json lacks {exc}: give the output of "
+                         "`python -m training.benchmarks.allreduce --out`") from None
+    if nodes > 1:
+        return replace(net, inter_busbw_gbs=busbw, source=f"measured across {nodes} nodes: {name}")
+    return replace(net, intra_busbw_gbs=busbw, source=f"measured inside one node: {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,14 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-json", type=Path, help="output of `python -m training bench step`")
     parser.add_argument("--step-time", type=float, help="seconds per step on one GPU")
     parser.add_argument("--params", type=int, default=44_000_000, help="trainable parameters (ViT-S + DINO head: ~44M)")
-    parser.add_argument("--backward-fraction", type=float, default=0.55, help="share of the step spent in backward")
-    parser.add_argument("--busbw-json", type=Path, help="allreduce benchmark output; its busbw_gbs replaces the inter-node figure of --preset")
+    parser.add_argument("--backward-fraction", type=float, default=0.55,
+                        help="with --step-time: share of the step spent in backward")
+    parser.add_argument("--busbw-json", type=Path,
+                        help="allreduce benchmark output; its busbw_gbs replaces the figure of --preset "
+                             "(across nodes when it was measured on more than one node, else inside one)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="only this instance type")
     parser.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated node counts")
     parser.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that can hide communication")
     args = parser.parse_args(argv)
     if args.step_json:
-        profile = profile_from_step_json(json.loads(args.step_json.read_text()), args.backward_fraction)
+        profile = profile_from_step_json(json.loads(args.step_json.read_text()))
     elif args.step_time:
         profile = StepProfile(args.step_time, args.backward_fraction * args.step_time, args.params)
     else:
@@ -156,10 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.busbw_json:
         if not args.preset:
             parser.error("--busbw-json needs --preset (the instance type it was measured on)")
-        measured = float(json.loads(args.busbw_json.read_text())["busbw_gbs"])
-        net = presets[args.preset]
-        presets[args.preset] = Interconnect(net.gpus_per_node, net.gpu_memory_gb, net.intra_busbw_gbs,
-                                            measured, net.peak_tflops, f"measured: {args.busbw_json.name}")
+        presets[args.preset] = with_measured_busbw(presets[args.preset], json.loads(args.busbw_json.read_text()),
+                                                   args.busbw_json.name)
     nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
     json.dump(predict(profile, nodes, presets, args.overlap), sys.stdout, indent=2)
     print()

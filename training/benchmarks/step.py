@@ -1,6 +1,7 @@
 """Training-step benchmark: `python -m training bench step --config run.yaml [--batches 20] [--warmup 3]`.
 
-`--batches` is the number of timed steps; `--set train.compile=true` compares compiled with eager.
+`--batches` is the number of timed steps (StepBenchRequest.steps); `--set train.compile=true`
+compares compiled with eager.
 
 Runs the real DINO step (teacher + student forward, loss, backward, clipping, AdamW, EMA) on
 synthetic crops, so the figure is the model's speed, not the loader's, in two passes:
@@ -21,7 +22,6 @@ embedding 2 (N - 1) C p^2 d and the DINO head 2 (d h + h^2 + h b + b K) (h = 204
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import time
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from training.benchmarks.request import StepBenchRequest
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.models import ARCHS
@@ -145,14 +146,14 @@ def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device, warmu
     return totals
 
 
-def run_step_benchmark(config: Config, args: argparse.Namespace) -> dict[str, Any]:
-    """Time the DINO step on synthetic crops; returns the figures (the caller prints them as JSON)."""
+def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, Any]:
+    """Time the DINO step on synthetic crops; returns the figures (the caller prints them as JSON).
+
+    The keys are what training/benchmarks/scaling.py reads (`profile_from_step_json`).
+    """
     from training.trainer import build_state
 
-    steps = getattr(args, "steps", None) or getattr(args, "batches", None) or 20
-    warmup = getattr(args, "warmup", None) or 3
-    if getattr(args, "compile", False):
-        config = config.replace({"train.compile": True})
+    steps, warmup = request.steps, request.warmup
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ctx = DistContext(env=DistEnv(), device=device, backend=None)
     state = build_state(config, ctx, steps_per_epoch=2 * steps + warmup)
@@ -161,7 +162,8 @@ def run_step_benchmark(config: Config, args: argparse.Namespace) -> dict[str, An
     totals = _timed_steps(state, loader, device, warmup)
     free_running_s = _free_running(state, loader, device, steps)
     params = sum(p.numel() for p in state.models.student.parameters() if p.requires_grad)
-    return {**summarise(config, state.precision.name, device, steps, totals, free_running_s), "params": params}
+    return {**summarise(config, state.precision.name, device, steps, totals, free_running_s),
+            "warmup_steps": warmup, "params": params}
 
 
 def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, steps: int) -> float:

@@ -1,45 +1,87 @@
 """bench: print benchmark figures as JSON.
 
-    python -m training bench loader --config run.yaml [--batches 10 --workers 2]
-    python -m training bench step --config run.yaml
+    python -m training bench loader --config run.yaml [--batches 10 --warmup 2 --workers 2 --images 2000 --size 48/24]
+    python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
 
 `loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64,
 per-sample torchvision transforms) against the packed loader with batched multi-crop, same images,
-same worker count. `step`: training-step throughput (training/benchmarks/step.py).
+same worker count (training/benchmarks/loader.py). `step`: training-step throughput
+(training/benchmarks/step.py). This module is the one place where the flags become a typed request
+(training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
+
+from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest, parse_crop_sizes
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Flags that mean something to `bench loader` only; given to `bench step`, they are an error
+# rather than silently ignored.
+LOADER_ONLY = ("workers", "images", "size")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
     parser.add_argument("what", choices=["loader", "step"], help="which benchmark to run")
-    parser.add_argument("--batches", type=int, default=10, help="timed batches (loader) or steps (step)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed batches or steps first")
-    parser.add_argument("--workers", type=int, help="DataLoader workers (default: data.num_workers)")
-    parser.add_argument("--images", type=int, default=2000,
-                        help="synthetic images to generate when data.source is absent (loader)")
+    parser.add_argument("--batches", type=int,
+                        help="timed batches (loader, default 10) or steps (step, default 20)")
+    parser.add_argument("--warmup", type=int, help="untimed batches or steps first (loader 2, step 3)")
+    parser.add_argument("--workers", type=int, help="loader: DataLoader workers (default: data.num_workers)")
+    parser.add_argument("--images", type=int,
+                        help="loader: synthetic images to generate when data.source is absent (default 2000)")
     parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
-    parser.add_argument("--out", help="also write the JSON to this file")
+    parser.add_argument("--out", type=Path, help="also write the JSON to this file")
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def loader_request(args: argparse.Namespace) -> LoaderBenchRequest:
+    return LoaderBenchRequest(**_given(args, "batches", "warmup", "workers", "images"),
+                              crop_sizes=parse_crop_sizes(args.size))
+
+
+def step_request(args: argparse.Namespace) -> StepBenchRequest:
+    for name in LOADER_ONLY:
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; "
+                            "`bench step` runs on synthetic crops")
+    given = _given(args, "batches", "warmup")
+    if "batches" in given:
+        given["steps"] = given.pop("batches")
+    return StepBenchRequest(**given)
 
 
 def run(config, layout, args: argparse.Namespace) -> int:
     if args.what == "loader":
+        request = loader_request(args)
         from training.benchmarks.loader import run_loader_benchmark
 
-        result = run_loader_benchmark(config, args)
+        result = run_loader_benchmark(config, request)
     else:
+        request = step_request(args)
         from training.benchmarks.step import run_step_benchmark
 
-        result = run_step_benchmark(config, args)
+        result = run_step_benchmark(config, request)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(out)
+        _write_text(args.out, text + "\n")
     return 0
+
+
+def _write_text(out: Path, text: str) -> None:
+    """Whole or not at all: a reader (scripts/gpu-bench.sh's summary) never sees half a file.
+    Local until training/ has one atomic-write helper."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    log.info("wrote %s", out)
