@@ -21,7 +21,9 @@ from training.models.vit import attention_weights, dino_resample_pos_embed
 torch.set_num_threads(1)
 
 SMALL = ModelConfig(arch="vit_small", patch_size=16, out_dim=256, drop_path_rate=0.0)
-SIZES = [(96, 96), (112, 112), (224, 224), (480, 480), (96, 160)]
+SIZES = [(96, 96), (112, 112), (224, 224), (480, 480), (96, 160), (224, 236), (112, 448), (100, 100), (100, 150)]
+"""Square crop sizes; a rectangle; a rectangle with the stored 14 x 14 grid (DINO resamples it); the
+stored token count in a 7 x 28 grid; sizes that are not whole patches (DINO ignores the rest)."""
 
 
 def dino_tokens(backbone, images: torch.Tensor) -> torch.Tensor:

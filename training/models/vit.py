@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 from torch.nn import functional as F
+from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
 
 PosEmbedInterpolation = Literal["dino", "timm"]
@@ -29,18 +30,19 @@ ARCHS: dict[str, tuple[int, int, int]] = {
 }
 
 
-def dino_resample_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+def dino_resample_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int], square_image: bool = True) -> torch.Tensor:
     """DINO's `interpolate_pos_encoding` for a (rows, cols) patch grid: (1, 1 + N, D) -> (1, 1 + rows*cols, D).
 
-    The stored square grid of side sqrt(N) is kept as it is for a square grid of the same side,
-    else resampled bicubically (no antialias) with scale factors (rows + 0.1) / sqrt(N) and
-    (cols + 0.1) / sqrt(N). Passing the scale factor rather than the output size matters: PyTorch
-    maps output to input coordinates by 1 / scale, so the result differs from a `size=` resampling.
+    As in DINO, the stored embedding is kept when the token count is N and the image is square in
+    pixels; otherwise the stored sqrt(N) x sqrt(N) grid is resampled bicubically (no antialias) with
+    scale factors (rows + 0.1) / sqrt(N) and (cols + 0.1) / sqrt(N), even when a non-square image
+    has the stored grid. Passing the scale factor rather than the output size matters: PyTorch maps
+    output to input coordinates by 1 / scale, so the result differs from a `size=` resampling.
     """
     stored = pos_embed.shape[1] - 1
     side = math.isqrt(stored)
     rows, cols = grid
-    if rows == cols == side:
+    if rows * cols == stored and square_image:
         return pos_embed
     dim = pos_embed.shape[-1]
     patch_grid = pos_embed[:, 1:].reshape(1, side, side, dim).permute(0, 3, 1, 2)
@@ -57,8 +59,8 @@ class DinoVisionTransformer(VisionTransformer):
     `pos_embed_interpolation` chooses how the stored position embedding meets other crop sizes:
     "dino" as facebookresearch/dino (a DINO or scDINO checkpoint gives DINO's features at every
     size), "timm" as timm's `dynamic_img_size` (antialiased resampling to the exact grid).
-    One deliberate difference from DINO: for a non-square image whose patch grid equals the stored
-    square grid, DINO still resamples (by under a tenth of a patch); here the grid alone decides.
+    DINO's rule depends on the image's pixel shape, not only on its patch grid, so the forward
+    pass builds its tokens with `_tokens`, which sees the image.
     """
 
     def __init__(self, *, pos_embed_interpolation: PosEmbedInterpolation = "dino", **kwargs) -> None:
@@ -67,19 +69,44 @@ class DinoVisionTransformer(VisionTransformer):
         super().__init__(**kwargs)
         self.pos_embed_interpolation = pos_embed_interpolation
 
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Prepend the CLS token and add the position embedding to patch tokens (B, rows, cols, D)."""
+    def _pos_embed(self, x: torch.Tensor, square_image: bool | None = None) -> torch.Tensor:
+        """Prepend the CLS token and add the position embedding to patch tokens (B, rows, cols, D).
+
+        `square_image` (the pixel shape, for DINO's rule) defaults to a square grid meaning a
+        square image, for timm's own callers that only pass the tokens.
+        """
         if self.pos_embed_interpolation == "timm" or x.ndim != 4:
             return super()._pos_embed(x)
         batch, rows, cols, dim = x.shape
+        square = rows == cols if square_image is None else square_image
         tokens = torch.cat([self.cls_token.expand(batch, -1, -1), x.reshape(batch, rows * cols, dim)], dim=1)
-        return self.pos_drop(tokens + dino_resample_pos_embed(self.pos_embed, (rows, cols)))
+        return self.pos_drop(tokens + dino_resample_pos_embed(self.pos_embed, (rows, cols), square))
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)
-        x = self._pos_embed(x)
+        """CLS and patch tokens with position embeddings, as DINO's `prepare_tokens`.
+
+        Like DINO's strided convolution, the patch embedding ignores the pixels beyond the last
+        whole patch (timm would refuse such a size), e.g. the last 4 of a 100 px image at patch 16.
+        """
+        height, width = x.shape[-2:]
+        patch_h, patch_w = self.patch_embed.patch_size
+        x = x[..., : height - height % patch_h, : width - width % patch_w]
+        x = self._pos_embed(self.patch_embed(x), square_image=height == width)
         x = self.patch_drop(x)
         return self.norm_pre(x)
+
+    def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                         is_causal: bool = False) -> torch.Tensor:
+        """timm's forward_features, with the tokens built by `_tokens`."""
+        x = self._tokens(x)
+        if attn_mask is not None or is_causal:
+            for block in self.blocks:
+                x = block(x, attn_mask=attn_mask, is_causal=is_causal)
+        elif self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return self.norm(x)
 
     @torch.no_grad()
     def get_last_selfattention(self, x: torch.Tensor) -> torch.Tensor:
