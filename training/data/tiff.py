@@ -132,6 +132,7 @@ def _schemes(path: Path) -> dict[str, bool]:
 
 
 def _known(enum: type, value: int) -> bool:
+    """Whether a tag value names a scheme tifffile knows (a damaged tag may hold any number)."""
     try:
         enum(value)
     except ValueError:
