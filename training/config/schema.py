@@ -97,6 +97,11 @@ class ModelConfig:
     """BatchNorm in the projection head MLP."""
     pretrained: str = ""
     """Optional DINO/scDINO checkpoint to start from; the patch embedding is adapted to the channel count."""
+    pos_embed_interpolation: Literal["dino", "timm"] = "dino"
+    """How the position embedding is resampled for crops of another size than the stored grid (local
+    crops, evaluation sizes): "dino" as facebookresearch/dino (bicubic with scale factor
+    (grid + 0.1) / sqrt(N), no antialias), so that a DINO or scDINO checkpoint gives DINO's features
+    at every size; "timm" as timm (antialiased, to the exact size), about 2 % away at 96 px."""
 
 
 @dataclass(frozen=True)

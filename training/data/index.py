@@ -1,7 +1,8 @@
 """Find the images of a dataset and their class labels from folder names (scDINO's layout).
 
-`root/<class>/<image>.tif` gives the label "<class>" at folder_depth_for_labels=0; with deeper
-trees (`root/<donor>/<class>/<plate>/<image>.tif`) a larger depth picks a higher folder.
+`root/<class>/<image>.tif` gives the label "<class>" at folder_depth_for_labels=0 (the folder that
+holds the image); with deeper trees (`root/<donor>/<class>/<plate>/<image>.tif`) the depth counts
+upwards from the image: 1 gives "<class>", 2 "<donor>", as in scDINO.
 """
 
 from __future__ import annotations

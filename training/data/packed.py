@@ -6,6 +6,10 @@
 Images of different sizes are supported (offsets + shapes); when all share one shape the reader
 exposes the file as a single (N, C, H, W) array so a batch is one fancy-indexing copy. The memory
 map is opened lazily in each process (DataLoader workers share the page cache, not Python objects).
+
+All images are stored in one pixel type: their own when they share it (the usual case), else the
+smallest type that holds every image (float32 for uint16 among float32; exact up to 32-bit types).
+Every image is min-max scaled on its own when read, so the stored type changes no result.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ FORMAT = "scdino-packed-v1"
 IMAGES_FILE = "images.bin"
 INDEX_FILE = "index.json"
 VOTE_SAMPLE = 32
-"""How many leading images vote on the dataset's channel count and dtype."""
+"""How many leading images vote on the dataset's channel count and give its first pixel type."""
+WIDEN_CHUNK = 1 << 24
+"""Elements converted at a time when the packed file is rewritten in a wider pixel type."""
 
 
 def is_packed(folder: Path) -> bool:
@@ -49,7 +55,9 @@ class PackReport:
 
 
 def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
-    """The channel count and dtype most of the leading readable images have."""
+    """The channel count most of the leading readable images have, and a pixel type that holds all
+    of those images exactly (their own if they share one), so that a mixed folder rarely needs
+    the packed file rewritten later."""
     votes: Counter = Counter()
     for rel in index.paths[: VOTE_SAMPLE * 2]:
         try:
@@ -61,19 +69,54 @@ def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) ->
             break
     if not votes:
         return 0, np.dtype(np.uint16)
-    (channels, dtype), _ = votes.most_common(1)[0]
-    return channels, np.dtype(dtype)
+    (channels, _), _ = votes.most_common(1)[0]
+    types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
+    return channels, np.result_type(*types)
 
 
-def conform(image: np.ndarray, channels: int, dtype: np.dtype, path: str) -> np.ndarray:
-    """Check one image against the dataset's channel count and dtype; cast when lossless."""
+def conform(image: np.ndarray, channels: int, path: str) -> np.ndarray:
+    """Check one image against the dataset's channel count."""
     if image.shape[0] != channels:
         raise BadImage(path, f"wrong shape: {image.shape[0]} channels, the dataset has {channels}")
-    if image.dtype != dtype:
-        if not np.can_cast(image.dtype, dtype, casting="safe"):
-            raise BadImage(path, f"pixel type {image.dtype} cannot be stored losslessly as {dtype}")
-        image = image.astype(dtype)
     return image
+
+
+class PixelWriter:
+    """Appends images to the flat pixel file in one type, widening the type when an image needs it.
+
+    Widening rewrites what was written so far (once per new type, and only for a mixed folder);
+    offsets count elements, not bytes, so those already recorded stay valid.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype, self.elements = Path(path), np.dtype(dtype), 0
+        self.file = open(self.path, "wb")
+
+    def append(self, image: np.ndarray) -> int:
+        """Write one image; returns its offset in elements."""
+        if not np.can_cast(image.dtype, self.dtype, casting="safe"):
+            self._widen(image.dtype)
+        offset = self.elements
+        self.file.write(image.astype(self.dtype, copy=False).tobytes())
+        self.elements += image.size
+        return offset
+
+    def _widen(self, other: np.dtype) -> None:
+        dtype = np.promote_types(self.dtype, other)
+        log.info("pixel types differ (%s and %s): packing every image as %s", self.dtype, other, dtype)
+        self.file.close()
+        wider = self.path.with_name(self.path.name + ".wider")
+        with open(wider, "wb") as out:
+            if self.elements:
+                written = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.elements,))
+                for start in range(0, self.elements, WIDEN_CHUNK):
+                    out.write(written[start:start + WIDEN_CHUNK].astype(dtype).tobytes())
+                del written
+        os.replace(wider, self.path)
+        self.dtype, self.file = dtype, open(self.path, "ab")
+
+    def close(self) -> None:
+        self.file.close()
 
 
 READ_THREADS, READ_AHEAD = 8, 256
@@ -122,30 +165,29 @@ def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: C
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    report, kept, shapes, offsets, offset = PackReport(), [], [], [], 0
+    report, kept, shapes, offsets = PackReport(), [], [], []
     try:
         with ExitStack() as stack:
-            out = stack.enter_context(open(tmp / IMAGES_FILE, "wb"))
+            writer = PixelWriter(tmp / IMAGES_FILE, dtype)
+            stack.callback(writer.close)
             results = stack.enter_context(closing(_read_all(root, index, channel_axis)))
             for i, result in enumerate(tqdm(results, total=len(index), desc="prepare", unit="img")):
                 try:
                     if isinstance(result, BadImage):
                         raise result
-                    image = conform(result, channels, dtype, index.paths[i])
+                    image = conform(result, channels, index.paths[i])
                 except BadImage as bad:
                     on_bad(bad)
                     report.bad.append(bad)
                     continue
-                out.write(image.tobytes())
+                offsets.append(writer.append(image))
                 kept.append(i)
                 shapes.append(list(image.shape))
-                offsets.append(offset)
-                offset += image.size
         _write_index(tmp, {
-            "format": FORMAT, "dtype": dtype.str, "channels": channels,
+            "format": FORMAT, "dtype": writer.dtype.str, "channels": channels,
             "paths": [index.paths[i] for i in kept], "labels": [index.labels[i] for i in kept],
             "class_names": index.class_names, "shapes": shapes, "offsets": offsets,
-            "total_elements": offset, "source": str(root), "folder_depth_for_labels": folder_depth_for_labels,
+            "total_elements": writer.elements, "source": str(root), "folder_depth_for_labels": folder_depth_for_labels,
         })
         _replace_dir(tmp, out_dir)
     finally:

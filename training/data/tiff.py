@@ -1,7 +1,9 @@
 """Read one multi-channel TIFF as a (C, H, W) array, or say exactly why it cannot be used.
 
-Every failure is a :class:`BadImage` carrying the path and a short human reason, so that the
-`prepare` report, the read-time warnings and the `fail` policy all speak the same language.
+Every failure of one file is a :class:`BadImage` carrying the path and a short human reason, so
+that the `prepare` report, the read-time warnings and the `fail` policy all speak the same language.
+A compression this installation cannot decode is not a bad file but a missing prerequisite that
+would lose every image saved the same way: it is a :class:`UserError` that stops the step.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Literal
 
 import numpy as np
 import tifffile
+
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,9 @@ def read_image(path: str | Path, channel_axis: ChannelAxis = "auto") -> np.ndarr
     try:
         array = tifffile.imread(path)
     except Exception as exc:  # tifffile raises many types for damaged files; all mean "unreadable"
+        missing = missing_codec(path, exc)
+        if missing:
+            raise UserError(missing) from None
         raise BadImage(path, f"corrupt or truncated TIFF ({type(exc).__name__}: {_first_line(exc)})") from None
     array = np.asarray(array)
     if array.size == 0:
@@ -77,6 +84,60 @@ def read_image(path: str | Path, channel_axis: ChannelAxis = "auto") -> np.ndarr
     image = to_channels_first(array, channel_axis, path)
     check_pixels(image, path)
     return np.ascontiguousarray(image)
+
+
+def missing_codec(path: Path, exc: Exception) -> str | None:
+    """A message if `path` failed to read because a codec is absent, else None (a damaged file).
+
+    Without imagecodecs, tifffile raises ValueError("... requires the 'imagecodecs' package") for
+    LZW, JPEG, the floating-point predictor and others, which would otherwise read as "corrupt"; an
+    imagecodecs whose codec failed to load raises ImportError. The file's own compression and
+    predictor tags are checked against tifffile's decoders, so the message names the scheme.
+    """
+    schemes = _schemes(path)
+    missing = [name for name, decodable in schemes.items() if not decodable]
+    if not missing and isinstance(exc, ImportError):
+        used = [name for name in schemes if name != "NONE compression"] or ["compression"]
+        missing = [f"{', '.join(used)} ({_first_line(exc)})"]
+    if not missing:
+        return None
+    try:
+        import imagecodecs
+        fix = (f"the installed imagecodecs {imagecodecs.__version__} lacks it: reinstall the version "
+               "pinned in requirements.txt, or save the images uncompressed")
+    except ImportError:
+        fix = "install imagecodecs (`pip install -r requirements.txt` installs the pinned version)"
+    return f"{path}: cannot decode its {', '.join(missing)}: the codec is missing; {fix}"
+
+
+def _schemes(path: Path) -> dict[str, bool]:
+    """The known compressions and predictors the file uses, each with whether tifffile can decode it.
+
+    Empty when the header itself cannot be read (a damaged file, not a missing codec).
+    """
+    found: dict[str, bool] = {}
+    try:
+        with tifffile.TiffFile(path) as tif:
+            for page in tif.pages:
+                compression, predictor = int(page.compression), int(page.predictor)
+                if _known(tifffile.COMPRESSION, compression):
+                    name = f"{tifffile.COMPRESSION(compression).name} compression"
+                    found[name] = compression in tifffile.TIFF.DECOMPRESSORS
+                if predictor != 1 and _known(tifffile.PREDICTOR, predictor):
+                    name = f"{tifffile.PREDICTOR(predictor).name} predictor"
+                    found[name] = predictor in tifffile.TIFF.UNPREDICTORS
+    except Exception:  # tifffile raises many types for damaged headers
+        return {}
+    return found
+
+
+def _known(enum: type, value: int) -> bool:
+    """Whether a tag value names a scheme tifffile knows (a damaged tag may hold any number)."""
+    try:
+        enum(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _first_line(exc: Exception) -> str:

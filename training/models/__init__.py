@@ -32,6 +32,7 @@ def build_backbone(
         in_chans=in_chans,
         img_size=img_size,
         drop_path_rate=drop_path_rate,
+        pos_embed_interpolation=model_config.pos_embed_interpolation,
     )
 
 

@@ -1,0 +1,93 @@
+"""A folder whose images have different pixel types (uint8, uint16, float32) keeps every image in
+`prepare`, and each reads back min-max scaled exactly as computed from its original array."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import training.data.packed as packed_module
+from training.cli import main
+from training.config import dump_config
+from training.data.dataset import open_dataset
+from training.data.packed import PackedImages
+from training.data.synthetic import write_tiff
+from training.layout import RunLayout
+
+
+def _cli(config, step):
+    path = Path(config.run.output_dir).parent / f"{step}.yaml"
+    dump_config(config, path)
+    return main([step, "--config", str(path)])
+
+
+def image_of(dtype: str, seed: int) -> np.ndarray:
+    """A 5-channel (H, W, C) image spanning a range typical of its type (negative values for float)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "float32":
+        return rng.normal(0.0, 50.0, (30, 28, 5)).astype(np.float32)
+    return rng.integers(0, np.iinfo(dtype).max, (30, 28, 5), dtype=dtype, endpoint=True)
+
+
+def write_folder(root: Path, types: list[str]) -> dict[str, np.ndarray]:
+    """Images named so that sorting keeps the given order; two class folders."""
+    sources = {}
+    for i, dtype in enumerate(types):
+        rel = f"{'ab'[i * 2 // len(types)]}/{i:02d}_{dtype}.tif"
+        sources[rel] = image_of(dtype, seed=i)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_tiff(root / rel, sources[rel])
+    return sources
+
+
+def minmax_reference(image: np.ndarray) -> np.ndarray:
+    """scDINO's per-channel min-max scaling of an (H, W, C) array, in float64, as (C, H, W)."""
+    channels_first = np.moveaxis(image, -1, 0).astype(np.float64)
+    low = channels_first.min(axis=(1, 2), keepdims=True)
+    high = channels_first.max(axis=(1, 2), keepdims=True)
+    return (channels_first - low) / (high - low)
+
+
+MIXED = ["uint16", "uint16", "uint8", "float32", "uint16", "uint8"]
+
+
+@pytest.mark.parametrize("vote_sample", [2, 32], ids=["widened-while-packing", "known-from-the-vote"])
+def test_mixed_types_are_all_packed_and_scale_as_the_originals(make_config, tmp_path, monkeypatch, caplog,
+                                                               vote_sample):
+    monkeypatch.setattr(packed_module, "VOTE_SAMPLE", vote_sample)
+    caplog.set_level("INFO", logger=packed_module.__name__)
+    root = tmp_path / "images"
+    sources = write_folder(root, MIXED)
+    config = make_config({"data.source": str(root)})
+    assert _cli(config, "prepare") == 0
+    layout = RunLayout.from_config(config)
+    assert not layout.bad_images.exists()
+    assert ("pixel types differ" in caplog.text) == (vote_sample == 2)
+    packed = PackedImages(layout.packed)
+    assert packed.paths == sorted(sources) and packed.dtype == np.float32
+    for i, rel in enumerate(packed.paths):
+        np.testing.assert_array_equal(packed.read(i), np.moveaxis(sources[rel], -1, 0))
+    dataset = open_dataset(config)
+    for i, rel in enumerate(dataset.paths):
+        scaled, _ = dataset[i]
+        np.testing.assert_allclose(scaled.numpy(), minmax_reference(sources[rel]), rtol=0, atol=1e-6)
+
+
+def test_integer_types_widen_to_the_smallest_type_that_holds_both(make_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(packed_module, "VOTE_SAMPLE", 1)
+    root = tmp_path / "images"
+    sources = write_folder(root, ["uint8", "uint8", "uint16", "uint8"])
+    config = make_config({"data.source": str(root)})
+    assert _cli(config, "prepare") == 0
+    packed = PackedImages(RunLayout.from_config(config).packed)
+    assert packed.dtype == np.uint16 and len(packed) == 4
+    for i, rel in enumerate(packed.paths):
+        np.testing.assert_array_equal(packed.read(i), np.moveaxis(sources[rel], -1, 0))
+
+
+def test_a_single_type_folder_keeps_its_type_and_format(make_config):
+    config = make_config()
+    assert _cli(config, "prepare") == 0
+    packed = PackedImages(RunLayout.from_config(config).packed)
+    assert packed.dtype == np.uint16 and packed.meta["format"] == "scdino-packed-v1"
+    assert (RunLayout.from_config(config).packed / "images.bin").stat().st_size == 2 * packed.meta["total_elements"]
