@@ -1,6 +1,7 @@
 # Two commands on a fresh Debian/Ubuntu machine with Python 3.11 and Node 20:
 #   make demo   installs, then runs the pipeline on the embedded synthetic data through a local Slurm cluster
-#   make test   installs, then runs the whole test suite (infra, training, Slurm integration)
+#   make test   installs, then runs the linter and the whole test suite (infra, training, Slurm integration)
+#   make test-quick   the unit tests only (no Slurm, no end-to-end runs, no synthesis): a few minutes
 # Installs are idempotent: stamps are rebuilt only when a requirements file changes.
 
 PYTHON ?= python3
@@ -11,7 +12,7 @@ PYTEST_ARGS ?=
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: install system-deps demo test synth lint clean
+.PHONY: install system-deps demo test test-quick synth lint clean
 
 install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed node_modules/.installed
 
@@ -36,8 +37,14 @@ node_modules/.installed: package.json package-lock.json
 demo: install
 	scripts/demo.sh
 
-test: install
+test: install lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-quick: install
+	$(VENV)/bin/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check training stacks tests scripts app.py examples
 
 synth: install
 	npx cdk synth --quiet

@@ -15,7 +15,7 @@ from training.config import dump_config
 from training.data.packed import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import UserError
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 COMPRESSIONS = ["lzw", "zlib", "deflate", "packbits", "zstd", "lzma"]
 TIFFFILE = importlib.import_module("tifffile.tifffile")

@@ -12,7 +12,7 @@ from training.config import dump_config
 from training.data.dataset import open_dataset
 from training.data.packed import PackedImages
 from training.data.synthetic import write_tiff
-from training.layout import RunLayout
+from training.rundir import RunLayout
 
 
 def _cli(config, step):

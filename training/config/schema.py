@@ -25,7 +25,7 @@ class RunConfig:
     name: str = "demo"
     """Run name, used in log lines and the report title."""
     output_dir: str = "runs/demo"
-    """Run directory: every step writes its outputs below it (see training/layout.py)."""
+    """Run directory: every step writes its outputs below it (see training/rundir/layout.py)."""
     seed: int = 0
     """Seed for the hold-out split, augmentations, initialisation and kNN split."""
 

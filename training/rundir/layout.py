@@ -16,7 +16,7 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       metrics.jsonl               `pretrain`: one JSON object per logged step / epoch (rank 0)
       tensorboard/                `pretrain`: event files
       features/<tag>/             `features`: one feature set per tag (training/rundir/tags.py; format in
-                                  training/eval/store.py)
+                                  training/rundir/features.py)
       labels.json                 `labels`: class names, integer labels and paths of the hold-out images
       knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
       linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch

@@ -1,4 +1,4 @@
 """Pipeline steps. Each module defines `add_arguments(parser)` (optional) and `run(config, args)`.
 
-A step reads only the files earlier steps wrote (training/layout.py) and writes its own.
+A step reads only the files earlier steps wrote (training/rundir/layout.py) and writes its own.
 """
