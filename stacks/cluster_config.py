@@ -14,6 +14,16 @@ from stacks.presets import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, S
 from stacks.settings import Settings
 
 
+# Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
+# configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change
+# of the head node's OnNodeConfigured); the pointer file names the bundle to install.
+BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
+BUNDLE_POINTER_KEY = "bootstrap/current.json"
+BUNDLE_KEY_PREFIX = "bundles/"
+SSM_POLICY = "AmazonSSMManagedInstanceCore"
+"""AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
+
+
 @dataclass(frozen=True)
 class ClusterRefs:
     """Ids and ARNs of resources made by the other stacks (tokens or literal strings)."""
@@ -23,31 +33,33 @@ class ClusterRefs:
     file_system_id: str
     data_policy_arn: str
     """Managed policy giving nodes read/write on the data prefix of the bucket."""
-    assets_bucket: str
-    script_key: str
-    bundle_key: str
+    deploy_bucket: str
+    """Bucket holding the bootstrap script, the bundle pointer and the bundles, at fixed keys."""
+    bundle_id: str
+    """Id (content hash) of the bundle this rendering deploys; only the head node's OnNodeUpdated names it."""
     vpc_cidr: str
+    partition: str = "aws"
     custom_ami: str = ""
-    """An AMI id, or empty for the official ParallelCluster AMI."""
+    """An AMI id for the compute queues, or empty for the official ParallelCluster AMI."""
 
 
 def _s3_uri(refs: ClusterRefs, key: str) -> str:
-    return f"s3://{refs.assets_bucket}/{key}"
+    return f"s3://{refs.deploy_bucket}/{key}"
 
 
 def _node_iam(refs: ClusterRefs) -> dict[str, Any]:
-    """Read-only access to exactly the two asset objects, plus the data policy."""
+    """Read-only access to the deploy bucket, the data policy, and Session Manager."""
     return {
-        "S3Access": [{"BucketName": refs.assets_bucket, "KeyName": key, "EnableWriteAccess": False}
-                     for key in (refs.script_key, refs.bundle_key)],
-        "AdditionalIamPolicies": [{"Policy": refs.data_policy_arn}],
+        "S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
+        "AdditionalIamPolicies": [{"Policy": refs.data_policy_arn},
+                                  {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}],
     }
 
 
-def _custom_actions(refs: ClusterRefs, *, events: tuple[str, ...] = ("OnNodeConfigured",)) -> dict[str, Any]:
-    """The bootstrap script with its arguments: the bundle's S3 URI and where to install it."""
-    action = {"Script": _s3_uri(refs, refs.script_key), "Args": [_s3_uri(refs, refs.bundle_key), BUNDLE_DIR]}
-    return {event: dict(action) for event in events}
+def _bootstrap_action(refs: ClusterRefs, *extra_args: str) -> dict[str, Any]:
+    """The bootstrap script: it installs the bundle the pointer names into BUNDLE_DIR."""
+    return {"Script": _s3_uri(refs, BOOTSTRAP_SCRIPT_KEY),
+            "Args": [_s3_uri(refs, BUNDLE_POINTER_KEY), BUNDLE_DIR, *extra_args]}
 
 
 def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
@@ -60,8 +72,10 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
         "LocalStorage": {"RootVolume": {"Size": cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}},
         "SharedStorageType": "Ebs",
         "Imds": {"Secured": True},
-        # OnNodeUpdated too: a `cdk deploy` with a new bundle reinstalls it on the head node.
-        "CustomActions": _custom_actions(refs, events=("OnNodeConfigured", "OnNodeUpdated")),
+        # OnNodeConfigured never changes; OnNodeUpdated names the bundle id, so a new bundle is a
+        # (supported) configuration change that makes the head node run it and switch /apps/scdino.
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs),
+                          "OnNodeUpdated": _bootstrap_action(refs, refs.bundle_id)},
         "Iam": _node_iam(refs),
     }
 
@@ -79,6 +93,9 @@ def _compute_resource(preset: GpuPreset, settings: Settings) -> dict[str, Any]:
 
 
 def _queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    # The pipeline's AMI goes to the queues, not to Image/CustomAmi: a queue's AMI may change on
+    # an existing cluster (QueueUpdateStrategy), the cluster-wide one never can.
+    image = {"Image": {"CustomAmi": refs.custom_ami}} if refs.custom_ami else {}
     local_storage: dict[str, Any] = {
         "RootVolume": {"Size": settings.cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}}
     if preset.local_nvme:
@@ -92,8 +109,9 @@ def _queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str
         "Networking": networking,
         "ComputeResources": [_compute_resource(preset, settings)],
         "ComputeSettings": {"LocalStorage": local_storage},
-        "CustomActions": _custom_actions(refs),
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
         "Iam": _node_iam(refs),
+        **image,
     }
 
 
@@ -111,7 +129,8 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
     return {
         "DetailedMonitoring": True,
         "Logs": {"CloudWatch": {"Enabled": True, "RetentionInDays": settings.cluster.log_retention_days,
-                                "DeletionPolicy": "Delete"}},
+                                # Kept: a failed create must not delete the logs that say why.
+                                "DeletionPolicy": "Retain"}},
         "Dashboards": {"CloudWatch": {"Enabled": True}},
         "Alarms": {"Enabled": True},
     }
@@ -119,12 +138,9 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
 
 def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
     """The whole cluster configuration as ParallelCluster's YAML would hold it."""
-    image: dict[str, Any] = {"Os": settings.image.os}
-    if refs.custom_ami:
-        image["CustomAmi"] = refs.custom_ami
     return {
         "Region": settings.region,
-        "Image": image,
+        "Image": {"Os": settings.image.os},
         "Imds": {"ImdsSupport": "v2.0"},
         "HeadNode": _head_node(settings, refs),
         "Scheduling": {

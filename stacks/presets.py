@@ -67,3 +67,7 @@ FSX_MOUNT_DIR = "/fsx"
 APPS_MOUNT_DIR = "/apps"
 SCRATCH_DIR = "/scratch"
 BUNDLE_DIR = "/apps/scdino"
+
+# Paths the GPU image (ami/scripts) creates and the bootstrap and Slurm scripts use.
+IMAGE_VENV = "/opt/scdino-venv"
+NCCL_TESTS_BIN = "/opt/nccl-tests/bin/all_reduce_perf"

@@ -71,9 +71,3 @@ def test_no_ingress_from_anywhere_in_any_stack(synth, demo_synth):
                     assert rule.get("CidrIp") != "0.0.0.0/0", f"{name}/{logical_id} is open to the internet"
                     assert rule.get("CidrIpv6") != "::/0", f"{name}/{logical_id} is open to the internet"
 
-
-def test_security_groups_allow_only_https_to_the_internet(synth):
-    for group in resources(synth.json["network"], "AWS::EC2::SecurityGroup").values():
-        for rule in group["Properties"].get("SecurityGroupEgress", []):
-            if rule.get("CidrIp") == "0.0.0.0/0":
-                assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 443, 443)
