@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stacks.presets import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, GpuPreset
+from stacks.presets import (APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, GpuPreset,
+                            compute_resource_name)
 from stacks.settings import Settings
 
 
@@ -21,6 +22,7 @@ BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
 BUNDLE_POINTER_KEY = "bootstrap/current.json"
 BUNDLE_KEY_PREFIX = "bundles/"
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
+CPU_SPOT_QUEUE = "cpu-spot"
 """AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
 
 
@@ -69,7 +71,7 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
         "Networking": {"SubnetId": refs.subnet_id, "AdditionalSecurityGroups": [refs.security_group_id]},
         # No key pair: people connect through SSM Session Manager; SSH stays inside the VPC.
         "Ssh": {"AllowedIps": refs.vpc_cidr},
-        "LocalStorage": {"RootVolume": {"Size": cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}},
+        "LocalStorage": {"RootVolume": _root_volume(settings)},
         "SharedStorageType": "Ebs",
         "Imds": {"Secured": True},
         # OnNodeConfigured never changes; OnNodeUpdated names the bundle id, so a new bundle is a
@@ -81,38 +83,69 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
 
 
 def _compute_resource(preset: GpuPreset, settings: Settings) -> dict[str, Any]:
+    cluster = settings.cluster
     resource: dict[str, Any] = {
         "Name": preset.compute_resource_name,
         "InstanceType": preset.instance_type,
-        "MinCount": settings.cluster.min_nodes,
-        "MaxCount": settings.cluster.max_nodes,
+        "MinCount": cluster.min_nodes,
+        "MaxCount": cluster.max_nodes,
     }
     if preset.efa:
         resource["Efa"] = {"Enabled": True}
+    if cluster.capacity_reservation_id:
+        resource["CapacityReservationTarget"] = {"CapacityReservationId": cluster.capacity_reservation_id}
     return resource
 
 
-def _queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
-    # The pipeline's AMI goes to the queues, not to Image/CustomAmi: a queue's AMI may change on
-    # an existing cluster (QueueUpdateStrategy), the cluster-wide one never can.
-    image = {"Image": {"CustomAmi": refs.custom_ami}} if refs.custom_ami else {}
-    local_storage: dict[str, Any] = {
-        "RootVolume": {"Size": settings.cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}}
-    if preset.local_nvme:
-        local_storage["EphemeralVolume"] = {"MountDir": SCRATCH_DIR}
-    networking: dict[str, Any] = {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]}
-    if preset.placement_group:
-        networking["PlacementGroup"] = {"Enabled": True}
-    return {
-        "Name": preset.queue_name,
-        "CapacityType": "ONDEMAND",
-        "Networking": networking,
-        "ComputeResources": [_compute_resource(preset, settings)],
+def _placement_group(preset: GpuPreset, settings: Settings) -> dict[str, Any]:
+    """A cluster placement group for EFA presets, except where a reservation decides placement:
+    a Capacity Block needs none, and an On-Demand reservation brings its own (if any)."""
+    if not preset.placement_group:
+        return {}
+    return {"PlacementGroup": {"Enabled": not settings.cluster.capacity_reservation_id}}
+
+
+def _root_volume(settings: Settings) -> dict[str, Any]:
+    return {"Size": settings.cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}
+
+
+def _slurm_queue(name: str, capacity_type: str, resource: dict[str, Any], local_storage: dict[str, Any],
+                 refs: ClusterRefs, placement: dict[str, Any]) -> dict[str, Any]:
+    """What every queue shares: subnet and groups, the bootstrap action, node IAM, the pipeline's AMI."""
+    queue = {
+        "Name": name,
+        "CapacityType": capacity_type,
+        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id],
+                       **placement},
+        "ComputeResources": [resource],
         "ComputeSettings": {"LocalStorage": local_storage},
         "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
         "Iam": _node_iam(refs),
-        **image,
     }
+    # The pipeline's AMI goes to the queues, not to Image/CustomAmi: a queue's AMI may change on
+    # an existing cluster (QueueUpdateStrategy), the cluster-wide one never can.
+    if refs.custom_ami:
+        queue["Image"] = {"CustomAmi": refs.custom_ami}
+    return queue
+
+
+def _gpu_queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    local_storage: dict[str, Any] = {"RootVolume": _root_volume(settings)}
+    if preset.local_nvme:
+        local_storage["EphemeralVolume"] = {"MountDir": SCRATCH_DIR}
+    queue = _slurm_queue(preset.queue_name, settings.cluster.capacity_type, _compute_resource(preset, settings),
+                         local_storage, refs, _placement_group(preset, settings))
+    if settings.cluster.gpu_health_checks:
+        queue["HealthChecks"] = {"Gpu": {"Enabled": True}}
+    return queue
+
+
+def _cpu_spot_queue(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    """Spot CPU nodes for the steps that need no GPU; Slurm requeues a job whose node is reclaimed."""
+    instance_type = settings.cluster.cpu_spot_instance_type
+    resource = {"Name": compute_resource_name(instance_type), "InstanceType": instance_type, "MinCount": 0,
+                "MaxCount": settings.cluster.cpu_spot_max_nodes}
+    return _slurm_queue(CPU_SPOT_QUEUE, "SPOT", resource, {"RootVolume": _root_volume(settings)}, refs, {})
 
 
 def _shared_storage(settings: Settings, refs: ClusterRefs) -> list[dict[str, Any]]:
@@ -147,7 +180,8 @@ def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any
             "Scheduler": "slurm",
             "SlurmSettings": {"ScaledownIdletime": settings.cluster.scaledown_idle_minutes,
                               "QueueUpdateStrategy": "DRAIN"},
-            "SlurmQueues": [_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets],
+            "SlurmQueues": [_gpu_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets]
+            + ([_cpu_spot_queue(settings, refs)] if settings.cluster.cpu_spot_instance_type else []),
         },
         "SharedStorage": _shared_storage(settings, refs),
         "Monitoring": _monitoring(settings),

@@ -35,6 +35,8 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
+_RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
+CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
 
 
 class SettingsError(ValueError):
@@ -132,6 +134,15 @@ class ClusterSettings:
     root_volume_gib: int = 200
     scaledown_idle_minutes: int = 10
     log_retention_days: int = 30
+    capacity_type: str = "ONDEMAND"
+    """GPU queues: ONDEMAND, or CAPACITY_BLOCK (EC2 Capacity Blocks for ML: min_nodes == max_nodes, a reservation id)."""
+    capacity_reservation_id: str = ""
+    """cr-... : GPU nodes launch into this On-Demand Capacity Reservation or Capacity Block (one preset only)."""
+    gpu_health_checks: bool = False
+    """ParallelCluster's DCGM check of the GPUs before each job on a GPU queue (adds minutes to job start)."""
+    cpu_spot_instance_type: str = ""
+    """Empty: no CPU queue; else a Spot queue `cpu-spot` of this type for CPU steps (kNN, plots, data preparation)."""
+    cpu_spot_max_nodes: int = 4
 
     def __post_init__(self) -> None:
         _check(bool(_NAME.match(self.name)) and len(self.name) <= 40, "cluster.name",
@@ -152,6 +163,24 @@ class ClusterSettings:
         _check(self.scaledown_idle_minutes >= 1, "cluster.scaledown_idle_minutes", "must be >= 1")
         _check(self.log_retention_days in _LOG_RETENTIONS, "cluster.log_retention_days",
                f"must be one of CloudWatch's values {_LOG_RETENTIONS}, got {self.log_retention_days}")
+        self._check_capacity()
+        _check(self.cpu_spot_instance_type == "" or bool(_INSTANCE.match(self.cpu_spot_instance_type)),
+               "cluster.cpu_spot_instance_type",
+               f"expected empty or an EC2 instance type such as c6i.8xlarge, got {self.cpu_spot_instance_type!r}")
+        _check(self.cpu_spot_max_nodes >= 1, "cluster.cpu_spot_max_nodes", f"must be >= 1, got {self.cpu_spot_max_nodes}")
+
+    def _check_capacity(self) -> None:
+        _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",
+               f"must be one of {CAPACITY_TYPES}, got {self.capacity_type!r}")
+        _check(self.capacity_reservation_id == "" or bool(_RESERVATION.match(self.capacity_reservation_id)),
+               "cluster.capacity_reservation_id", f"expected empty or cr-..., got {self.capacity_reservation_id!r}")
+        _check(not self.capacity_reservation_id or len(self.presets) == 1, "cluster.capacity_reservation_id",
+               f"a reservation holds one instance type: choose one preset, got {list(self.presets)}")
+        if self.capacity_type == "CAPACITY_BLOCK":
+            _check(bool(self.capacity_reservation_id), "cluster.capacity_reservation_id",
+                   "required when cluster.capacity_type is CAPACITY_BLOCK")
+            _check(self.min_nodes == self.max_nodes, "cluster.min_nodes",
+                   f"must equal cluster.max_nodes ({self.max_nodes}) with CAPACITY_BLOCK, got {self.min_nodes}")
 
 
 

@@ -6,6 +6,8 @@ stdin: a JSON object with any of
   "ami_tags":   {label: {tag: value}}      -> {label: [(level, message), ...]}  (CustomAmiTagValidator)
   "os_ami":     {label: [os, custom_ami]}  -> {label: [(level, message), ...]}  (OsCustomAmiValidator)
   "cluster_names": [name, ...]             -> {name: [(level, message), ...]}  (ClusterNameValidator)
+  "queues":     {label: config}            -> {label: [(level, message), ...]}  (per-queue validators that
+                                              need no AWS call: ComputeResourceSize, EfaPlacementGroup)
   "constants":  [name, ...]                -> {name: value}                    (pcluster.constants)
 stdout: the same keys with the results. AWS calls are stubbed; none is made.
 """
@@ -76,6 +78,24 @@ def ami_tag_failures(tags):
         return failures(cluster_validators.CustomAmiTagValidator(), custom_ami="ami-0123456789abcdef0")
 
 
+def queue_failures(config):
+    loaded = ClusterSchema(cluster_name=CLUSTER_NAME).load(config)
+    found = []
+    for queue in loaded.scheduling.queues:
+        for resource in queue.compute_resources:
+            found += failures(cluster_validators.ComputeResourceSizeValidator(), min_count=resource.min_count,
+                              max_count=resource.max_count, capacity_type=queue.capacity_type)
+            found += failures(
+                cluster_validators.EfaPlacementGroupValidator(), efa_enabled=resource.efa.enabled,
+                placement_group_key=queue.get_placement_group_settings_for_compute_resource(resource).get("key"),
+                placement_group_disabled=queue.get_chosen_placement_group_setting_for_compute_resource(
+                    resource).enabled is False,
+                # multi_az_enabled maps subnets to zones through EC2; one subnet is one zone.
+                multi_az_enabled=len(queue.networking.subnet_ids) > 1, capacity_type=queue.capacity_type,
+                queue_name=queue.name)
+    return found
+
+
 def main():
     request = json.load(sys.stdin)
     result = {
@@ -87,6 +107,7 @@ def main():
         "cluster_names": {name: failures(cluster_validators.ClusterNameValidator(), name=name, scheduling=SLURM)
                           for name in request.get("cluster_names", [])},
         "constants": {name: getattr(constants, name) for name in request.get("constants", [])},
+        "queues": {label: queue_failures(config) for label, config in request.get("queues", {}).items()},
     }
     json.dump(result, sys.stdout, default=str)
 

@@ -222,3 +222,78 @@ def test_the_pipeline_ami_goes_to_the_queues_not_the_cluster(demo_synth):
     parameter = demo_synth.json["cluster"]["Parameters"][amis[0]["Ref"]]
     assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
     assert parameter["Default"] == one(demo_synth.json["image"], "AWS::SSM::Parameter")["Properties"]["Name"]
+
+
+# --- capacity and queue options (off by default) --------------------------------------------------
+
+OPTIONS = {
+    "on-demand-reservation": {"cluster.presets": "p5.48xlarge", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
+    "capacity-block": {"cluster.presets": "p5.48xlarge", "cluster.capacity_type": "CAPACITY_BLOCK",
+                       "cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.min_nodes": 2},
+    "gpu-health-checks": {"cluster.gpu_health_checks": "true"},
+    "cpu-spot-queue": {"cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.cpu_spot_max_nodes": 8},
+}
+
+
+def _option_config(layer: dict) -> dict:
+    return build_cluster_config(build_settings(layer), REFS)
+
+
+@pytest.fixture(scope="module")
+def option_checks() -> dict:
+    configs = {label: _option_config(layer) for label, layer in OPTIONS.items()}
+    unequal_block = _option_config(OPTIONS["capacity-block"])
+    unequal_block["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MinCount"] = 1
+    return run_pcluster({"schema": configs, "queues": {**configs, "capacity-block-min-below-max": unequal_block}})
+
+
+@pytest.mark.parametrize("label", sorted(OPTIONS))
+def test_each_option_passes_parallelcluster_schema_and_queue_validators(option_checks, label):
+    assert option_checks["schema"][label] == []
+    assert not [message for level, message in option_checks["queues"][label] if level == "ERROR"]
+
+
+def test_the_queue_validators_really_reject_a_capacity_block_below_its_size(option_checks):
+    assert [level for level, _ in option_checks["queues"]["capacity-block-min-below-max"]] == ["ERROR"]
+
+
+def test_a_reservation_targets_the_gpu_nodes_and_decides_their_placement():
+    for label in ("on-demand-reservation", "capacity-block"):
+        (queue,) = _option_config(OPTIONS[label])["Scheduling"]["SlurmQueues"]
+        assert queue["ComputeResources"][0]["CapacityReservationTarget"] == {
+            "CapacityReservationId": "cr-0123456789abcdef0"}
+        assert queue["Networking"]["PlacementGroup"] == {"Enabled": False}
+    (block,) = _option_config(OPTIONS["capacity-block"])["Scheduling"]["SlurmQueues"]
+    assert block["CapacityType"] == "CAPACITY_BLOCK"
+
+
+def test_options_are_off_by_default():
+    config = _option_config({})
+    (queue,) = config["Scheduling"]["SlurmQueues"]
+    assert queue["CapacityType"] == "ONDEMAND" and "HealthChecks" not in queue
+    assert "CapacityReservationTarget" not in queue["ComputeResources"][0]
+
+
+def test_gpu_health_checks_and_the_spot_cpu_queue():
+    (gpu,) = _option_config(OPTIONS["gpu-health-checks"])["Scheduling"]["SlurmQueues"]
+    assert gpu["HealthChecks"] == {"Gpu": {"Enabled": True}}
+    gpu, cpu = _option_config(OPTIONS["cpu-spot-queue"])["Scheduling"]["SlurmQueues"]
+    assert (cpu["Name"], cpu["CapacityType"]) == ("cpu-spot", "SPOT") and "HealthChecks" not in cpu
+    assert cpu["ComputeResources"][0]["InstanceType"] == "c6i.8xlarge" and cpu["ComputeResources"][0]["MaxCount"] == 8
+    assert cpu["CustomActions"] == gpu["CustomActions"] and cpu["Iam"] == gpu["Iam"]
+
+
+@pytest.mark.parametrize("layer, named", [
+    ({"cluster.capacity_type": "SPOT"}, "setting cluster.capacity_type: must be one of"),
+    ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.min_nodes": 2},
+     "setting cluster.capacity_reservation_id: required when cluster.capacity_type is CAPACITY_BLOCK"),
+    ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
+     "setting cluster.min_nodes: must equal cluster.max_nodes"),
+    ({"cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.presets": "g4dn.12xlarge,p5.48xlarge"},
+     "setting cluster.capacity_reservation_id: a reservation holds one instance type"),
+    ({"cluster.cpu_spot_instance_type": "big"}, "setting cluster.cpu_spot_instance_type:"),
+])
+def test_capacity_settings_that_cannot_work_are_refused(layer, named):
+    with pytest.raises(SettingsError) as error:
+        build_settings(layer)
+    assert str(error.value).startswith(named), str(error.value)
