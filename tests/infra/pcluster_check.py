@@ -6,6 +6,8 @@ stdin: a JSON object with any of
   "ami_tags":   {label: {tag: value}}      -> {label: [(level, message), ...]}  (CustomAmiTagValidator)
   "os_ami":     {label: [os, custom_ami]}  -> {label: [(level, message), ...]}  (OsCustomAmiValidator)
   "cluster_names": [name, ...]             -> {name: [(level, message), ...]}  (ClusterNameValidator)
+  "fsx_networking": {label: {"groups": {id: {IpPermissions, IpPermissionsEgress}}, "fsx_groups": [id],
+                    "nodes": [[id, ...], ...]}}  -> {label: [(level, message), ...]}  (ExistingFsxNetworkingValidator)
   "queues":     {label: config}            -> {label: [(level, message), ...]}  (per-queue validators that
                                               need no AWS call: ComputeResourceSize, EfaPlacementGroup)
   "constants":  [name, ...]                -> {name: value}                    (pcluster.constants)
@@ -96,6 +98,25 @@ def queue_failures(config):
     return found
 
 
+def fsx_networking_failures(case):
+    """ExistingFsxNetworkingValidator on one Lustre file system in the cluster's VPC whose interface
+    carries `fsx_groups`, with EC2's answers about the groups taken from `groups`."""
+    vpc, interface = "vpc-0123456789abcdef0", "eni-0123456789abcdef0"
+    file_system = SimpleNamespace(file_system_id="fs-0123456789abcdef0", file_cache_id=None, vpc_id=vpc,
+                                  network_interface_ids=[interface], file_storage_type="LUSTRE")
+    ec2 = SimpleNamespace(
+        get_subnet_vpc=lambda subnet_id: vpc,
+        get_subnet_cidr=lambda subnet_id: "10.0.16.0/20",
+        describe_network_interfaces=lambda ids: [
+            {"NetworkInterfaceId": interface, "VpcId": vpc, "Groups": [{"GroupId": g} for g in case["fsx_groups"]]}],
+        describe_security_groups=lambda ids: [{"GroupId": g, **case["groups"][g]} for g in ids])
+    api = SimpleNamespace(ec2=ec2, fsx=SimpleNamespace(get_file_systems_info=lambda ids: [file_system]))
+    with mock.patch.object(cluster_validators.AWSApi, "instance", return_value=api):
+        return failures(cluster_validators.ExistingFsxNetworkingValidator(), file_storage_ids=[file_system.file_system_id],
+                        subnet_ids=["subnet-0123456789abcdef0"],
+                        security_groups_by_nodes={frozenset(groups) for groups in case["nodes"]})
+
+
 def main():
     request = json.load(sys.stdin)
     result = {
@@ -107,6 +128,8 @@ def main():
         "cluster_names": {name: failures(cluster_validators.ClusterNameValidator(), name=name, scheduling=SLURM)
                           for name in request.get("cluster_names", [])},
         "constants": {name: getattr(constants, name) for name in request.get("constants", [])},
+        "fsx_networking": {label: fsx_networking_failures(case)
+                           for label, case in request.get("fsx_networking", {}).items()},
         "queues": {label: queue_failures(config) for label, config in request.get("queues", {}).items()},
     }
     json.dump(result, sys.stdout, default=str)
