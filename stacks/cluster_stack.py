@@ -1,4 +1,4 @@
-"""Cluster: the bootstrap bundle as S3 assets and ParallelCluster's CloudFormation custom resource."""
+"""Cluster: the deploy bucket the nodes install from and ParallelCluster's CloudFormation custom resource."""
 
 from __future__ import annotations
 

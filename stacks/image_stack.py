@@ -146,10 +146,10 @@ class ImageStack(cdk.Stack):
             result.append(iam.PolicyStatement(actions=actions, resources=resources, conditions=conditions))
             for resource in resources:
                 if "*" in resource:
-                    acknowledge(self.project, f"IAM5[Resource::{self.resolve_for_nag(resource)}]", reason)
+                    acknowledge(self.project, f"IAM5[Resource::{self._nag_arn(resource)}]", reason)
         return result
 
-    def resolve_for_nag(self, arn: str) -> str:
+    def _nag_arn(self, arn: str) -> str:
         """An ARN as cdk-nag prints it: the account as <AWS::AccountId> (the region is known at synth)."""
         return arn.replace(self.account, "<AWS::AccountId>")
 

@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 from functools import cache
-from pathlib import Path
 
 import pytest
 
