@@ -83,6 +83,12 @@ link_environment() {
   # Make ${IMAGE_VENV} on this node the environment for the bundle in $1.
   local version_dir=$1 wanted shared
   wanted=$(requirements_id "${version_dir}")
+  if [[ -L "${IMAGE_VENV}" && -d "${IMAGE_VENV}.image" \
+        && "$(requirements_id "${IMAGE_VENV}.image/scdino-requirements")" == "${wanted}" ]]; then
+    log "the bundle's requirements are the image's again: restoring ${IMAGE_VENV}"
+    rm "${IMAGE_VENV}"
+    mv "${IMAGE_VENV}.image" "${IMAGE_VENV}"
+  fi
   if [[ -d "${IMAGE_VENV}" && ! -L "${IMAGE_VENV}" ]]; then
     if [[ "$(requirements_id "${IMAGE_VENV}/scdino-requirements")" == "${wanted}" ]]; then
       log "using the image's environment ${IMAGE_VENV}"

@@ -125,6 +125,9 @@ def test_falls_back_to_a_shared_environment_when_the_image_is_older_than_the_req
     assert "built from other requirements" in result.stdout
     assert node["image_venv"].is_symlink() and node["image_venv"].resolve().parent == node["shared"]
     assert (node["image_venv"].parent / "scdino-venv.image").is_dir()
+    restored = _install(node, _publish(node, "back444", mtime=2_000, requirements="torch==0.1\n"))
+    assert "restoring" in restored.stdout and not node["image_venv"].is_symlink()
+    assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-back444"
 
 
 def test_an_older_pointer_never_flips_the_active_bundle_back(node):
