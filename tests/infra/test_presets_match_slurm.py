@@ -95,3 +95,13 @@ def test_the_image_environment_is_the_one_bootstrap_links():
     assert _readonly(REPO_ROOT / "ami" / "scripts" / "20-python-env.sh", "VENV") == IMAGE_VENV
     assert _readonly(REPO_ROOT / "ami" / "scripts" / "30-nccl-tests.sh", "VENV") == IMAGE_VENV
     assert _readonly(REPO_ROOT / "bootstrap" / "on-node-configured.sh", "IMAGE_VENV") == IMAGE_VENV
+
+
+def test_one_pinned_environment_with_dali_is_built_in_the_image():
+    script = (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text()
+    (install,) = re.findall(r'"\$\{VENV\}/bin/pip" install [^\n]*\\\n([^\n]*)', script)
+    assert install.split() == ['-r', '"${REQUIREMENTS_DIR}/requirements.txt"',
+                               '-r', '"${REQUIREMENTS_DIR}/requirements-dali.txt"']
+    for name in ("requirements.txt", "requirements-dali.txt"):
+        lines = [line.split("#")[0].strip() for line in (REPO_ROOT / name).read_text().splitlines()]
+        assert all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][^\s]*", line) for line in lines if line), name
