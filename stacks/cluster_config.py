@@ -40,6 +40,8 @@ class ClusterRefs:
     bundle_id: str
     """Id (content hash) of the bundle this rendering deploys; only the head node's OnNodeUpdated names it."""
     vpc_cidr: str
+    deploy_read_policy_arn: str = ""
+    """Managed policy reading the deploy bucket, for login nodes (their Iam has no S3Access)."""
     partition: str = "aws"
     custom_ami: str = ""
     """An AMI id for the compute queues, or empty for the official ParallelCluster AMI."""
@@ -49,13 +51,27 @@ def _s3_uri(refs: ClusterRefs, key: str) -> str:
     return f"s3://{refs.deploy_bucket}/{key}"
 
 
+def _node_policies(refs: ClusterRefs) -> list[dict[str, str]]:
+    return [{"Policy": refs.data_policy_arn}, {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}]
+
+
 def _node_iam(refs: ClusterRefs) -> dict[str, Any]:
     """Read-only access to the deploy bucket, the data policy, and Session Manager."""
-    return {
-        "S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
-        "AdditionalIamPolicies": [{"Policy": refs.data_policy_arn},
-                                  {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}],
-    }
+    return {"S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
+            "AdditionalIamPolicies": _node_policies(refs)}
+
+
+def _login_nodes(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    """One pool of login nodes, installed like every other node."""
+    cluster = settings.cluster
+    return {"Pools": [{
+        "Name": "login",
+        "InstanceType": cluster.login_node_instance_type,
+        "Count": cluster.login_nodes,
+        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]},
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
+        "Iam": {"AdditionalIamPolicies": [*_node_policies(refs), {"Policy": refs.deploy_read_policy_arn}]},
+    }]}
 
 
 def _bootstrap_action(refs: ClusterRefs, *extra_args: str) -> dict[str, Any]:
@@ -171,7 +187,7 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
 
 def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
     """The whole cluster configuration as ParallelCluster's YAML would hold it."""
-    return {
+    config = {
         "Region": settings.region,
         "Image": {"Os": settings.image.os},
         "Imds": {"ImdsSupport": "v2.0"},
@@ -187,3 +203,6 @@ def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any
         "Monitoring": _monitoring(settings),
         "Tags": [{"Key": "project", "Value": settings.prefix}],
     }
+    if settings.cluster.login_nodes:
+        config["LoginNodes"] = _login_nodes(settings, refs)
+    return config

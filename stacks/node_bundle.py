@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_s3_deployment as s3_deployment
@@ -60,7 +61,21 @@ class NodeBundle(Construct):
                      s3_deployment.Source.json_data(BUNDLE_POINTER_KEY.rsplit("/", 1)[1],
                                                     {"bundle": bundle_uri, "id": self.bundle_id})])
         self.bootstrap.node.add_dependency(bundles)
+        self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()
+
+    def _read_policy(self) -> iam.ManagedPolicy:
+        """Read access to the bucket as a managed policy, for nodes whose ParallelCluster Iam has no
+        S3Access (login nodes); under /parallelcluster/ so that ParallelCluster's provider may attach it."""
+        policy = iam.ManagedPolicy(self, "ReadPolicy", path="/parallelcluster/", statements=[
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects("*")]),
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn]),
+        ])
+        stack = cdk.Stack.of(self)
+        acknowledge(policy, f"IAM5[Resource::<{stack.get_logical_id(self.bucket.node.default_child)}.Arn>/*]",
+                    "Read-only, on every object of this deploy bucket, which holds only the node bootstrap files "
+                    "and bundles.")
+        return policy
 
     def _acknowledge_deployment_handler(self) -> None:
         """cdk-nag findings on the Lambda CDK's BucketDeployment brings with it (one per stack, not our code)."""

@@ -143,6 +143,9 @@ class ClusterSettings:
     cpu_spot_instance_type: str = ""
     """Empty: no CPU queue; else a Spot queue `cpu-spot` of this type for CPU steps (kNN, plots, data preparation)."""
     cpu_spot_max_nodes: int = 4
+    login_nodes: int = 0
+    """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
+    login_node_instance_type: str = "c6i.xlarge"
 
     def __post_init__(self) -> None:
         _check(bool(_NAME.match(self.name)) and len(self.name) <= 40, "cluster.name",
@@ -168,6 +171,9 @@ class ClusterSettings:
                "cluster.cpu_spot_instance_type",
                f"expected empty or an EC2 instance type such as c6i.8xlarge, got {self.cpu_spot_instance_type!r}")
         _check(self.cpu_spot_max_nodes >= 1, "cluster.cpu_spot_max_nodes", f"must be >= 1, got {self.cpu_spot_max_nodes}")
+        _check(0 <= self.login_nodes <= 10, "cluster.login_nodes", f"must be 0..10, got {self.login_nodes}")
+        _check(bool(_INSTANCE.match(self.login_node_instance_type)), "cluster.login_node_instance_type",
+               f"expected an EC2 instance type such as c6i.xlarge, got {self.login_node_instance_type!r}")
 
     def _check_capacity(self) -> None:
         _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",

@@ -21,7 +21,15 @@ from types import SimpleNamespace
 from unittest import mock
 
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # no credential lookup on the network either
 
+
+def _refuse_aws_call(client, operation_name, _params):
+    """Any boto3 call ParallelCluster's code tries raises here, before anything leaves the machine."""
+    raise NoCredentialsError()
+
+from botocore.client import BaseClient  # noqa: E402
+from botocore.exceptions import NoCredentialsError  # noqa: E402
 from marshmallow import ValidationError  # noqa: E402
 from pcluster import constants  # noqa: E402
 from pcluster.config.config_patch import ConfigPatch  # noqa: E402
@@ -118,6 +126,7 @@ def fsx_networking_failures(case):
 
 
 def main():
+    BaseClient._make_api_call = _refuse_aws_call
     request = json.load(sys.stdin)
     result = {
         "schema": {label: schema_errors(config) for label, config in request.get("schema", {}).items()},

@@ -36,6 +36,7 @@ REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
     file_system_id="fs-0123456789abcdef0", data_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/data",
     deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64, vpc_cidr="10.0.0.0/16",
+    deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read",
     custom_ami="ami-0123456789abcdef0")
 
 
@@ -44,29 +45,33 @@ def attachable(arn: str) -> bool:
     return any(fnmatch.fnmatchcase(arn, pattern) for pattern in ATTACHABLE_POLICY_PATTERNS)
 
 
-def _render(value, template: dict, stack_name: str):
-    """A policy reference of the synthesised template as the ARN CloudFormation would give it."""
+def _render(value, synth):
+    """A policy reference of the synthesised templates as the ARN CloudFormation would give it."""
     if isinstance(value, str):
         return value
     if "Fn::ImportValue" in value:
-        (output,) = [o for o in template["Outputs"].values()
+        (output,) = [o for o in synth.json["storage"]["Outputs"].values()
                      if o.get("Export", {}).get("Name") == value["Fn::ImportValue"]]
-        return _render(output["Value"], template, stack_name)
+        return _render(output["Value"], synth)
     if "Ref" in value:
-        policy = template["Resources"][value["Ref"]]
+        ((stack, policy),) = [(name, template["Resources"][value["Ref"]]) for name, template in synth.json.items()
+                              if value["Ref"] in template["Resources"] and value.get("Ref")]
         assert policy["Type"] == "AWS::IAM::ManagedPolicy"
         properties = policy["Properties"]
         # Without ManagedPolicyName, CloudFormation names it <stack>-<logical id>-<random suffix>.
-        name = properties.get("ManagedPolicyName", f"{stack_name}-{value['Ref']}-1A2B3C4D5E6F")
+        name = properties.get("ManagedPolicyName", f"{stack}-{value['Ref']}-1A2B3C4D5E6F")
         return f"arn:aws:iam::{ACCOUNT}:policy{properties.get('Path', '/')}{name}"
     raise AssertionError(f"cannot render policy reference {value}")
 
 
+def node_iams(config: dict) -> list[dict]:
+    return ([config["HeadNode"]["Iam"]] + [queue["Iam"] for queue in config["Scheduling"]["SlurmQueues"]]
+            + [pool["Iam"] for pool in config.get("LoginNodes", {}).get("Pools", [])])
+
+
 def node_policy_arns(synth) -> list[str]:
-    config = cluster_config(synth)
-    iams = [config["HeadNode"]["Iam"]] + [queue["Iam"] for queue in config["Scheduling"]["SlurmQueues"]]
-    return [_render(entry["Policy"], synth.json["storage"], "scdino-storage")
-            for iam in iams for entry in iam.get("AdditionalIamPolicies", [])]
+    return [_render(entry["Policy"], synth)
+            for iam in node_iams(cluster_config(synth)) for entry in iam.get("AdditionalIamPolicies", [])]
 
 
 def test_the_attach_rule_refuses_a_policy_outside_the_parallelcluster_path():
@@ -84,8 +89,9 @@ def test_every_node_policy_is_attachable_by_the_provider(variant, request):
 
 @pytest.mark.parametrize("variant", ["synth", "demo_synth"])
 def test_head_and_compute_nodes_get_session_manager(variant, request):
-    config = cluster_config(request.getfixturevalue(variant))
-    for iam in [config["HeadNode"]["Iam"]] + [queue["Iam"] for queue in config["Scheduling"]["SlurmQueues"]]:
+    iams = node_iams(cluster_config(request.getfixturevalue(variant)))
+    assert len(iams) == (2 if variant == "synth" else 5)
+    for iam in iams:
         assert {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"} in iam["AdditionalIamPolicies"]
 
 
@@ -232,6 +238,7 @@ OPTIONS = {
                        "cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.min_nodes": 2},
     "gpu-health-checks": {"cluster.gpu_health_checks": "true"},
     "cpu-spot-queue": {"cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.cpu_spot_max_nodes": 8},
+    "login-nodes": {"cluster.login_nodes": 2},
 }
 
 
@@ -274,6 +281,13 @@ def test_options_are_off_by_default():
     assert "CapacityReservationTarget" not in queue["ComputeResources"][0]
 
 
+def test_login_nodes_are_installed_like_every_node():
+    config = _option_config(OPTIONS["login-nodes"])
+    (pool,) = config["LoginNodes"]["Pools"]
+    assert pool["Count"] == 2 and pool["CustomActions"] == config["Scheduling"]["SlurmQueues"][0]["CustomActions"]
+    assert "LoginNodes" not in _option_config({})
+
+
 def test_gpu_health_checks_and_the_spot_cpu_queue():
     (gpu,) = _option_config(OPTIONS["gpu-health-checks"])["Scheduling"]["SlurmQueues"]
     assert gpu["HealthChecks"] == {"Gpu": {"Enabled": True}}
@@ -292,6 +306,7 @@ def test_gpu_health_checks_and_the_spot_cpu_queue():
     ({"cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.presets": "g4dn.12xlarge,p5.48xlarge"},
      "setting cluster.capacity_reservation_id: a reservation holds one instance type"),
     ({"cluster.cpu_spot_instance_type": "big"}, "setting cluster.cpu_spot_instance_type:"),
+    ({"cluster.login_nodes": 11}, "setting cluster.login_nodes: must be 0..10"),
 ])
 def test_capacity_settings_that_cannot_work_are_refused(layer, named):
     with pytest.raises(SettingsError) as error:
