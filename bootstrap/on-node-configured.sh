@@ -99,8 +99,8 @@ link_environment() {
     mv "${IMAGE_VENV}" "${IMAGE_VENV}.image"
   fi
   shared="${SHARED_VENVS}/${wanted}"
+  install_python  # the shared environment's interpreter is this node's python3.11
   if [[ ! -f "${shared}/.ready" ]]; then
-    install_python
     log "creating ${shared} from the bundle's pinned requirements (CUDA torch wheels: several minutes)"
     rm -rf "${shared}"
     mkdir -p "${SHARED_VENVS}"
