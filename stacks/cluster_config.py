@@ -22,8 +22,8 @@ BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
 BUNDLE_POINTER_KEY = "bootstrap/current.json"
 BUNDLE_KEY_PREFIX = "bundles/"
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
-CPU_SPOT_QUEUE = "cpu-spot"
 """AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
+CPU_SPOT_QUEUE = "cpu-spot"
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,6 @@ def _node_iam(refs: ClusterRefs) -> dict[str, Any]:
     """Read-only access to the deploy bucket, the data policy, and Session Manager."""
     return {"S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
             "AdditionalIamPolicies": _node_policies(refs)}
-
-
-def _login_nodes(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
-    """One pool of login nodes, installed like every other node."""
-    cluster = settings.cluster
-    return {"Pools": [{
-        "Name": "login",
-        "InstanceType": cluster.login_node_instance_type,
-        "Count": cluster.login_nodes,
-        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]},
-        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
-        "Iam": {"AdditionalIamPolicies": [*_node_policies(refs), {"Policy": refs.deploy_read_policy_arn}]},
-    }]}
 
 
 def _bootstrap_action(refs: ClusterRefs, *extra_args: str) -> dict[str, Any]:
@@ -162,6 +149,19 @@ def _cpu_spot_queue(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
     resource = {"Name": compute_resource_name(instance_type), "InstanceType": instance_type, "MinCount": 0,
                 "MaxCount": settings.cluster.cpu_spot_max_nodes}
     return _slurm_queue(CPU_SPOT_QUEUE, "SPOT", resource, {"RootVolume": _root_volume(settings)}, refs, {})
+
+
+def _login_nodes(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    """One pool of login nodes, installed like every other node."""
+    cluster = settings.cluster
+    return {"Pools": [{
+        "Name": "login",
+        "InstanceType": cluster.login_node_instance_type,
+        "Count": cluster.login_nodes,
+        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]},
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
+        "Iam": {"AdditionalIamPolicies": [*_node_policies(refs), {"Policy": refs.deploy_read_policy_arn}]},
+    }]}
 
 
 def _shared_storage(settings: Settings, refs: ClusterRefs) -> list[dict[str, Any]]:
