@@ -27,7 +27,7 @@ REFUSED_OSES = {
     "ubuntu2404": "its archive has no python3.11, which the node environment (bootstrap/, ami/) is built with",
 }
 CLUSTER_NAME_MAX = 60
-"""ParallelCluster's limit on cluster names (its NameValidator)."""
+"""ParallelCluster's limit on cluster names (PCLUSTER_NAME_MAX_LENGTH; a test reads it from its code)."""
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 _LOG_RETENTIONS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -141,7 +141,7 @@ class ClusterSettings:
     gpu_health_checks: bool = False
     """ParallelCluster's DCGM check of the GPUs before each job on a GPU queue (adds minutes to job start)."""
     cpu_spot_instance_type: str = ""
-    """Empty: no CPU queue; else a Spot queue `cpu-spot` of this type for CPU steps (kNN, plots, data preparation)."""
+    """Empty: no CPU queue; else a Spot queue `cpu-spot` of this type for work that needs no GPU (`--partition`)."""
     cpu_spot_max_nodes: int = 4
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
