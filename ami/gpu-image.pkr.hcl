@@ -1,10 +1,11 @@
-# scDINO GPU image: the official AWS ParallelCluster AMI of the pinned version, plus NCCL,
-# nccl-tests, DCGM, a checked EFA/aws-ofi-nccl stack and a Python environment with torch,
-# torchvision and the DALI build matching the image's CUDA.
+# scDINO GPU image: the official AWS ParallelCluster AMI of the pinned version, plus the one Python
+# environment of the cluster (/opt/scdino-venv: requirements.txt and requirements-dali.txt, pinned),
+# nccl-tests linked against the NCCL that torch ships, DCGM, and a check of the base image's
+# EFA/aws-ofi-nccl stack. The compute queues boot it (docs/deploy.md, "Building the GPU image").
 #
-# Built by the image stack's CodeBuild project (see docs/deploy.md); by hand:
-#   packer init . && packer build -var region=us-east-1 -var subnet_id=subnet-... \
-#     -var ssh_source_cidr=$(curl -s https://checkip.amazonaws.com)/32 .
+# Built by the image stack's CodeBuild project; by hand, from the repository root:
+#   packer init ami && packer build -var region=us-east-1 -var subnet_id=subnet-... \
+#     -var ssh_source_cidr=$(curl -s https://checkip.amazonaws.com)/32 -var build_tag=scdino ami
 
 variable "region" {
   type        = string
@@ -21,6 +22,12 @@ variable "ssh_source_cidr" {
   description = "Only address allowed to SSH to the build instance: the machine running Packer"
 }
 
+variable "build_tag" {
+  type        = string
+  default     = "scdino"
+  description = "Deployment prefix: the image stack's build role may only stop, terminate or delete what carries it"
+}
+
 variable "pcluster_version" {
   type        = string
   default     = "3.16.1"
@@ -30,7 +37,7 @@ variable "pcluster_version" {
 variable "os" {
   type        = string
   default     = "alinux2023"
-  description = "ParallelCluster Os name: alinux2023, ubuntu2204, ubuntu2404, rhel9 or rocky9"
+  description = "ParallelCluster Os name: alinux2023, ubuntu2204 or rhel9 (stacks/settings.py SUPPORTED_OSES)"
 }
 
 variable "instance_type" {
@@ -44,51 +51,30 @@ variable "volume_size_gib" {
   default = 100
 }
 
-variable "efa_installer_version" {
-  type    = string
-  default = "1.41.0"
-}
-
-variable "efa_installer_sha256" {
-  type    = string
-  default = "3506354cdfbe31ff552fe75f5d0d9bb7efd29cf79bd99457347d29c751c38f9f"
-}
-
-variable "nccl_version" {
-  type    = string
-  default = "v2.27.7-1"
-}
-
 variable "nccl_tests_version" {
   type    = string
   default = "v2.16.9"
 }
 
-variable "torch_version" {
-  type    = string
-  default = "2.14.1"
-}
-
-variable "torchvision_version" {
-  type    = string
-  default = "0.29.1"
-}
-
 locals {
-  # Name fragments of the official ParallelCluster AMIs, and each OS's login user.
+  # Name fragments of the official ParallelCluster AMIs, each OS's login user and root device.
   ami_os_names = {
     alinux2023 = "amzn2023-hvm"
     ubuntu2204 = "ubuntu-2204-lts-hvm"
-    ubuntu2404 = "ubuntu-2404-lts-hvm"
     rhel9      = "rhel9-hvm"
-    rocky9     = "rocky9-hvm"
   }
   ssh_users = {
     alinux2023 = "ec2-user"
     ubuntu2204 = "ubuntu"
-    ubuntu2404 = "ubuntu"
     rhel9      = "ec2-user"
-    rocky9     = "rocky"
+  }
+  root_devices = {
+    alinux2023 = "/dev/xvda"
+    ubuntu2204 = "/dev/sda1"
+    rhel9      = "/dev/sda1"
+  }
+  build_tags = {
+    "scdino:image-build" = var.build_tag
   }
   timestamp = formatdate("YYYYMMDDhhmm", timestamp())
 }
@@ -99,14 +85,15 @@ source "amazon-ebs" "gpu" {
   subnet_id                             = var.subnet_id
   associate_public_ip_address           = true
   temporary_security_group_source_cidrs = [var.ssh_source_cidr]
-  ssh_username                          = lookup(local.ssh_users, var.os, "ec2-user")
+  ssh_username                          = local.ssh_users[var.os]
   ami_name                              = "scdino-gpu-${var.os}-pcluster-${var.pcluster_version}-${local.timestamp}"
   ami_description                       = "scDINO GPU image on ParallelCluster ${var.pcluster_version} (${var.os})"
-  encrypt_boot                          = true
+  run_tags                              = local.build_tags
+  snapshot_tags                         = local.build_tags
 
   source_ami_filter {
     filters = {
-      name                = "aws-parallelcluster-${var.pcluster_version}-${lookup(local.ami_os_names, var.os, "amzn2023-hvm")}-x86_64*"
+      name                = "aws-parallelcluster-${var.pcluster_version}-${local.ami_os_names[var.os]}-x86_64*"
       virtualization-type = "hvm"
       architecture        = "x86_64"
     }
@@ -114,8 +101,10 @@ source "amazon-ebs" "gpu" {
     most_recent = true
   }
 
+  # Encrypted at launch, so the AMI's snapshot is encrypted without a copy of the image.
   launch_block_device_mappings {
-    device_name           = "/dev/xvda"
+    device_name           = local.root_devices[var.os]
+    encrypted             = true
     volume_size           = var.volume_size_gib
     volume_type           = "gp3"
     iops                  = 3000
@@ -123,38 +112,39 @@ source "amazon-ebs" "gpu" {
     delete_on_termination = true
   }
 
-  tags = {
-    Name                      = "scdino-gpu-${var.os}"
-    "parallelcluster:version" = var.pcluster_version
-    "scdino:efa-installer"    = var.efa_installer_version
-    "scdino:nccl"             = var.nccl_version
-    "scdino:torch"            = var.torch_version
-    "scdino:base-ami"         = "{{ .SourceAMI }}"
-    "scdino:base-ami-name"    = "{{ .SourceAMIName }}"
-  }
+  # ParallelCluster's CustomAmiTagValidator rejects an AMI with a version tag but no build status.
+  tags = merge(local.build_tags, {
+    Name                           = "scdino-gpu-${var.os}"
+    "parallelcluster:version"      = var.pcluster_version
+    "parallelcluster:build_status" = "available"
+    "parallelcluster:os"           = var.os
+    "scdino:base-ami"              = "{{ .SourceAMI }}"
+    "scdino:base-ami-name"         = "{{ .SourceAMIName }}"
+  })
 }
 
 build {
   sources = ["source.amazon-ebs.gpu"]
 
+  # The pinned requirements the node environment is built from (the repository root's files).
+  provisioner "file" {
+    sources     = ["${path.root}/../requirements.txt", "${path.root}/../requirements-dali.txt"]
+    destination = "/tmp/"
+  }
+
   provisioner "shell" {
     execute_command = "sudo -E bash '{{ .Path }}'"
     environment_vars = [
-      "EFA_INSTALLER_VERSION=${var.efa_installer_version}",
-      "EFA_INSTALLER_SHA256=${var.efa_installer_sha256}",
-      "NCCL_VERSION=${var.nccl_version}",
       "NCCL_TESTS_VERSION=${var.nccl_tests_version}",
-      "TORCH_VERSION=${var.torch_version}",
-      "TORCHVISION_VERSION=${var.torchvision_version}",
+      "REQUIREMENTS_DIR=/tmp",
     ]
     scripts = [
-      "scripts/00-check-gpu-driver.sh",
-      "scripts/10-efa.sh",
-      "scripts/20-nccl.sh",
-      "scripts/30-nccl-tests.sh",
-      "scripts/40-dcgm.sh",
-      "scripts/50-python-env.sh",
-      "scripts/90-cleanup.sh",
+      "${path.root}/scripts/00-check-gpu-driver.sh",
+      "${path.root}/scripts/10-check-efa.sh",
+      "${path.root}/scripts/20-python-env.sh",
+      "${path.root}/scripts/30-nccl-tests.sh",
+      "${path.root}/scripts/40-dcgm.sh",
+      "${path.root}/scripts/90-cleanup.sh",
     ]
   }
 

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# ParallelCluster OnNodeConfigured (and head node OnNodeUpdated) action: install the scDINO bundle
-# and its Python environment on the shared /apps volume.
+# ParallelCluster OnNodeConfigured (every node) and OnNodeUpdated (head node) action: install the
+# scDINO bundle the pointer names onto the shared /apps volume and switch /apps/scdino to it.
 #
-#   on-node-configured.sh s3://bucket/<bundle-hash>.zip [/apps/scdino]
+#   on-node-configured.sh s3://<deploy bucket>/bootstrap/current.json [/apps/scdino [bundle-id]]
 #
-# The bundle is unpacked into <install dir>-<bundle-hash>/ with its virtualenv in .venv, and
-# <install dir> is a symlink to it, switched atomically. The first node to run (the head node at
-# cluster creation) builds it under a lock; every other node finds it ready and only installs the
-# system Python the virtualenv points to. Re-runs are no-ops. Any failure exits non-zero with a
-# message, so ParallelCluster fails the node instead of leaving it half-configured.
-# Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cfn-init / cloud-init logs).
+# The pointer, {"bundle": "s3://.../bundles/<id>.zip", "id": "<id>"}, is rewritten by every
+# `cdk deploy`; the arguments never change (ParallelCluster refuses a change of the head node's
+# OnNodeConfigured), except the bundle id the head node's OnNodeUpdated gets, which only makes a
+# new bundle a configuration update and is logged.
+#
+# The bundle is unpacked into <install dir>-<id>/, whose .venv links to /opt/scdino-venv:
+# - on nodes booted from the pipeline's image, the environment built there (ami/scripts/20-python-env.sh)
+#   when its recorded requirements are the bundle's;
+# - otherwise a link to one environment per requirements set on FSx, built once from the bundle's
+#   pinned requirements by the first node that needs it (the official AMI's head node, at creation).
+# One lock serialises installs; waits are bounded well below ParallelCluster's node bootstrap timeout.
+# <install dir> switches only to a bundle whose pointer is at least as new as the active one's, so a
+# slow node never flips it back; bundles other than the active and the previous one are removed.
+# Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs).
 set -euo pipefail
 
 readonly LOG_FILE=${SCDINO_BOOTSTRAP_LOG:-/var/log/scdino-bootstrap.log}
+readonly IMAGE_VENV=${SCDINO_IMAGE_VENV:-/opt/scdino-venv}
+readonly SHARED_VENVS=${SCDINO_SHARED_VENVS:-/fsx/.scdino/venvs}
 readonly PYTHON_VERSION=3.11
 readonly CLUSTER_CONFIG=/etc/parallelcluster/cfnconfig
-readonly LOCK_WAIT_SECONDS=3600
+readonly LOCK_WAIT_SECONDS=1500
+readonly REQUIREMENT_FILES=(requirements.txt requirements-dali.txt)
 
 exec > >(tee -a "${LOG_FILE}") 2>&1
 
@@ -32,17 +43,27 @@ node_type() {
   fi
 }
 
+read_pointer() {
+  # Prints "<epoch of the pointer object> <bundle uri> <bundle id>" from one GET (no race with a deploy).
+  local pointer_uri=$1 file=$2 path bucket key modified
+  path=${pointer_uri#s3://}
+  bucket=${path%%/*}
+  key=${path#*/}
+  modified=$(aws s3api get-object --bucket "${bucket}" --key "${key}" "${file}" --query LastModified --output text)
+  python3 - "${file}" "$(date -u -d "${modified}" +%s)" <<'PY'
+import json, sys
+pointer = json.load(open(sys.argv[1]))
+print(sys.argv[2], pointer["bundle"], pointer["id"])
+PY
+}
+
 install_python() {
-  if command -v "python${PYTHON_VERSION}" >/dev/null; then
-    return 0
-  fi
+  command -v "python${PYTHON_VERSION}" >/dev/null && return 0
   log "installing python${PYTHON_VERSION}"
   if command -v dnf >/dev/null; then
     dnf install -y -q "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-pip"
   elif command -v apt-get >/dev/null; then
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q software-properties-common
-    add-apt-repository -y ppa:deadsnakes/ppa
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-venv"
   else
     die "neither dnf nor apt-get found: cannot install python${PYTHON_VERSION}"
@@ -50,45 +71,90 @@ install_python() {
   command -v "python${PYTHON_VERSION}" >/dev/null || die "python${PYTHON_VERSION} still missing after install"
 }
 
-build_version() {
-  # Unpack and install into a fresh directory; only a complete build gets the .ready marker.
+requirements_id() {
+  # One id per set of pinned requirement files (missing files count as empty).
+  local dir=$1 name
+  for name in "${REQUIREMENT_FILES[@]}"; do
+    cat "${dir}/${name}" 2>/dev/null || true
+  done | sha256sum | cut -c1-16
+}
+
+link_environment() {
+  # Make ${IMAGE_VENV} on this node the environment for the bundle in $1.
+  local version_dir=$1 wanted shared
+  wanted=$(requirements_id "${version_dir}")
+  if [[ -L "${IMAGE_VENV}" && -d "${IMAGE_VENV}.image" \
+        && "$(requirements_id "${IMAGE_VENV}.image/scdino-requirements")" == "${wanted}" ]]; then
+    log "the bundle's requirements are the image's again: restoring ${IMAGE_VENV}"
+    rm "${IMAGE_VENV}"
+    mv "${IMAGE_VENV}.image" "${IMAGE_VENV}"
+  fi
+  if [[ -d "${IMAGE_VENV}" && ! -L "${IMAGE_VENV}" ]]; then
+    if [[ "$(requirements_id "${IMAGE_VENV}/scdino-requirements")" == "${wanted}" ]]; then
+      log "using the image's environment ${IMAGE_VENV}"
+      return 0
+    fi
+    log "the image's environment was built from other requirements: moving it to ${IMAGE_VENV}.image"
+    rm -rf "${IMAGE_VENV}.image"
+    mv "${IMAGE_VENV}" "${IMAGE_VENV}.image"
+  fi
+  shared="${SHARED_VENVS}/${wanted}"
+  install_python  # the shared environment's interpreter is this node's python3.11
+  if [[ ! -f "${shared}/.ready" ]]; then
+    log "creating ${shared} from the bundle's pinned requirements (CUDA torch wheels: several minutes)"
+    rm -rf "${shared}"
+    mkdir -p "${SHARED_VENVS}"
+    "python${PYTHON_VERSION}" -m venv "${shared}"
+    local requirements=() name
+    for name in "${REQUIREMENT_FILES[@]}"; do
+      [[ -f "${version_dir}/${name}" ]] && requirements+=(-r "${version_dir}/${name}")
+    done
+    "${shared}/bin/pip" install --disable-pip-version-check --no-input -q "${requirements[@]}"
+    touch "${shared}/.ready"
+  fi
+  ln -sfn "${shared}" "${IMAGE_VENV}"
+  log "${IMAGE_VENV} -> ${shared}"
+}
+
+add_to_path() {
+  # The active bundle is importable from the environment without PYTHONPATH (interactive use).
+  local site_packages
+  site_packages=$("${IMAGE_VENV}/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$1" > "${site_packages}/scdino-bundle.pth"
+}
+
+unpack_bundle() {
+  # Unpack into a fresh directory; only a complete one gets the .ready marker.
   local bundle_uri=$1 version_dir=$2
   rm -rf "${version_dir}"
   mkdir -p "${version_dir}"
   log "downloading ${bundle_uri}"
   aws s3 cp --only-show-errors "${bundle_uri}" "${version_dir}/bundle.zip"
-  (cd "${version_dir}" && "python${PYTHON_VERSION}" -m zipfile -e bundle.zip . && rm bundle.zip)
+  (cd "${version_dir}" && python3 -m zipfile -e bundle.zip . && rm bundle.zip)
   [[ -f "${version_dir}/requirements.txt" ]] || die "bundle has no requirements.txt: wrong archive?"
-  log "creating ${version_dir}/.venv (CUDA torch wheels: several minutes)"
-  "python${PYTHON_VERSION}" -m venv "${version_dir}/.venv"
-  local pip=("${version_dir}/.venv/bin/pip" install --disable-pip-version-check --no-input -q)
-  "${pip[@]}" --upgrade pip
-  "${pip[@]}" -r "${version_dir}/requirements.txt"
-  # The bundle itself goes on the venv's path with a .pth file: no build step, and the code
-  # the Slurm scripts run is exactly the unpacked bundle.
-  local site_packages
-  site_packages=$("${version_dir}/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "${version_dir}" > "${site_packages}/scdino-bundle.pth"
-  "${version_dir}/.venv/bin/python" -c "import training" || die "the training package does not import"
+  ln -sfn "${IMAGE_VENV}" "${version_dir}/.venv"
   echo "${bundle_uri}" > "${version_dir}/.ready"
 }
 
-install_bundle() {
-  local bundle_uri=$1 install_dir=$2 version version_dir
-  version=$(basename "${bundle_uri}" .zip)
-  version_dir="${install_dir}-${version}"
-  mkdir -p "$(dirname "${install_dir}")"
-  exec 9>"${install_dir}.lock"
-  flock -w "${LOCK_WAIT_SECONDS}" 9 || die "timed out waiting for another node's install (${install_dir}.lock)"
-  if [[ -f "${version_dir}/.ready" ]]; then
-    log "bundle ${version} already installed in ${version_dir}"
-  else
-    build_version "${bundle_uri}" "${version_dir}"
+activate() {
+  # Switch <install dir> to $2 unless a newer pointer's bundle is already active; prune old bundles.
+  local install_dir=$1 version_dir=$2 stamp=$3 active_stamp=0 previous="" dir
+  [[ -f "${install_dir}.stamp" ]] && active_stamp=$(cat "${install_dir}.stamp")
+  if ((stamp < active_stamp)); then
+    log "keeping ${install_dir} -> $(readlink "${install_dir}"): its pointer (${active_stamp}) is newer than ours (${stamp})"
+    return 0
   fi
+  [[ -L "${install_dir}" ]] && previous=$(readlink "${install_dir}")
   ln -sfn "${version_dir}" "${install_dir}.next"
   mv -T "${install_dir}.next" "${install_dir}"
-  flock -u 9
+  echo "${stamp}" > "${install_dir}.stamp"
   log "${install_dir} -> ${version_dir}"
+  for dir in "${install_dir}"-*/; do
+    dir=${dir%/}
+    [[ -d "${dir}" && "${dir}" != "${version_dir}" && "${dir}" != "${previous}" ]] || continue
+    log "removing old bundle ${dir}"
+    rm -rf "${dir}"
+  done
 }
 
 prepare_scratch() {
@@ -99,12 +165,32 @@ prepare_scratch() {
 }
 
 main() {
-  [[ $# -ge 1 && $# -le 2 ]] || die "usage: $0 s3://bucket/bundle.zip [install-dir]"
-  local bundle_uri=$1 install_dir=${2:-/apps/scdino}
-  [[ "${bundle_uri}" == s3://*.zip ]] || die "bundle must be an s3://...zip URI, got '${bundle_uri}'"
-  log "node type $(node_type); bundle ${bundle_uri}; install dir ${install_dir}"
-  install_python
-  install_bundle "${bundle_uri}" "${install_dir}"
+  [[ $# -ge 1 && $# -le 3 ]] || die "usage: $0 s3://bucket/bootstrap/current.json [install-dir [bundle-id]]"
+  local pointer_uri=$1 install_dir=${2:-/apps/scdino} expected_id=${3:-} pointer stamp bundle_uri bundle_id
+  [[ "${pointer_uri}" == s3://*/*.json ]] || die "the pointer must be an s3://...json URI, got '${pointer_uri}'"
+  log "node type $(node_type); pointer ${pointer_uri}; install dir ${install_dir}"
+  mkdir -p "$(dirname "${install_dir}")"
+  pointer=$(mktemp)
+  read -r stamp bundle_uri bundle_id < <(read_pointer "${pointer_uri}" "${pointer}")
+  rm -f "${pointer}"
+  [[ "${bundle_uri}" == s3://*.zip && -n "${bundle_id}" ]] || die "pointer names no s3://...zip bundle: '${bundle_uri}'"
+  if [[ -n "${expected_id}" && "${expected_id}" != "${bundle_id}" ]]; then
+    log "note: configuration names bundle ${expected_id}, the pointer ${bundle_id} (a later deploy); installing the pointer's"
+  fi
+  local version_dir="${install_dir}-${bundle_id}"
+  exec 9>"${install_dir}.lock"
+  flock -w "${LOCK_WAIT_SECONDS}" 9 || die "timed out after ${LOCK_WAIT_SECONDS}s waiting for another node's install (${install_dir}.lock)"
+  if [[ -f "${version_dir}/.ready" ]]; then
+    log "bundle ${bundle_id} already installed in ${version_dir}"
+  else
+    unpack_bundle "${bundle_uri}" "${version_dir}"
+  fi
+  link_environment "${version_dir}"
+  add_to_path "${install_dir}"
+  (cd / && PYTHONPATH="${version_dir}" "${IMAGE_VENV}/bin/python" -c "import training") \
+    || die "the training package does not import with ${IMAGE_VENV}"
+  activate "${install_dir}" "${version_dir}" "${stamp}"
+  flock -u 9
   prepare_scratch
   log "done"
 }

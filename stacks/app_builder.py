@@ -34,7 +34,8 @@ def build_app(app: cdk.App, settings: Settings) -> AppStacks:
                            subnet=network.private_subnet, fsx_security_group=network.fsx_security_group,
                            description="scDINO: data bucket and FSx for Lustre (retained on destroy)")
     image = ImageStack(app, f"{prefix}-image", env=env, settings=settings.image,
-                       build_subnet_id=network.public_subnet.subnet_id,
+                       ami_parameter=settings.ami_parameter, build_tag=prefix,
+                       build_subnet_id=network.public_subnet.subnet_id, vpc_id=network.vpc.vpc_id,
                        description="scDINO: Packer GPU image pipeline (CodeBuild)")
     cluster = ClusterStack(app, f"{prefix}-cluster", env=env, settings=settings,
                            subnet_id=network.private_subnet.subnet_id,

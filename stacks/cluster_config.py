@@ -10,8 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stacks.presets import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, GpuPreset
+from stacks.presets import (APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, GpuPreset,
+                            compute_resource_name)
 from stacks.settings import Settings
+
+
+# Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
+# configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change
+# of the head node's OnNodeConfigured); the pointer file names the bundle to install.
+BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
+BUNDLE_POINTER_KEY = "bootstrap/current.json"
+BUNDLE_KEY_PREFIX = "bundles/"
+SSM_POLICY = "AmazonSSMManagedInstanceCore"
+"""AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
+CPU_SPOT_QUEUE = "cpu-spot"
 
 
 @dataclass(frozen=True)
@@ -23,31 +35,36 @@ class ClusterRefs:
     file_system_id: str
     data_policy_arn: str
     """Managed policy giving nodes read/write on the data prefix of the bucket."""
-    assets_bucket: str
-    script_key: str
-    bundle_key: str
+    deploy_bucket: str
+    """Bucket holding the bootstrap script, the bundle pointer and the bundles, at fixed keys."""
+    bundle_id: str
+    """Id (content hash) of the bundle this rendering deploys; only the head node's OnNodeUpdated names it."""
     vpc_cidr: str
+    deploy_read_policy_arn: str = ""
+    """Managed policy reading the deploy bucket, for login nodes (their Iam has no S3Access)."""
+    partition: str = "aws"
     custom_ami: str = ""
-    """An AMI id, or empty for the official ParallelCluster AMI."""
+    """An AMI id for the compute queues, or empty for the official ParallelCluster AMI."""
 
 
 def _s3_uri(refs: ClusterRefs, key: str) -> str:
-    return f"s3://{refs.assets_bucket}/{key}"
+    return f"s3://{refs.deploy_bucket}/{key}"
+
+
+def _node_policies(refs: ClusterRefs) -> list[dict[str, str]]:
+    return [{"Policy": refs.data_policy_arn}, {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}]
 
 
 def _node_iam(refs: ClusterRefs) -> dict[str, Any]:
-    """Read-only access to exactly the two asset objects, plus the data policy."""
-    return {
-        "S3Access": [{"BucketName": refs.assets_bucket, "KeyName": key, "EnableWriteAccess": False}
-                     for key in (refs.script_key, refs.bundle_key)],
-        "AdditionalIamPolicies": [{"Policy": refs.data_policy_arn}],
-    }
+    """Read-only access to the deploy bucket, the data policy, and Session Manager."""
+    return {"S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
+            "AdditionalIamPolicies": _node_policies(refs)}
 
 
-def _custom_actions(refs: ClusterRefs, *, events: tuple[str, ...] = ("OnNodeConfigured",)) -> dict[str, Any]:
-    """The bootstrap script with its arguments: the bundle's S3 URI and where to install it."""
-    action = {"Script": _s3_uri(refs, refs.script_key), "Args": [_s3_uri(refs, refs.bundle_key), BUNDLE_DIR]}
-    return {event: dict(action) for event in events}
+def _bootstrap_action(refs: ClusterRefs, *extra_args: str) -> dict[str, Any]:
+    """The bootstrap script: it installs the bundle the pointer names into BUNDLE_DIR."""
+    return {"Script": _s3_uri(refs, BOOTSTRAP_SCRIPT_KEY),
+            "Args": [_s3_uri(refs, BUNDLE_POINTER_KEY), BUNDLE_DIR, *extra_args]}
 
 
 def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
@@ -57,44 +74,94 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
         "Networking": {"SubnetId": refs.subnet_id, "AdditionalSecurityGroups": [refs.security_group_id]},
         # No key pair: people connect through SSM Session Manager; SSH stays inside the VPC.
         "Ssh": {"AllowedIps": refs.vpc_cidr},
-        "LocalStorage": {"RootVolume": {"Size": cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}},
+        "LocalStorage": {"RootVolume": _root_volume(settings)},
         "SharedStorageType": "Ebs",
         "Imds": {"Secured": True},
-        # OnNodeUpdated too: a `cdk deploy` with a new bundle reinstalls it on the head node.
-        "CustomActions": _custom_actions(refs, events=("OnNodeConfigured", "OnNodeUpdated")),
+        # OnNodeConfigured never changes; OnNodeUpdated names the bundle id, so a new bundle is a
+        # (supported) configuration change that makes the head node run it and switch /apps/scdino.
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs),
+                          "OnNodeUpdated": _bootstrap_action(refs, refs.bundle_id)},
         "Iam": _node_iam(refs),
     }
 
 
 def _compute_resource(preset: GpuPreset, settings: Settings) -> dict[str, Any]:
+    cluster = settings.cluster
     resource: dict[str, Any] = {
         "Name": preset.compute_resource_name,
         "InstanceType": preset.instance_type,
-        "MinCount": settings.cluster.min_nodes,
-        "MaxCount": settings.cluster.max_nodes,
+        "MinCount": cluster.min_nodes,
+        "MaxCount": cluster.max_nodes,
     }
     if preset.efa:
         resource["Efa"] = {"Enabled": True}
+    if cluster.capacity_reservation_id:
+        resource["CapacityReservationTarget"] = {"CapacityReservationId": cluster.capacity_reservation_id}
     return resource
 
 
-def _queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
-    local_storage: dict[str, Any] = {
-        "RootVolume": {"Size": settings.cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}}
-    if preset.local_nvme:
-        local_storage["EphemeralVolume"] = {"MountDir": SCRATCH_DIR}
-    networking: dict[str, Any] = {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]}
-    if preset.placement_group:
-        networking["PlacementGroup"] = {"Enabled": True}
-    return {
-        "Name": preset.queue_name,
-        "CapacityType": "ONDEMAND",
-        "Networking": networking,
-        "ComputeResources": [_compute_resource(preset, settings)],
+def _placement_group(preset: GpuPreset, settings: Settings) -> dict[str, Any]:
+    """A cluster placement group for EFA presets, except where a reservation decides placement:
+    a Capacity Block needs none, and an On-Demand reservation brings its own (if any)."""
+    if not preset.placement_group:
+        return {}
+    return {"PlacementGroup": {"Enabled": not settings.cluster.capacity_reservation_id}}
+
+
+def _root_volume(settings: Settings) -> dict[str, Any]:
+    return {"Size": settings.cluster.root_volume_gib, "VolumeType": "gp3", "Encrypted": True}
+
+
+def _slurm_queue(name: str, capacity_type: str, resource: dict[str, Any], local_storage: dict[str, Any],
+                 refs: ClusterRefs, placement: dict[str, Any]) -> dict[str, Any]:
+    """What every queue shares: subnet and groups, the bootstrap action, node IAM, the pipeline's AMI."""
+    queue = {
+        "Name": name,
+        "CapacityType": capacity_type,
+        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id],
+                       **placement},
+        "ComputeResources": [resource],
         "ComputeSettings": {"LocalStorage": local_storage},
-        "CustomActions": _custom_actions(refs),
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
         "Iam": _node_iam(refs),
     }
+    # The pipeline's AMI goes to the queues, not to Image/CustomAmi: a queue's AMI may change on
+    # an existing cluster (QueueUpdateStrategy), the cluster-wide one never can.
+    if refs.custom_ami:
+        queue["Image"] = {"CustomAmi": refs.custom_ami}
+    return queue
+
+
+def _gpu_queue(preset: GpuPreset, settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    local_storage: dict[str, Any] = {"RootVolume": _root_volume(settings)}
+    if preset.local_nvme:
+        local_storage["EphemeralVolume"] = {"MountDir": SCRATCH_DIR}
+    queue = _slurm_queue(preset.queue_name, settings.cluster.capacity_type, _compute_resource(preset, settings),
+                         local_storage, refs, _placement_group(preset, settings))
+    if settings.cluster.gpu_health_checks:
+        queue["HealthChecks"] = {"Gpu": {"Enabled": True}}
+    return queue
+
+
+def _cpu_spot_queue(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    """Spot CPU nodes for the steps that need no GPU; Slurm requeues a job whose node is reclaimed."""
+    instance_type = settings.cluster.cpu_spot_instance_type
+    resource = {"Name": compute_resource_name(instance_type), "InstanceType": instance_type, "MinCount": 0,
+                "MaxCount": settings.cluster.cpu_spot_max_nodes}
+    return _slurm_queue(CPU_SPOT_QUEUE, "SPOT", resource, {"RootVolume": _root_volume(settings)}, refs, {})
+
+
+def _login_nodes(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
+    """One pool of login nodes, installed like every other node."""
+    cluster = settings.cluster
+    return {"Pools": [{
+        "Name": "login",
+        "InstanceType": cluster.login_node_instance_type,
+        "Count": cluster.login_nodes,
+        "Networking": {"SubnetIds": [refs.subnet_id], "AdditionalSecurityGroups": [refs.security_group_id]},
+        "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
+        "Iam": {"AdditionalIamPolicies": [*_node_policies(refs), {"Policy": refs.deploy_read_policy_arn}]},
+    }]}
 
 
 def _shared_storage(settings: Settings, refs: ClusterRefs) -> list[dict[str, Any]]:
@@ -111,7 +178,8 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
     return {
         "DetailedMonitoring": True,
         "Logs": {"CloudWatch": {"Enabled": True, "RetentionInDays": settings.cluster.log_retention_days,
-                                "DeletionPolicy": "Delete"}},
+                                # Kept: a failed create must not delete the logs that say why.
+                                "DeletionPolicy": "Retain"}},
         "Dashboards": {"CloudWatch": {"Enabled": True}},
         "Alarms": {"Enabled": True},
     }
@@ -119,21 +187,22 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
 
 def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
     """The whole cluster configuration as ParallelCluster's YAML would hold it."""
-    image: dict[str, Any] = {"Os": settings.image.os}
-    if refs.custom_ami:
-        image["CustomAmi"] = refs.custom_ami
-    return {
+    config = {
         "Region": settings.region,
-        "Image": image,
+        "Image": {"Os": settings.image.os},
         "Imds": {"ImdsSupport": "v2.0"},
         "HeadNode": _head_node(settings, refs),
         "Scheduling": {
             "Scheduler": "slurm",
             "SlurmSettings": {"ScaledownIdletime": settings.cluster.scaledown_idle_minutes,
                               "QueueUpdateStrategy": "DRAIN"},
-            "SlurmQueues": [_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets],
+            "SlurmQueues": [_gpu_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets]
+            + ([_cpu_spot_queue(settings, refs)] if settings.cluster.cpu_spot_instance_type else []),
         },
         "SharedStorage": _shared_storage(settings, refs),
         "Monitoring": _monitoring(settings),
         "Tags": [{"Key": "project", "Value": settings.prefix}],
     }
+    if settings.cluster.login_nodes:
+        config["LoginNodes"] = _login_nodes(settings, refs)
+    return config

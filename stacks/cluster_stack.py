@@ -1,28 +1,18 @@
-"""Cluster: the bootstrap bundle as S3 assets and ParallelCluster's CloudFormation custom resource."""
+"""Cluster: the deploy bucket the nodes install from and ParallelCluster's CloudFormation custom resource."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aws_cdk as cdk
-from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.egress import NatEgress
+from stacks.node_bundle import NodeBundle
 from stacks.settings import PCLUSTER_VERSION, Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BOOTSTRAP_SCRIPT = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
                          "/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")
-
-# What the nodes install: the code, the Slurm scripts and the pinned requirements; everything else
-# in the repository (virtualenvs, node_modules, tests, infra code) stays out of the bundle.
-BUNDLE_CONTENTS = ["training", "slurm", "configs", "requirements.txt", "pyproject.toml"]
-BUNDLE_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUNDLE_CONTENTS], *[f"!{item}/**" for item in BUNDLE_CONTENTS],
-                  "**/__pycache__", "**/*.pyc", "**/*.egg-info"]
 
 
 class ClusterStack(cdk.Stack):
@@ -33,13 +23,13 @@ class ClusterStack(cdk.Stack):
                  data_policy_arn: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
-        script = s3_assets.Asset(self, "BootstrapScript", path=str(BOOTSTRAP_SCRIPT))
-        bundle = s3_assets.Asset(self, "Bundle", path=str(REPO_ROOT), exclude=BUNDLE_EXCLUDE)
+        node_bundle = NodeBundle(self, "NodeBundle")
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
-            data_policy_arn=data_policy_arn, assets_bucket=script.s3_bucket_name,
-            script_key=script.s3_object_key, bundle_key=bundle.s3_object_key,
-            vpc_cidr=settings.network.vpc_cidr, custom_ami=self._ami(settings))
+            data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
+            bundle_id=node_bundle.bundle_id, vpc_cidr=settings.network.vpc_cidr,
+            deploy_read_policy_arn=node_bundle.read_policy.managed_policy_arn, partition=self.partition,
+            custom_ami=self._ami(settings))
         self.provider = cdk.CfnStack(
             self, "PclusterProvider",
             template_url=cdk.Fn.sub(PROVIDER_TEMPLATE_URL, {"Version": PCLUSTER_VERSION}))
@@ -48,23 +38,25 @@ class ClusterStack(cdk.Stack):
             resource_type="Custom::PclusterCluster",
             service_token=self.provider.get_att("Outputs.ServiceToken").to_string(),
             properties={
-                "ClusterName": settings.cluster.name,
+                "ClusterName": settings.cluster_name,
                 "ClusterConfiguration": build_cluster_config(settings, refs),
                 "DeletionPolicy": "Delete",
             })
         # Nodes download packages while bootstrapping: the route must exist first (and go last).
         self.cluster.node.add_dependency(egress)
+        # The script and the pointer the configuration names must be in place before any node boots.
+        self.cluster.node.add_dependency(node_bundle.bootstrap)
         self._outputs(settings)
 
     def _ami(self, settings: Settings) -> str:
         """The AMI the nodes boot: empty means ParallelCluster's official one for `image.os`."""
         if settings.cluster.custom_ami == "ssm":
-            return ssm.StringParameter.value_for_string_parameter(self, settings.image.ami_parameter)
+            return ssm.StringParameter.value_for_string_parameter(self, settings.ami_parameter)
         return settings.cluster.custom_ami
 
     def _outputs(self, settings: Settings) -> None:
         head_node_id = self.cluster.get_att_string("headNode.instanceId")
-        cdk.CfnOutput(self, "ClusterName", value=settings.cluster.name)
+        cdk.CfnOutput(self, "ClusterName", value=settings.cluster_name)
         cdk.CfnOutput(self, "HeadNodeInstanceId", value=head_node_id)
         cdk.CfnOutput(self, "ConnectCommand", description="Open a shell on the head node (SSM Session Manager)",
                       value=cdk.Fn.join("", ["aws ssm start-session --region ", self.region,

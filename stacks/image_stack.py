@@ -16,30 +16,28 @@ from constructs import Construct
 from stacks.nag import acknowledge
 from stacks.settings import PCLUSTER_VERSION, ImageSettings
 
-AMI_DIR = Path(__file__).resolve().parents[1] / "ami"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The build reads ami/ and the pinned requirements the image's Python environment is built from.
+BUILD_SOURCES = ["ami", "requirements.txt", "requirements-dali.txt"]
+BUILD_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUILD_SOURCES], *[f"!{item}/**" for item in BUILD_SOURCES]]
 PACKER_VERSION = "1.11.2"
-
-# What Packer's amazon-ebs builder calls (its documented minimal policy, creating and tagging
-# only what a build needs); EC2 does not scope most of these by resource.
-PACKER_EC2_ACTIONS = [
-    "ec2:AttachVolume", "ec2:AuthorizeSecurityGroupIngress", "ec2:CopyImage", "ec2:CreateImage",
-    "ec2:CreateKeyPair", "ec2:CreateSecurityGroup", "ec2:CreateSnapshot", "ec2:CreateTags",
-    "ec2:CreateVolume", "ec2:DeleteKeyPair", "ec2:DeleteSecurityGroup", "ec2:DeleteSnapshot",
-    "ec2:DeleteVolume", "ec2:DeregisterImage", "ec2:DescribeImageAttribute", "ec2:DescribeImages",
-    "ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeRegions",
-    "ec2:DescribeSecurityGroups", "ec2:DescribeSnapshots", "ec2:DescribeSubnets", "ec2:DescribeTags",
-    "ec2:DescribeVolumes", "ec2:DescribeVpcs", "ec2:DetachVolume", "ec2:GetPasswordData",
-    "ec2:ModifyImageAttribute", "ec2:ModifyInstanceAttribute", "ec2:ModifySnapshotAttribute",
-    "ec2:RegisterImage", "ec2:RunInstances", "ec2:StopInstances", "ec2:TerminateInstances",
+BUILD_TAG_KEY = "scdino:image-build"
+"""Tag Packer puts on its build instance, the AMI and its snapshots (run_tags, tags, snapshot_tags);
+the build role may stop, terminate, deregister or delete only what carries it with this prefix."""
+PACKER_READ_ACTIONS = [
+    "ec2:DescribeImageAttribute", "ec2:DescribeImages", "ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
+    "ec2:DescribeRegions", "ec2:DescribeSecurityGroups", "ec2:DescribeSnapshots", "ec2:DescribeSubnets",
+    "ec2:DescribeTags", "ec2:DescribeVolumes", "ec2:DescribeVpcs",
 ]
 
 
-def _build_spec(settings: ImageSettings, subnet_id: str) -> codebuild.BuildSpec:
+def _build_spec(settings: ImageSettings, subnet_id: str, build_tag: str) -> codebuild.BuildSpec:
     """Install a pinned Packer, build from the ami/ asset, publish the AMI id."""
     packer_vars = " ".join([
         '-var "region=${AWS_REGION}"', f'-var "subnet_id={subnet_id}"',
         f'-var "pcluster_version={PCLUSTER_VERSION}"', f'-var "os={settings.os}"',
         f'-var "instance_type={settings.build_instance_type}"', '-var "ssh_source_cidr=${BUILDER_IP}/32"',
+        f'-var "build_tag={build_tag}"',
     ])
     return codebuild.BuildSpec.from_object({
         "version": "0.2",
@@ -53,9 +51,9 @@ def _build_spec(settings: ImageSettings, subnet_id: str) -> codebuild.BuildSpec:
             ]},
             "build": {"commands": [
                 "export BUILDER_IP=$(curl -fsS https://checkip.amazonaws.com)",
-                "packer init .",
-                f"packer validate {packer_vars} .",
-                f"packer build -color=false {packer_vars} .",
+                "packer init ami",
+                f"packer validate {packer_vars} ami",
+                f"packer build -color=false {packer_vars} ami",
                 "AMI_ID=$(jq -r '.builds[-1].artifact_id' packer-manifest.json | cut -d: -f2)",
                 'aws ssm put-parameter --overwrite --type String --name "${AMI_PARAMETER}" --value "${AMI_ID}"',
                 'echo "published ${AMI_ID} to ${AMI_PARAMETER}"',
@@ -67,12 +65,12 @@ def _build_spec(settings: ImageSettings, subnet_id: str) -> codebuild.BuildSpec:
 class ImageStack(cdk.Stack):
     """The GPU image pipeline; run on demand (`aws codebuild start-build`), rebuildable, nothing stateful."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: ImageSettings,
-                 build_subnet_id: str, **kwargs) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, settings: ImageSettings, ami_parameter: str,
+                 build_tag: str, build_subnet_id: str, vpc_id: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        source = s3_assets.Asset(self, "PackerTemplate", path=str(AMI_DIR))
+        source = s3_assets.Asset(self, "PackerTemplate", path=str(REPO_ROOT), exclude=BUILD_EXCLUDE)
         self.ami_parameter = ssm.StringParameter(
-            self, "AmiIdParameter", parameter_name=settings.ami_parameter, string_value="none",
+            self, "AmiIdParameter", parameter_name=ami_parameter, string_value="none",
             description="scDINO GPU AMI id, written by the image pipeline's CodeBuild project")
         key = kms.Key(self, "BuildKey", enable_key_rotation=True, removal_policy=cdk.RemovalPolicy.DESTROY,
                       description="scDINO: image pipeline build artifacts and logs")
@@ -84,31 +82,76 @@ class ImageStack(cdk.Stack):
                                                    compute_type=codebuild.ComputeType.SMALL),
             environment_variables={
                 "PACKER_VERSION": codebuild.BuildEnvironmentVariable(value=PACKER_VERSION),
-                "AMI_PARAMETER": codebuild.BuildEnvironmentVariable(value=settings.ami_parameter),
+                "AMI_PARAMETER": codebuild.BuildEnvironmentVariable(value=ami_parameter),
             },
-            build_spec=_build_spec(settings, build_subnet_id),
+            build_spec=_build_spec(settings, build_subnet_id, build_tag),
             encryption_key=key,
             timeout=cdk.Duration.hours(3),
             logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(
                 log_group=logs.LogGroup(self, "BuildLogs", retention=logs.RetentionDays.ONE_MONTH,
                                         removal_policy=cdk.RemovalPolicy.DESTROY))))
-        self._grant_packer()
+        self._grant_packer(build_tag=build_tag, subnet_id=build_subnet_id, vpc_id=vpc_id)
         cdk.CfnOutput(self, "StartBuildCommand",
                       value=f"aws codebuild start-build --project-name {self.project.project_name}")
         cdk.CfnOutput(self, "AmiParameterName", value=self.ami_parameter.parameter_name)
 
-    def _grant_packer(self) -> None:
-        """EC2 actions Packer needs, and write access to the one SSM parameter it publishes."""
+    def _grant_packer(self, *, build_tag: str, subnet_id: str, vpc_id: str) -> None:
+        """What Packer's amazon-ebs builder calls, each write scoped by tag, VPC or name, in this region only.
+
+        The root volume is encrypted at launch, so Packer needs no CopyImage/ModifyImageAttribute
+        (encrypt_boot's copy) and nothing Windows-only (GetPasswordData)."""
         role = self.project.role
         if role is None:
             raise RuntimeError("CodeBuild project has no role to grant Packer's permissions to")
-        role.add_to_principal_policy(iam.PolicyStatement(actions=PACKER_EC2_ACTIONS, resources=["*"]))
+        for statement in self._packer_statements(build_tag, subnet_id, vpc_id):
+            role.add_to_principal_policy(statement)
         self.ami_parameter.grant_write(role)
-        acknowledge(self.project, "IAM5[Resource::*]",
-                    "Packer's amazon-ebs builder creates and tags its own temporary instance, key pair, "
-                    "security group, volumes and the AMI, whose ids are unknown beforehand; the action list is "
-                    "Packer's documented minimum.")
         self._acknowledge_codebuild_grants()
+
+    def _packer_statements(self, build_tag: str, subnet_id: str, vpc_id: str) -> list[iam.PolicyStatement]:
+        arn = f"arn:{self.partition}:ec2:{self.region}"
+        own = f"{arn}:{self.account}"
+        vpc_arn = f"{own}:vpc/{vpc_id}"
+        tagged = {"StringEquals": {f"aws:ResourceTag/{BUILD_TAG_KEY}": build_tag}}
+        tagging = {"StringEquals": {f"aws:RequestTag/{BUILD_TAG_KEY}": build_tag}}
+        new_image = [f"{arn}::image/*", f"{arn}::snapshot/*"]
+        statements = [
+            (PACKER_READ_ACTIONS, ["*"], {"StringEquals": {"aws:RequestedRegion": self.region}},
+             "EC2 Describe calls take no resource ARN; they are read-only and limited to this region."),
+            (["ec2:RunInstances"], [f"{own}:instance/*"], tagging,
+             "Packer's build instance, whose id is unknown beforehand; it must be launched with the build tag."),
+            (["ec2:RunInstances"], [f"{arn}::image/*", f"{own}:subnet/{subnet_id}", f"{own}:network-interface/*",
+                                    f"{own}:volume/*", f"{own}:security-group/*", f"{own}:key-pair/packer_*"], None,
+             "What the build instance is launched from and with (the base AMI, its new root volume, network "
+             "interface, Packer's temporary key pair and security group); the instance itself must carry the tag."),
+            (["ec2:CreateTags"], [f"{own}:instance/*", f"{own}:security-group/*", f"{own}:key-pair/packer_*",
+                                  *new_image], tagging,
+             "Packer tags what it creates (instance, AMI, snapshots); every tag request must carry the build tag."),
+            (["ec2:StopInstances", "ec2:TerminateInstances", "ec2:CreateImage"], [f"{own}:instance/*"], tagged,
+             "Only instances carrying this prefix's build tag (Packer's build instance)."),
+            (["ec2:CreateImage"], new_image, None,
+             "The AMI and snapshots CreateImage makes, whose ids are unknown beforehand."),
+            (["ec2:DeregisterImage", "ec2:DeleteSnapshot"], new_image, tagged,
+             "Packer's clean-up of a failed or forced build, only on images and snapshots carrying the build tag."),
+            (["ec2:CreateKeyPair", "ec2:DeleteKeyPair"], [f"{own}:key-pair/packer_*"], None,
+             "Packer's temporary key pair, named packer_<uuid>."),
+            (["ec2:CreateSecurityGroup"], [vpc_arn, f"{own}:security-group/*"], None,
+             "Packer's temporary security group, in this deployment's VPC (CreateSecurityGroup checks the VPC)."),
+            (["ec2:AuthorizeSecurityGroupIngress", "ec2:DeleteSecurityGroup"], [f"{own}:security-group/*"],
+             {"ArnEquals": {"ec2:Vpc": vpc_arn}},
+             "Packer's temporary security group: only groups in this deployment's VPC."),
+        ]
+        result = []
+        for actions, resources, conditions, reason in statements:
+            result.append(iam.PolicyStatement(actions=actions, resources=resources, conditions=conditions))
+            for resource in resources:
+                if "*" in resource:
+                    acknowledge(self.project, f"IAM5[Resource::{self._nag_arn(resource)}]", reason)
+        return result
+
+    def _nag_arn(self, arn: str) -> str:
+        """An ARN as cdk-nag prints it: the account as <AWS::AccountId> (the region is known at synth)."""
+        return arn.replace(self.account, "<AWS::AccountId>")
 
     def _acknowledge_codebuild_grants(self) -> None:
         """The wildcards CDK's CodeBuild and S3-source grants generate, each scoped to this project."""

@@ -46,12 +46,15 @@ class NetworkStack(cdk.Stack):
         self.fsx_security_group = self._fsx_security_group()
 
     def _cluster_security_group(self) -> ec2.SecurityGroup:
-        """Head and compute nodes: all traffic among themselves, as EFA requires (in and out)."""
+        """Head and compute nodes: all traffic among themselves, as EFA requires (in and out).
+
+        Outbound traffic to the internet is not restricted by this project: ParallelCluster gives
+        every node its own security group as well, which allows all egress, so a narrower rule here
+        would have no effect (only replacing ParallelCluster's groups through Networking/SecurityGroups would)."""
         group = ec2.SecurityGroup(self, "ClusterSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
                                   description="scDINO cluster nodes: all traffic within the group (EFA)")
         group.add_ingress_rule(group, ec2.Port.all_traffic(), "All traffic from cluster nodes (EFA)")
         group.add_egress_rule(group, ec2.Port.all_traffic(), "All traffic to cluster nodes (EFA)")
-        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and package mirrors")
         return group
 
     def _fsx_security_group(self) -> ec2.SecurityGroup:

@@ -37,8 +37,12 @@ class GpuPreset:
 
     @property
     def compute_resource_name(self) -> str:
-        """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars)."""
-        return self.instance_type.replace(".", "").replace("xlarge", "xl")
+        return compute_resource_name(self.instance_type)
+
+
+def compute_resource_name(instance_type: str) -> str:
+    """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars): g4dn.12xlarge -> g4dn12xl."""
+    return instance_type.replace(".", "").replace("xlarge", "xl")
 
 
 PRESETS: dict[str, GpuPreset] = {
@@ -67,3 +71,7 @@ FSX_MOUNT_DIR = "/fsx"
 APPS_MOUNT_DIR = "/apps"
 SCRATCH_DIR = "/scratch"
 BUNDLE_DIR = "/apps/scdino"
+
+# Paths the GPU image (ami/scripts) creates and the bootstrap and Slurm scripts use.
+IMAGE_VENV = "/opt/scdino-venv"
+NCCL_TESTS_BIN = "/opt/nccl-tests/bin/all_reduce_perf"

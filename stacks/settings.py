@@ -20,7 +20,14 @@ import yaml
 from stacks.presets import PRESETS
 
 PCLUSTER_VERSION = "3.16.1"
-SUPPORTED_OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel9", "rocky9")
+SUPPORTED_OSES = ("alinux2023", "ubuntu2204", "rhel9")
+# Oses ParallelCluster 3.16 accepts that this project cannot run, and why (named in the error).
+REFUSED_OSES = {
+    "rocky9": "ParallelCluster publishes no official rocky9 AMI for the head node and the image pipeline to start from",
+    "ubuntu2404": "its archive has no python3.11, which the node environment (bootstrap/, ami/) is built with",
+}
+CLUSTER_NAME_MAX = 60
+"""ParallelCluster's limit on cluster names (PCLUSTER_NAME_MAX_LENGTH; a test reads it from its code)."""
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 _LOG_RETENTIONS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -28,6 +35,8 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
+_RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
+CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
 
 
 class SettingsError(ValueError):
@@ -71,6 +80,8 @@ class StorageSettings:
     fsx_capacity_gib: int = 1200
     fsx_throughput_per_tib: int = 250
     fsx_compression: str = "LZ4"
+    noncurrent_version_days: int = 30
+    """Days a replaced or deleted object version of the data bucket is kept (checkpoints are re-exported often)."""
     data_prefix: str = "data"
     """S3 prefix (no slashes) linked to /fsx/<data_prefix> by the data repository association."""
     retain: bool = True
@@ -82,6 +93,8 @@ class StorageSettings:
                f"PERSISTENT_2 takes 1200 or a multiple of 2400 GiB, got {cap}")
         _check(self.fsx_throughput_per_tib in FSX_THROUGHPUTS, "storage.fsx_throughput_per_tib",
                f"must be one of {FSX_THROUGHPUTS}, got {self.fsx_throughput_per_tib}")
+        _check(1 <= self.noncurrent_version_days <= 3650, "storage.noncurrent_version_days",
+               f"must be 1..3650, got {self.noncurrent_version_days}")
         _check(self.fsx_compression in ("LZ4", "NONE"), "storage.fsx_compression",
                f"must be LZ4 or NONE, got {self.fsx_compression!r}")
         _check(bool(re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.data_prefix)), "storage.data_prefix",
@@ -93,22 +106,23 @@ class ImageSettings:
     """The Packer GPU image pipeline (CodeBuild) and where it publishes the AMI id."""
 
     os: str = "alinux2023"
+    """Os of every node: the head node boots ParallelCluster's official AMI of it, the image pipeline builds on it."""
     build_instance_type: str = "g4dn.xlarge"
-    ami_parameter: str = "/scdino/ami/gpu"
 
     def __post_init__(self) -> None:
+        _check(self.os not in REFUSED_OSES, "image.os",
+               f"{self.os} cannot work: {REFUSED_OSES.get(self.os)}; choose one of {SUPPORTED_OSES}")
         _check(self.os in SUPPORTED_OSES, "image.os", f"must be one of {SUPPORTED_OSES}, got {self.os!r}")
         _check(bool(_INSTANCE.match(self.build_instance_type)), "image.build_instance_type",
                f"expected an EC2 instance type such as g4dn.xlarge, got {self.build_instance_type!r}")
-        _check(bool(re.fullmatch(r"(/[A-Za-z0-9_.-]+)+", self.ami_parameter)), "image.ami_parameter",
-               f"expected an SSM parameter path such as /scdino/ami/gpu, got {self.ami_parameter!r}")
 
 
 @dataclass(frozen=True)
 class ClusterSettings:
     """The ParallelCluster cluster: head node, one Slurm queue per preset, shared storage."""
 
-    name: str = "scdino"
+    name: str = "hpc"
+    """The cluster is named `<prefix>-<name>` (ParallelCluster names its own stack after it)."""
     head_node_instance_type: str = "c6i.2xlarge"
     presets: tuple[str, ...] = ("g4dn.12xlarge",)
     min_nodes: int = 0
@@ -120,6 +134,18 @@ class ClusterSettings:
     root_volume_gib: int = 200
     scaledown_idle_minutes: int = 10
     log_retention_days: int = 30
+    capacity_type: str = "ONDEMAND"
+    """GPU queues: ONDEMAND, or CAPACITY_BLOCK (EC2 Capacity Blocks for ML: min_nodes == max_nodes, a reservation id)."""
+    capacity_reservation_id: str = ""
+    """cr-... : GPU nodes launch into this On-Demand Capacity Reservation or Capacity Block (one preset only)."""
+    gpu_health_checks: bool = False
+    """ParallelCluster's DCGM check of the GPUs before each job on a GPU queue (adds minutes to job start)."""
+    cpu_spot_instance_type: str = ""
+    """Empty: no CPU queue; else a Spot queue `cpu-spot` of this type for work that needs no GPU (`--partition`)."""
+    cpu_spot_max_nodes: int = 4
+    login_nodes: int = 0
+    """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
+    login_node_instance_type: str = "c6i.xlarge"
 
     def __post_init__(self) -> None:
         _check(bool(_NAME.match(self.name)) and len(self.name) <= 40, "cluster.name",
@@ -140,6 +166,27 @@ class ClusterSettings:
         _check(self.scaledown_idle_minutes >= 1, "cluster.scaledown_idle_minutes", "must be >= 1")
         _check(self.log_retention_days in _LOG_RETENTIONS, "cluster.log_retention_days",
                f"must be one of CloudWatch's values {_LOG_RETENTIONS}, got {self.log_retention_days}")
+        self._check_capacity()
+        _check(self.cpu_spot_instance_type == "" or bool(_INSTANCE.match(self.cpu_spot_instance_type)),
+               "cluster.cpu_spot_instance_type",
+               f"expected empty or an EC2 instance type such as c6i.8xlarge, got {self.cpu_spot_instance_type!r}")
+        _check(self.cpu_spot_max_nodes >= 1, "cluster.cpu_spot_max_nodes", f"must be >= 1, got {self.cpu_spot_max_nodes}")
+        _check(0 <= self.login_nodes <= 10, "cluster.login_nodes", f"must be 0..10, got {self.login_nodes}")
+        _check(bool(_INSTANCE.match(self.login_node_instance_type)), "cluster.login_node_instance_type",
+               f"expected an EC2 instance type such as c6i.xlarge, got {self.login_node_instance_type!r}")
+
+    def _check_capacity(self) -> None:
+        _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",
+               f"must be one of {CAPACITY_TYPES}, got {self.capacity_type!r}")
+        _check(self.capacity_reservation_id == "" or bool(_RESERVATION.match(self.capacity_reservation_id)),
+               "cluster.capacity_reservation_id", f"expected empty or cr-..., got {self.capacity_reservation_id!r}")
+        _check(not self.capacity_reservation_id or len(self.presets) == 1, "cluster.capacity_reservation_id",
+               f"a reservation holds one instance type: choose one preset, got {list(self.presets)}")
+        if self.capacity_type == "CAPACITY_BLOCK":
+            _check(bool(self.capacity_reservation_id), "cluster.capacity_reservation_id",
+                   "required when cluster.capacity_type is CAPACITY_BLOCK")
+            _check(self.min_nodes == self.max_nodes, "cluster.min_nodes",
+                   f"must equal cluster.max_nodes ({self.max_nodes}) with CAPACITY_BLOCK, got {self.min_nodes}")
 
 
 
@@ -165,9 +212,22 @@ class Settings:
                "must be empty or 12 digits")
         _check(self.network.availability_zone.startswith(self.region), "network.availability_zone",
                f"{self.network.availability_zone!r} is not in region {self.region!r}")
-        stack_names = [f"{self.prefix}-{stack}" for stack in ("network", "storage", "image", "cluster")]
-        _check(self.cluster.name not in stack_names, "cluster.name",
-               f"ParallelCluster names its own stack after the cluster: choose a name other than {stack_names}")
+        stacks = ("network", "storage", "image", "cluster")
+        _check(self.cluster.name not in stacks, "cluster.name",
+               f"ParallelCluster names its own stack after the cluster ({self.cluster_name}): "
+               f"choose a name other than {stacks}")
+        _check(len(self.cluster_name) <= CLUSTER_NAME_MAX, "cluster.name",
+               f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {CLUSTER_NAME_MAX} characters")
+
+    @property
+    def cluster_name(self) -> str:
+        """ParallelCluster's cluster name: unique per prefix, so two deployments in one account do not collide."""
+        return f"{self.prefix}-{self.cluster.name}"
+
+    @property
+    def ami_parameter(self) -> str:
+        """SSM parameter the image pipeline publishes its AMI id to (per prefix, like every other name)."""
+        return f"/{self.prefix}/ami/gpu"
 
 
 def setting_keys(cls: type = Settings, prefix: str = "") -> list[str]:

@@ -66,7 +66,10 @@ class StorageStack(cdk.Stack):
             self, "DataBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
             auto_delete_objects=auto_delete, server_access_logs_bucket=logs_bucket,
-            server_access_logs_prefix="data-bucket/")
+            server_access_logs_prefix="data-bucket/",
+            lifecycle_rules=[s3.LifecycleRule(
+                noncurrent_version_expiration=cdk.Duration.days(self._settings.noncurrent_version_days),
+                abort_incomplete_multipart_upload_after=cdk.Duration.days(7))])
 
     def _link_bucket(self) -> None:
         """Data repository association: s3://bucket/<prefix>/ <-> /fsx/<prefix>, imported and exported both ways."""
@@ -82,9 +85,13 @@ class StorageStack(cdk.Stack):
         association.apply_removal_policy(self._removal)
 
     def _data_policy(self) -> iam.ManagedPolicy:
-        """What cluster nodes may do on the bucket: list, read and write under the data prefix only."""
+        """What cluster nodes may do on the bucket: list, read and write under the data prefix only.
+
+        Under the IAM path /parallelcluster/: ParallelCluster's provider may attach to node roles only
+        policies whose ARN matches policy/parallelcluster* (or a few AWS managed ones); the name is
+        left to CloudFormation, so it is unique per stack (and thus per prefix and region)."""
         prefix = self._settings.data_prefix
-        policy = iam.ManagedPolicy(self, "ClusterDataAccessPolicy", statements=[
+        policy = iam.ManagedPolicy(self, "ClusterDataAccessPolicy", path="/parallelcluster/", statements=[
             iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn],
                                 conditions={"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}),
             iam.PolicyStatement(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import Synth, synthesize
+from infra.synth_helpers import Synth, run_pcluster, synthesize
 
 
 @pytest.fixture(scope="session")
@@ -15,9 +15,18 @@ def synth(tmp_path_factory) -> Synth:
 
 @pytest.fixture(scope="session")
 def demo_synth(tmp_path_factory) -> Synth:
-    """A throw-away variant in another region: deletable storage, the pipeline-built AMI, every preset."""
+    """A throw-away variant in another region and prefix: deletable storage, the pipeline-built AMI,
+    every preset, a login node."""
     return synthesize(tmp_path_factory.mktemp("cdk-out-demo"), {
         "region": "eu-west-1", "network.availability_zone": "eu-west-1b",
-        "storage.retain": "false", "cluster.custom_ami": "ssm",
-        "cluster.presets": "g4dn.12xlarge,p4d.24xlarge,p5.48xlarge", "cluster.min_nodes": "1"})
+        "prefix": "scdino-demo", "storage.retain": "false", "cluster.custom_ami": "ssm",
+        "cluster.presets": "g4dn.12xlarge,p4d.24xlarge,p5.48xlarge", "cluster.min_nodes": "1",
+        "cluster.login_nodes": "1"})
 
+
+
+@pytest.fixture(scope="session")
+def pcluster_constants() -> dict:
+    """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
+    names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "SUPPORTED_OSES", "PRIVATE_OSES"]
+    return run_pcluster({"constants": names})["constants"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PCLUSTER_PYTHON = REPO_ROOT / ".venv-pcluster" / "bin" / "python"
+PCLUSTER_CHECK = Path(__file__).resolve().parent / "pcluster_check.py"
 CDK_ENV = {"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1"}
 os.environ.update(CDK_ENV)
 
@@ -57,3 +60,12 @@ def one(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
 
 def cluster_config(synth_result: Synth) -> dict[str, Any]:
     return one(synth_result.json["cluster"], "Custom::PclusterCluster")["Properties"]["ClusterConfiguration"]
+
+
+def run_pcluster(request: dict[str, Any]) -> dict[str, Any]:
+    """ParallelCluster 3.16's own code, in its virtualenv, on `request` (see pcluster_check.py)."""
+    assert PCLUSTER_PYTHON.exists(), f"{PCLUSTER_PYTHON} missing: run `make install`"
+    result = subprocess.run([str(PCLUSTER_PYTHON), str(PCLUSTER_CHECK)], input=json.dumps(request),
+                            capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)

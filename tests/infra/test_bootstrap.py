@@ -1,9 +1,12 @@
-"""The OnNodeConfigured script, run for real against a local fake of `aws s3 cp` and a tiny bundle:
-it installs once, is a no-op the second time, and fails loudly on bad input."""
+"""The node bootstrap script, run for real against a local fake of `aws` and tiny bundles: it
+follows the pointer, installs once, uses the image's environment when it matches, never flips the
+active bundle back to an older pointer's, prunes old bundles, and fails loudly on bad input."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -15,38 +18,60 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
 FAKE_AWS = """#!/usr/bin/env bash
-# Fake `aws s3 cp [--only-show-errors] s3://bucket/key dest`: serves keys from $FAKE_S3_DIR.
+# Fake `aws s3 cp [--only-show-errors] SRC DEST` and
+# `aws s3api get-object --bucket B --key K FILE --query LastModified --output text`, over $FAKE_S3_DIR.
 set -euo pipefail
-[[ "$1 $2" == "s3 cp" ]] || { echo "fake aws: unsupported $*" >&2; exit 2; }
-shift 2
-[[ "$1" == --only-show-errors ]] && shift
-cp "${FAKE_S3_DIR}/${1#s3://*/}" "$2"
+case "$1 $2" in
+  "s3 cp") shift 2; [[ "$1" == --only-show-errors ]] && shift; cp "${FAKE_S3_DIR}/${1#s3://*/}" "$2" ;;
+  "s3api get-object") cp "${FAKE_S3_DIR}/$6" "$7"; date -u -r "${FAKE_S3_DIR}/$6" +%FT%T+00:00 ;;
+  *) echo "fake aws: unsupported $*" >&2; exit 2 ;;
+esac
 """
+REQUIREMENTS = "pip\n"  # already in every venv: pip resolves it offline
+
+
+def _bundle(path: Path, *, requirements: str | None = REQUIREMENTS) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as bundle:
+        if requirements is not None:
+            bundle.writestr("requirements.txt", requirements)
+        bundle.writestr("training/__init__.py", "")
+        bundle.writestr("slurm/env.sh", "")
+
+
+@pytest.fixture(scope="module")
+def shared_venvs(tmp_path_factory) -> Path:
+    """The FSx directory of shared environments, kept across tests: one is built once per requirements set."""
+    return tmp_path_factory.mktemp("fsx") / "venvs"
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> dict:
-    """A fake S3 bucket holding a minimal bundle, a fake `aws` on PATH, and an install dir."""
+def node(tmp_path: Path, shared_venvs: Path) -> dict:
+    """A fake S3 bucket, a fake `aws` on PATH, and the node's install dir, image venv and FSx paths."""
     assert shutil.which("python3.11") and shutil.which("flock"), "python3.11 and flock are needed"
     bin_dir, s3_dir = tmp_path / "bin", tmp_path / "s3"
     bin_dir.mkdir()
-    s3_dir.mkdir()
     (bin_dir / "aws").write_text(FAKE_AWS)
     (bin_dir / "aws").chmod(stat.S_IRWXU)
-    with zipfile.ZipFile(s3_dir / "abc123.zip", "w") as bundle:
-        bundle.writestr("requirements.txt", "")
-        bundle.writestr("pyproject.toml", '[build-system]\nrequires = ["setuptools>=61"]\n'
-                        'build-backend = "setuptools.build_meta"\n[project]\nname = "bundle"\nversion = "0"\n'
-                        '[tool.setuptools.packages.find]\ninclude = ["training*"]\n')
-        bundle.writestr("training/__init__.py", "")
-        bundle.writestr("slurm/env.sh", "")
-    with zipfile.ZipFile(s3_dir / "empty.zip", "w") as bundle:
-        bundle.writestr("README", "no requirements here")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_S3_DIR": str(s3_dir),
            "SCDINO_BOOTSTRAP_LOG": str(tmp_path / "bootstrap.log"),
-           # Offline: pip uses what the venv already has (no upgrade, no build isolation downloads).
-           "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
-    return {"env": env, "apps": tmp_path / "apps", "log": tmp_path / "bootstrap.log"}
+           "SCDINO_IMAGE_VENV": str(tmp_path / "opt" / "scdino-venv"),
+           "SCDINO_SHARED_VENVS": str(shared_venvs),
+           "PIP_NO_INDEX": "1"}
+    (tmp_path / "opt").mkdir()
+    return {"env": env, "s3": s3_dir, "apps": tmp_path / "apps", "log": tmp_path / "bootstrap.log",
+            "image_venv": tmp_path / "opt" / "scdino-venv", "shared": shared_venvs}
+
+
+def _publish(node: dict, bundle_id: str, *, mtime: int, requirements: str | None = REQUIREMENTS,
+             name: str = "current.json") -> str:
+    """Upload bundle <id>.zip and a pointer to it last modified at `mtime`; return the pointer URI."""
+    _bundle(node["s3"] / "bundles" / f"{bundle_id}.zip", requirements=requirements)
+    pointer = node["s3"] / "bootstrap" / name
+    pointer.parent.mkdir(exist_ok=True)
+    pointer.write_text(json.dumps({"bundle": f"s3://bucket/bundles/{bundle_id}.zip", "id": bundle_id}))
+    os.utime(pointer, (mtime, mtime))
+    return f"s3://bucket/bootstrap/{name}"
 
 
 def _run(node: dict, *args: str) -> subprocess.CompletedProcess:
@@ -54,29 +79,93 @@ def _run(node: dict, *args: str) -> subprocess.CompletedProcess:
                           timeout=300, check=False)
 
 
-def test_installs_once_then_reuses(node):
+def _install(node: dict, pointer: str, *extra: str) -> subprocess.CompletedProcess:
+    result = _run(node, pointer, str(node["apps"] / "scdino"), *extra)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result
+
+
+def _imports_training(python: Path) -> bool:
+    return subprocess.run([str(python), "-c", "import training"], cwd="/", capture_output=True,
+                          check=False).returncode == 0
+
+
+def test_follows_the_pointer_builds_one_shared_environment_then_reuses(node):
+    _install(node, _publish(node, "abc123", mtime=1_000))
     install_dir = node["apps"] / "scdino"
-    first = _run(node, "s3://bucket/abc123.zip", str(install_dir))
-    assert first.returncode == 0, first.stdout[-3000:]
     assert install_dir.is_symlink() and install_dir.resolve() == node["apps"] / "scdino-abc123"
-    assert (install_dir / ".ready").read_text().strip() == "s3://bucket/abc123.zip"
-    check = subprocess.run([str(install_dir / ".venv" / "bin" / "python"), "-c", "import training"],
-                           cwd="/", capture_output=True, text=True, check=False)
-    assert check.returncode == 0, check.stderr
-    second = _run(node, "s3://bucket/abc123.zip", str(install_dir))
-    assert second.returncode == 0 and "already installed" in second.stdout
-    assert "already installed" in node["log"].read_text()
+    (shared,) = node["shared"].iterdir()
+    assert node["image_venv"].resolve() == shared and (install_dir / ".venv").resolve() == shared
+    assert _imports_training(install_dir / ".venv" / "bin" / "python")  # the .pth names the active bundle
+    second = _install(node, "s3://bucket/bootstrap/current.json", "abc123")
+    assert "already installed" in second.stdout and "already installed" in node["log"].read_text()
+    assert "note:" not in second.stdout
+    assert list(node["shared"].iterdir()) == [shared]
+
+
+def _image_venv(node: dict, requirements: str) -> None:
+    """What ami/scripts/20-python-env.sh leaves: a venv and a record of the requirements it was built from."""
+    subprocess.run(["python3.11", "-m", "venv", "--without-pip", str(node["image_venv"])], check=True)
+    record = node["image_venv"] / "scdino-requirements"
+    record.mkdir()
+    (record / "requirements.txt").write_text(requirements)
+
+
+def test_uses_the_image_environment_when_it_was_built_from_the_bundle_requirements(node):
+    _image_venv(node, REQUIREMENTS)
+    result = _install(node, _publish(node, "abc123", mtime=1_000))
+    assert not node["image_venv"].is_symlink() and "creating" not in result.stdout
+    assert (node["apps"] / "scdino" / ".venv").resolve() == node["image_venv"]
+    assert _imports_training(node["image_venv"] / "bin" / "python")
+
+
+def test_falls_back_to_a_shared_environment_when_the_image_is_older_than_the_requirements(node):
+    _image_venv(node, "torch==0.1\n")
+    result = _install(node, _publish(node, "abc123", mtime=1_000))
+    assert "built from other requirements" in result.stdout
+    assert node["image_venv"].is_symlink() and node["image_venv"].resolve().parent == node["shared"]
+    assert (node["image_venv"].parent / "scdino-venv.image").is_dir()
+    restored = _install(node, _publish(node, "back444", mtime=2_000, requirements="torch==0.1\n"))
+    assert "restoring" in restored.stdout and not node["image_venv"].is_symlink()
+    assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-back444"
+
+
+def test_an_older_pointer_never_flips_the_active_bundle_back(node):
+    old = _publish(node, "old111", mtime=1_000, name="seen-by-a-slow-node.json")
+    _install(node, _publish(node, "new222", mtime=2_000))
+    result = _install(node, old)
+    assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-new222"
+    assert "is newer than ours" in result.stdout
+
+
+def test_keeps_only_the_active_and_the_previous_bundle(node):
+    for stamp, bundle_id in enumerate(("one111", "two222", "three333"), start=1):
+        _install(node, _publish(node, bundle_id, mtime=1_000 * stamp))
+    remaining = sorted(path.name for path in node["apps"].glob("scdino-*") if path.is_dir())
+    assert remaining == ["scdino-three333", "scdino-two222"]
+
+
+def test_the_head_node_notes_a_pointer_newer_than_its_configuration(node):
+    result = _install(node, _publish(node, "new222", mtime=2_000), "old111")
+    assert "note: configuration names bundle old111, the pointer new222" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     ((), "usage:"),
-    (("https://example.com/bundle.zip",), "bundle must be an s3://...zip URI"),
-    (("s3://bucket/empty.zip",), "bundle has no requirements.txt"),
+    (("https://example.com/current.json",), "the pointer must be an s3://...json URI"),
+    (("s3://bucket/bootstrap/current.json",), "bundle has no requirements.txt"),
 ])
 def test_fails_loudly_without_leaving_a_ready_install(node, args, message):
+    _publish(node, "empty", mtime=1_000, requirements=None)
     install_dir = node["apps"] / "scdino"
     result = _run(node, *args, str(install_dir)) if args else _run(node)
     assert result.returncode != 0
     assert "ERROR" in result.stdout and message in result.stdout
     assert message in node["log"].read_text()
     assert not install_dir.exists()
+
+
+def test_lock_wait_stays_below_parallelcluster_node_bootstrap_timeout(pcluster_constants):
+    (wait,) = re.findall(r"^readonly LOCK_WAIT_SECONDS=(\d+)$", SCRIPT.read_text(), flags=re.M)
+    # The wait plus the install that follows it must fit in the node's bootstrap timeout.
+    assert int(wait) <= pcluster_constants["NODE_BOOTSTRAP_TIMEOUT"] - 300

@@ -1,40 +1,37 @@
-"""The cluster configuration of every preset, validated by ParallelCluster 3.16's own schema
+"""The cluster configuration of every preset and OS, validated by ParallelCluster 3.16's own schema
 (in its own virtualenv, as a subprocess) and by the checks that schema does not make."""
 
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from infra.synth_helpers import cluster_config
+from infra.synth_helpers import cluster_config, run_pcluster
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
-from stacks.settings import build_settings
+from stacks.settings import SUPPORTED_OSES, build_settings
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[1]
-PCLUSTER_PYTHON = REPO_ROOT / ".venv-pcluster" / "bin" / "python"
 # From the EC2 user guide's list of EFA-capable instance types (independent of stacks/presets.py).
 EFA_CAPABLE = {"g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "p4d.24xlarge",
                "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
 GPUS = {"g4dn.12xlarge": (4, 48), "p4d.24xlarge": (8, 96), "p5.48xlarge": (8, 192)}
 REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
-    file_system_id="fs-0123456789abcdef0", data_policy_arn="arn:aws:iam::111122223333:policy/scdino-data",
-    assets_bucket="cdk-hnb659fds-assets-111122223333-us-east-1", script_key="0a1b.sh", bundle_key="2c3d.zip",
-    vpc_cidr="10.0.0.0/16")
+    file_system_id="fs-0123456789abcdef0",
+    data_policy_arn="arn:aws:iam::111122223333:policy/parallelcluster/scdino-data",
+    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="0a1b2c3d", vpc_cidr="10.0.0.0/16")
+CUSTOM_AMI = "ami-0123456789abcdef0"
 
 
 def _configs() -> dict[str, dict]:
     configs = {name: build_cluster_config(build_settings({"cluster.presets": name}), REFS) for name in PRESETS}
-    configs["all-presets-custom-ami"] = build_cluster_config(
-        build_settings({"cluster.presets": ",".join(PRESETS), "cluster.min_nodes": 1, "image.os": "ubuntu2204"}),
-        ClusterRefs(**{**REFS.__dict__, "custom_ami": "ami-0123456789abcdef0"}))
+    for os_name in SUPPORTED_OSES:
+        configs[f"all-presets-custom-ami-{os_name}"] = build_cluster_config(
+            build_settings({"cluster.presets": ",".join(PRESETS), "cluster.min_nodes": 1, "image.os": os_name}),
+            dataclasses.replace(REFS, custom_ami=CUSTOM_AMI))
     broken = copy.deepcopy(configs[DEFAULT_PRESET])
     broken["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MaxCout"] = 2
     configs["broken"] = broken
@@ -44,8 +41,9 @@ def _configs() -> dict[str, dict]:
 # What a CloudFormation reference in the synthesised template stands for, by the key holding it.
 _PLACEHOLDERS = {
     "SubnetId": REFS.subnet_id, "SubnetIds": REFS.subnet_id, "AdditionalSecurityGroups": REFS.security_group_id,
-    "FileSystemId": REFS.file_system_id, "Policy": REFS.data_policy_arn, "BucketName": REFS.assets_bucket,
-    "Script": "s3://bucket/script.sh", "Args": "s3://bucket/b.zip", "CustomAmi": "ami-0123456789abcdef0",
+    "FileSystemId": REFS.file_system_id, "Policy": REFS.data_policy_arn, "BucketName": REFS.deploy_bucket,
+    "Script": "s3://bucket/bootstrap/on-node-configured.sh", "Args": "s3://bucket/bootstrap/current.json",
+    "CustomAmi": CUSTOM_AMI,
 }
 
 
@@ -71,14 +69,11 @@ def configs(synth, demo_synth) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def schema_errors(configs) -> dict[str, list[str]]:
-    assert PCLUSTER_PYTHON.exists(), f"{PCLUSTER_PYTHON} missing: run `make install`"
-    result = subprocess.run([str(PCLUSTER_PYTHON), str(HERE / "pcluster_schema_check.py")],
-                            input=json.dumps(configs), capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout)
+    return run_pcluster({"schema": configs})["schema"]
 
 
-@pytest.mark.parametrize("label", [*PRESETS, "all-presets-custom-ami", "synthesized", "synthesized-demo"])
+@pytest.mark.parametrize("label", [*PRESETS, *(f"all-presets-custom-ami-{os_name}" for os_name in SUPPORTED_OSES),
+                                   "synthesized", "synthesized-demo"])
 def test_parallelcluster_schema_accepts_the_config(schema_errors, label):
     assert schema_errors[label] == []
 
@@ -99,7 +94,7 @@ def test_queue_and_resource_names_follow_parallelcluster_rules(configs):
 
 
 def test_queue_names_are_unique_in_a_cluster(configs):
-    for label in ("all-presets-custom-ami", "synthesized-demo"):
+    for label in ("all-presets-custom-ami-alinux2023", "synthesized-demo"):
         names = [q["Name"] for q in configs[label]["Scheduling"]["SlurmQueues"]]
         assert len(names) == len(set(names)) == 3
 

@@ -15,7 +15,7 @@ def test_provider_is_the_pinned_parallelcluster_custom_resource_template(synth):
 def test_cluster_resource_properties(synth):
     cluster = one(synth.json["cluster"], "Custom::PclusterCluster")["Properties"]
     assert cluster["ServiceToken"] == {"Fn::GetAtt": ["PclusterProvider", "Outputs.ServiceToken"]}
-    assert cluster["ClusterName"] == "scdino"
+    assert cluster["ClusterName"] == "scdino-hpc"
     assert cluster["DeletionPolicy"] == "Delete"
     assert set(cluster) == {"ServiceToken", "ClusterName", "ClusterConfiguration", "DeletionPolicy"}
 
@@ -39,35 +39,79 @@ def test_default_queue_has_efa_placement_group_and_scratch(synth):
 
 
 def test_official_ami_by_default_and_pipeline_ami_when_asked(synth, demo_synth):
-    assert "CustomAmi" not in cluster_config(synth)["Image"]
-    custom = cluster_config(demo_synth)["Image"]["CustomAmi"]
+    config = cluster_config(synth)
+    assert config["Image"] == {"Os": "alinux2023"}
+    assert not [queue for queue in config["Scheduling"]["SlurmQueues"] if "Image" in queue]
     parameters = demo_synth.json["cluster"]["Parameters"]
-    (name,) = [key for key, value in parameters.items() if value.get("Default") == "/scdino/ami/gpu"]
-    assert custom == {"Ref": name}
+    (name,) = [key for key, value in parameters.items() if value.get("Default") == "/scdino-demo/ami/gpu"]
+    for queue in cluster_config(demo_synth)["Scheduling"]["SlurmQueues"]:
+        assert queue["Image"] == {"CustomAmi": {"Ref": name}}
     assert parameters[name]["Type"] == "AWS::SSM::Parameter::Value<String>"
 
 
-def test_bootstrap_action_gets_the_bundle_uri_and_install_dir(synth):
+def _s3_uri(value) -> tuple[str, str]:
+    """(bucket logical id, key) of an s3:// URI built as Fn::Join."""
+    scheme, bucket, key = value["Fn::Join"][1]
+    assert scheme == "s3://"
+    return bucket["Ref"], key
+
+
+def test_node_actions_name_only_fixed_keys_of_the_deploy_bucket(synth):
     config = cluster_config(synth)
     head_actions = config["HeadNode"]["CustomActions"]
     assert set(head_actions) == {"OnNodeConfigured", "OnNodeUpdated"}
     action = head_actions["OnNodeConfigured"]
-    assert action["Script"]["Fn::Join"][1][-1].endswith(".sh")
-    bundle_uri, install_dir = action["Args"]
-    assert bundle_uri["Fn::Join"][1][0] == "s3://" and bundle_uri["Fn::Join"][1][-1].endswith(".zip")
-    assert install_dir == "/apps/scdino"
+    bucket, script_key = _s3_uri(action["Script"])
+    pointer, install_dir = action["Args"]
+    assert bucket.startswith("NodeBundleBucket") and script_key == "/bootstrap/on-node-configured.sh"
+    assert _s3_uri(pointer) == (bucket, "/bootstrap/current.json") and install_dir == "/apps/scdino"
+    updated = head_actions["OnNodeUpdated"]
+    assert updated["Script"] == action["Script"] and updated["Args"][:2] == action["Args"]
     assert config["Scheduling"]["SlurmQueues"][0]["CustomActions"] == {"OnNodeConfigured": action}
 
 
-def test_nodes_read_only_the_two_asset_objects(synth):
-    access = cluster_config(synth)["HeadNode"]["Iam"]["S3Access"]
-    assert [entry["EnableWriteAccess"] for entry in access] == [False, False]
-    assert sorted(entry["KeyName"].rsplit(".", 1)[1] for entry in access) == ["sh", "zip"]
+def _deployments(synth) -> dict[str, dict]:
+    return {props["DestinationBucketKeyPrefix"]: props for props in (
+        resource["Properties"] for resource in resources(synth.json["cluster"], "Custom::CDKBucketDeployment").values())}
+
+
+def test_deploy_writes_the_script_and_a_pointer_to_the_bundle_it_copies(synth):
+    deployments = _deployments(synth)
+    assert set(deployments) == {"bootstrap/", "bundles/"}
+    bundles, bootstrap = deployments["bundles/"], deployments["bootstrap/"]
+    # Bundles stay zipped and are never pruned (a node may still read the previous pointer).
+    assert (bundles["Extract"], bundles["Prune"]) == (False, False)
+    (marker,) = [m for m in bootstrap["SourceMarkers"] if m]
+    uri = next(iter(marker.values()))["Fn::Join"][1]
+    assert uri[1]["Ref"].startswith("NodeBundleBucket")
+    assert uri[3] == {"Fn::Select": [0, {"Fn::GetAtt": [_bundle_deployment_id(synth), "SourceObjectKeys"]}]}
+    bundle_id = cluster_config(synth)["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][2]
+    assert bundles["SourceObjectKeys"] == [f"{bundle_id}.zip"]
+    assert _bootstrap_deployment_id(synth) in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
+
+
+def _deployment_id(synth, prefix: str) -> str:
+    (logical_id,) = [key for key, value in resources(synth.json["cluster"], "Custom::CDKBucketDeployment").items()
+                     if value["Properties"]["DestinationBucketKeyPrefix"] == prefix]
+    return logical_id
+
+
+def _bundle_deployment_id(synth) -> str:
+    return _deployment_id(synth, "bundles/")
+
+
+def _bootstrap_deployment_id(synth) -> str:
+    return _deployment_id(synth, "bootstrap/")
+
+
+def test_nodes_read_only_the_deploy_bucket(synth):
+    (access,) = cluster_config(synth)["HeadNode"]["Iam"]["S3Access"]
+    assert access["EnableWriteAccess"] is False and access["BucketName"]["Ref"].startswith("NodeBundleBucket")
 
 
 def test_outputs_give_name_head_node_and_connect_command(synth):
     outputs = synth.json["cluster"]["Outputs"]
-    assert outputs["ClusterName"]["Value"] == "scdino"
+    assert outputs["ClusterName"]["Value"] == "scdino-hpc"
     assert outputs["HeadNodeInstanceId"]["Value"] == {"Fn::GetAtt": ["Cluster", "headNode.instanceId"]}
     parts = outputs["ConnectCommand"]["Value"]["Fn::Join"][1]
     assert parts[0] == "aws ssm start-session --region us-east-1 --target " and parts[-1] == {
@@ -95,6 +139,6 @@ def test_bundle_asset_holds_the_code_and_nothing_else(synth):
     staged = [path for path in synth.outdir.glob("asset.*") if (path / "training").is_dir()]
     assert len(staged) == 1
     top_level = {path.name for path in staged[0].iterdir()}
-    assert {"training", "slurm", "requirements.txt", "pyproject.toml"} <= top_level
-    assert top_level <= {"training", "slurm", "configs", "requirements.txt", "pyproject.toml"}
+    assert {"training", "slurm", "requirements.txt", "requirements-dali.txt", "pyproject.toml"} <= top_level
+    assert top_level <= {"training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"}
     assert not list(staged[0].rglob("__pycache__"))

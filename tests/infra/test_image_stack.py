@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
-from infra.synth_helpers import one
+from infra.synth_helpers import REPO_ROOT, one
 
 
 def _project(synth) -> dict:
@@ -39,24 +40,100 @@ def test_build_spec_installs_pinned_packer_builds_and_publishes(synth):
     phases = _build_spec(synth)["phases"]
     install, build = phases["install"]["commands"], phases["build"]["commands"]
     assert any("sha256sum -c" in command for command in install)
-    assert build[1] == "packer init ."
+    assert build[1] == "packer init ami"
     (packer_build,) = [command for command in build if command.startswith("packer build")]
-    for var in ('pcluster_version=3.16.1', 'subnet_id=<subnet>', 'ssh_source_cidr=${BUILDER_IP}/32'):
+    for var in ("pcluster_version=3.16.1", "subnet_id=<subnet>", "ssh_source_cidr=${BUILDER_IP}/32",
+                "build_tag=scdino"):
         assert f'-var "{var}"' in packer_build, var
+    assert packer_build.endswith(" ami")
     assert build[-2].startswith("aws ssm put-parameter --overwrite")
     env = {v["Name"]: v["Value"] for v in _project(synth)["Environment"]["EnvironmentVariables"]}
     assert env["AMI_PARAMETER"] == "/scdino/ami/gpu"
     assert env["PACKER_VERSION"].count(".") == 2
 
 
-def test_packer_gets_ec2_actions_and_write_on_its_parameter_only(synth):
-    policy = one(synth.json["image"], "AWS::IAM::Policy")["Properties"]["PolicyDocument"]["Statement"]
-    ec2 = [s for s in policy if isinstance(s["Action"], list) and "ec2:RunInstances" in s["Action"]]
-    assert len(ec2) == 1 and not any(a in ("ec2:*", "*") for a in ec2[0]["Action"])
-    ssm = [s for s in policy if "ssm:PutParameter" in s["Action"]]
+def _statements(synth) -> list[dict]:
+    return one(synth.json["image"], "AWS::IAM::Policy")["Properties"]["PolicyDocument"]["Statement"]
+
+
+def _actions(statement: dict) -> list[str]:
+    return statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+
+
+def _resources(statement: dict) -> list:
+    return statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+
+
+def _ec2_statements(synth) -> list[dict]:
+    return [s for s in _statements(synth) if any(a.startswith("ec2:") for a in _actions(s))]
+
+
+# Where Packer's amazon-ebs builder needs these at all, they must be bound to what it tagged.
+DESTRUCTIVE = {"ec2:TerminateInstances", "ec2:StopInstances", "ec2:DeregisterImage", "ec2:DeleteSnapshot"}
+# encrypt_boot's copy and Windows/chroot/sharing calls this image build does not make.
+NOT_NEEDED = {"ec2:GetPasswordData", "ec2:ModifyImageAttribute", "ec2:ModifySnapshotAttribute",
+              "ec2:ModifyInstanceAttribute", "ec2:CopyImage", "ec2:RegisterImage", "ec2:AttachVolume",
+              "ec2:DetachVolume", "ec2:CreateVolume", "ec2:DeleteVolume", "ec2:CreateSnapshot"}
+
+
+def _tag_value(synth) -> str:
+    """The value of Packer's build tag, as the buildspec passes it (-var build_tag=...)."""
+    (packer_build,) = [c for c in _build_spec(synth)["phases"]["build"]["commands"] if c.startswith("packer build")]
+    return re.search(r'-var "build_tag=([^"]+)"', packer_build)[1]
+
+
+def test_every_ec2_write_is_scoped_by_tag_vpc_or_resource_in_this_region(synth):
+    tag = _tag_value(synth)
+    for statement in _ec2_statements(synth):
+        actions = set(_actions(statement))
+        assert not actions & NOT_NEEDED, actions & NOT_NEEDED
+        if all(a.startswith("ec2:Describe") for a in actions):
+            assert statement["Condition"] == {"StringEquals": {"aws:RequestedRegion": "us-east-1"}}
+            continue
+        for resource in _resources(statement):
+            assert resource != "*", statement
+            text = json.dumps(resource)
+            assert "arn:aws:ec2:us-east-1:" in text, resource
+        if actions & DESTRUCTIVE:
+            assert statement["Condition"] == {"StringEquals": {"aws:ResourceTag/scdino:image-build": tag}}
+
+
+def test_packer_tags_everything_the_role_may_destroy_with_the_build_tag(synth):
+    tag = _tag_value(synth)
+    template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
+    assert re.search(r'build_tags = \{\n\s+"scdino:image-build" = var\.build_tag\n\s+\}', template)
+    for block in ("run_tags", "snapshot_tags"):
+        assert re.search(rf"\n\s+{block}\s+= local\.build_tags\n", template), block
+    assert "tags = merge(local.build_tags," in template
+    assert tag == "scdino"
+
+
+def test_ssm_write_only_on_the_ami_parameter(synth):
+    ssm = [s for s in _statements(synth) if "ssm:PutParameter" in _actions(s)]
     assert len(ssm) == 1 and ssm[0]["Resource"]["Fn::Join"][1][-1] == {"Ref": "AmiIdParameter4C94AE68"}
 
 
-def test_ami_parameter_exists_for_the_cluster_to_read(synth):
+def test_ami_parameter_is_named_after_the_prefix(synth, demo_synth):
     synth.templates["image"].has_resource_properties("AWS::SSM::Parameter", {
         "Name": "/scdino/ami/gpu", "Type": "String"})
+    demo_synth.templates["image"].has_resource_properties("AWS::SSM::Parameter", {"Name": "/scdino-demo/ami/gpu"})
+
+
+# Root device of the official AMIs, from each distribution's EC2 images (independent of ami/).
+ROOT_DEVICES = {"alinux2023": "/dev/xvda", "ubuntu2204": "/dev/sda1", "rhel9": "/dev/sda1"}
+
+
+def test_packer_launches_with_the_root_device_of_each_os():
+    from stacks.settings import SUPPORTED_OSES
+
+    template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
+    block = re.search(r"root_devices = \{\n(.*?)\n  \}", template, re.S)[1]
+    devices = dict(re.findall(r'(\w+)\s+= "([^"]+)"', block))
+    assert devices == {os_name: ROOT_DEVICES[os_name] for os_name in SUPPORTED_OSES}
+    assert "device_name           = local.root_devices[var.os]" in template
+
+
+def test_build_source_holds_ami_and_the_pinned_requirements(synth):
+    staged = [path for path in synth.outdir.glob("asset.*") if (path / "ami").is_dir()]
+    assert len(staged) == 1
+    assert {path.name for path in staged[0].iterdir()} == {"ami", "requirements.txt", "requirements-dali.txt"}

@@ -3,6 +3,7 @@ shellcheck on every shell script in the repository."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ SHELL_DIRS = ("ami", "bootstrap", "scripts", "slurm", ".ci")
 # Packer >= 1.7 needs `packer { required_plugins }`; older Packer rejects the block, so the
 # template is validated on its own, with the variables the image pipeline passes.
 PACKER_VARS = ["-var", "region=us-east-1", "-var", "subnet_id=subnet-0123456789abcdef0",
-               "-var", "ssh_source_cidr=192.0.2.10/32"]
+               "-var", "ssh_source_cidr=192.0.2.10/32", "-var", "build_tag=scdino"]
 
 
 def _run(command: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
@@ -59,11 +60,12 @@ def test_packer_files_are_formatted():
 
 def test_packer_scripts_exist_and_are_executable():
     template = (AMI_DIR / "gpu-image.pkr.hcl").read_text()
-    scripts = [line.strip().strip('",') for line in template.splitlines() if line.strip().startswith('"scripts/')]
+    scripts = re.findall(r'"\$\{path\.root\}/(scripts/[^"]+)"', template)
     assert len(scripts) >= 6
     for script in scripts:
         path = AMI_DIR / script
         assert path.is_file() and path.stat().st_mode & 0o111, script
+    assert sorted(scripts) == sorted(f"scripts/{path.name}" for path in (AMI_DIR / "scripts").glob("*.sh"))
 
 
 def shell_scripts() -> list[Path]:

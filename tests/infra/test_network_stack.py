@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.synth_helpers import resources
+from infra.synth_helpers import resources, run_pcluster
 
 
 def test_vpc_spans_the_one_configured_zone_with_public_and_private_subnets(synth):
@@ -72,8 +72,58 @@ def test_no_ingress_from_anywhere_in_any_stack(synth, demo_synth):
                     assert rule.get("CidrIpv6") != "::/0", f"{name}/{logical_id} is open to the internet"
 
 
-def test_security_groups_allow_only_https_to_the_internet(synth):
-    for group in resources(synth.json["network"], "AWS::EC2::SecurityGroup").values():
-        for rule in group["Properties"].get("SecurityGroupEgress", []):
-            if rule.get("CidrIp") == "0.0.0.0/0":
-                assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 443, 443)
+
+# --- the synthesised rules, as ParallelCluster's ExistingFsxNetworkingValidator reads them ----------
+
+GROUP_IDS = {"ClusterSecurityGroup": "sg-0c1c1c1c1c1c1c1c1", "FsxSecurityGroup": "sg-0f5f5f5f5f5f5f5f5"}
+# ParallelCluster gives the head node and each queue a group of its own beside AdditionalSecurityGroups.
+NODES = [["sg-0aaaaaaaaaaaaaaa1", GROUP_IDS["ClusterSecurityGroup"]],
+         ["sg-0aaaaaaaaaaaaaaa2", GROUP_IDS["ClusterSecurityGroup"]]]
+
+
+def _group(reference) -> str:
+    (name,) = [name for name in GROUP_IDS if name in str(reference)]
+    return GROUP_IDS[name]
+
+
+def _permission(rule: dict, peer_key: str, cidr_key: str) -> dict:
+    permission = {"IpProtocol": str(rule["IpProtocol"]), "FromPort": rule.get("FromPort"), "ToPort": rule.get("ToPort")}
+    if peer_key in rule:
+        permission["UserIdGroupPairs"] = [{"GroupId": _group(rule[peer_key])}]
+    if cidr_key in rule:
+        permission["IpRanges"] = [{"CidrIp": rule[cidr_key]}]
+    return permission
+
+
+def security_groups_as_ec2_describes_them(result) -> dict[str, dict]:
+    """Every rule of the two groups, from whichever stack's template holds it, in EC2's response shape."""
+    groups = {group_id: {"IpPermissions": [], "IpPermissionsEgress": []} for group_id in GROUP_IDS.values()}
+    for template in result.json.values():
+        for logical_id, resource in template["Resources"].items():
+            properties = resource.get("Properties", {})
+            if resource["Type"] == "AWS::EC2::SecurityGroup" and any(name in logical_id for name in GROUP_IDS):
+                group = groups[_group(logical_id)]
+                group["IpPermissions"] += [_permission(r, "SourceSecurityGroupId", "CidrIp")
+                                           for r in properties.get("SecurityGroupIngress", [])]
+                group["IpPermissionsEgress"] += [_permission(r, "DestinationSecurityGroupId", "CidrIp")
+                                                 for r in properties.get("SecurityGroupEgress", [])]
+            elif resource["Type"] == "AWS::EC2::SecurityGroupIngress":
+                groups[_group(properties["GroupId"])]["IpPermissions"].append(
+                    _permission(properties, "SourceSecurityGroupId", "CidrIp"))
+            elif resource["Type"] == "AWS::EC2::SecurityGroupEgress":
+                groups[_group(properties["GroupId"])]["IpPermissionsEgress"].append(
+                    _permission(properties, "DestinationSecurityGroupId", "CidrIp"))
+    return groups
+
+
+def test_parallelcluster_accepts_the_file_system_security_groups(synth):
+    groups = security_groups_as_ec2_describes_them(synth)
+    fsx = GROUP_IDS["FsxSecurityGroup"]
+    without_lustre_ingress = {**groups, fsx: {**groups[fsx], "IpPermissions": [
+        rule for rule in groups[fsx]["IpPermissions"] if rule.get("FromPort") != 988]}}
+    result = run_pcluster({"fsx_networking": {
+        label: {"groups": value, "fsx_groups": [fsx], "nodes": NODES}
+        for label, value in (("synthesized", groups), ("without-988-ingress", without_lustre_ingress))}})
+    assert result["fsx_networking"]["synthesized"] == []
+    (failure,) = result["fsx_networking"]["without-988-ingress"]
+    assert failure[0] == "ERROR" and "988" in failure[1]

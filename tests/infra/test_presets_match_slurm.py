@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stacks.presets import BUNDLE_DIR, DEFAULT_PRESET, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, SLURM_DEFAULTS
+from stacks.presets import (BUNDLE_DIR, DEFAULT_PRESET, FSX_MOUNT_DIR, IMAGE_VENV, NCCL_TESTS_BIN, PRESETS,
+                            SCRATCH_DIR, SLURM_DEFAULTS)
 
-ENV_SH = Path(__file__).resolve().parents[2] / "slurm" / "env.sh"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV_SH = REPO_ROOT / "slurm" / "env.sh"
 # VAR=${VAR:-default} or export VAR="${VAR:-default}"
 _ASSIGN = re.compile(r'^\s*(?:export\s+)?(?P<name>[A-Z_][A-Z0-9_]*)="?\$\{(?P=name):?-(?P<value>[^}]*)\}"?\s*$')
 # : "${VAR:=default}"
@@ -73,3 +75,33 @@ def test_sbatch_defaults_can_be_scheduled_on_the_default_cluster():
             assert int(value) <= preset.cpus_per_gpu, f"{script}: --{option}={value}"
         elif option in ("gpus-per-node", "gres"):
             assert int(value.rsplit(":", 1)[-1]) <= preset.gpus_per_node, f"{script}: --{option}={value}"
+
+
+def _readonly(path: Path, name: str) -> str:
+    """The value of `readonly NAME=value` or `readonly NAME=${OVERRIDE:-value}` in a shell script."""
+    match = re.search(rf"^readonly {name}=(?:\$\{{\w+:-)?([^}}\s]+)\}}?$", path.read_text(), flags=re.M)
+    assert match, f"{path.name}: no `readonly {name}=`"
+    return match[1]
+
+
+def test_nccl_tests_are_installed_where_the_slurm_script_runs_them():
+    installed = _readonly(REPO_ROOT / "ami" / "scripts" / "30-nccl-tests.sh", "BIN_DIR") + "/all_reduce_perf"
+    (default,) = re.findall(r"^NCCL_TESTS_BIN=\$\{NCCL_TESTS_BIN:-\$\(command -v all_reduce_perf \|\| echo (\S+)\)\}$",
+                            (REPO_ROOT / "slurm" / "nccl_tests.slurm").read_text(), flags=re.M)
+    assert installed == default == NCCL_TESTS_BIN
+
+
+def test_the_image_environment_is_the_one_bootstrap_links():
+    assert _readonly(REPO_ROOT / "ami" / "scripts" / "20-python-env.sh", "VENV") == IMAGE_VENV
+    assert _readonly(REPO_ROOT / "ami" / "scripts" / "30-nccl-tests.sh", "VENV") == IMAGE_VENV
+    assert _readonly(REPO_ROOT / "bootstrap" / "on-node-configured.sh", "IMAGE_VENV") == IMAGE_VENV
+
+
+def test_one_pinned_environment_with_dali_is_built_in_the_image():
+    script = (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text()
+    (install,) = re.findall(r'"\$\{VENV\}/bin/pip" install [^\n]*\\\n([^\n]*)', script)
+    assert install.split() == ['-r', '"${REQUIREMENTS_DIR}/requirements.txt"',
+                               '-r', '"${REQUIREMENTS_DIR}/requirements-dali.txt"']
+    for name in ("requirements.txt", "requirements-dali.txt"):
+        lines = [line.split("#")[0].strip() for line in (REPO_ROOT / name).read_text().splitlines()]
+        assert all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][^\s]*", line) for line in lines if line), name

@@ -47,7 +47,10 @@ def test_settings_file_layer(tmp_path):
     ({"network.vpc_cidr": "10.0.0.0/8"}, "setting network.vpc_cidr: prefix length"),
     ({"image.os": "alinux2"}, "setting image.os: must be one of"),
     ({"region": "mars"}, "setting region:"),
-    ({"cluster.name": "scdino-storage"}, "setting cluster.name: ParallelCluster names its own stack"),
+    ({"cluster.name": "storage"}, "setting cluster.name: ParallelCluster names its own stack after the cluster (scdino-storage)"),
+    ({"image.os": "rocky9"}, "setting image.os: rocky9 cannot work: ParallelCluster publishes no official rocky9 AMI"),
+    ({"image.os": "ubuntu2404"}, "setting image.os: ubuntu2404 cannot work: its archive has no python3.11"),
+    ({"storage.noncurrent_version_days": 0}, "setting storage.noncurrent_version_days: must be 1..3650"),
     ({"cluster.max_nodez": 3}, "setting cluster.max_nodez: unknown setting"),
 ])
 def test_wrong_values_name_the_setting(layer, named):

@@ -63,6 +63,12 @@ def test_association_links_fsx_data_path_to_the_bucket_prefix_both_ways(synth):
     assert dra["S3"] == {"AutoImportPolicy": {"Events": events}, "AutoExportPolicy": {"Events": events}}
 
 
+def test_noncurrent_object_versions_expire(synth):
+    rules = synth.json["storage"]["Resources"]["DataBucketE3889A50"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    assert [rule["NoncurrentVersionExpiration"] for rule in rules] == [{"NoncurrentDays": 30}]
+    assert rules[0]["Status"] == "Enabled" and "Prefix" not in rules[0]
+
+
 def test_node_data_policy_is_confined_to_the_data_prefix(synth):
     policy = one(synth.json["storage"], "AWS::IAM::ManagedPolicy")["Properties"]["PolicyDocument"]
     list_statement, object_statement = policy["Statement"]

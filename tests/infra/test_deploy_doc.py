@@ -1,0 +1,131 @@
+"""Every command in docs/deploy.md's shell blocks exists and takes the options shown: the pinned CDK
+CLI, ParallelCluster's CLI and the training CLI by their own --help, AWS CLI calls by botocore's
+service models (the AWS CLI is not installed here), repository scripts by their text."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from functools import cache
+
+import pytest
+
+from infra.synth_helpers import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
+
+DOC = REPO_ROOT / "docs" / "deploy.md"
+VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+# Commands of the operating system and Slurm that the guide runs on the head node.
+SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue"}
+AWS_GLOBAL = {"--region", "--query", "--output", "--profile"}
+# The AWS CLI's hand-written `aws s3` commands (not in botocore's models) and the options used here.
+AWS_S3 = {"sync": set(), "cp": set(), "ls": set()}
+
+
+def doc_commands() -> list[list[str]]:
+    """Each simple command of the ```bash blocks, as words; $(...) substitutions are commands too."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for inner in re.findall(r"\$\((.*?)\)(?!\S*\))", line):
+                commands.append(shlex.split(inner, comments=True))
+            line = re.sub(r"\$\((.*?)\)(?!\S*\))", "SUBSTITUTED", line)
+            for part in re.split(r"&&|\|", line):
+                words = shlex.split(part, comments=True)
+                if words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                    words = words[1:]
+                if words:
+                    commands.append(words)
+    return commands
+
+
+def options(words: list[str]) -> list[str]:
+    return [word.split("=", 1)[0] for word in words if word.startswith("-")]
+
+
+@cache
+def help_text(*command: str) -> str:
+    env = {**CDK_ENV, "PATH": "/usr/bin:/bin", "HOME": "/tmp", "CDK_DISABLE_VERSION_CHECK": "1"}
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                            env=env, check=False)
+    return result.stdout + result.stderr
+
+
+def check_cdk(words: list[str]) -> None:
+    subcommand = words[2]
+    text = help_text(str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), subcommand)
+    assert f"cdk {subcommand}" in text, f"no `cdk {subcommand}`"
+    for option in options(words[3:]):
+        assert re.search(rf"(^|\s){re.escape(option)}[\s,]", text) or (
+            option.startswith("--no-") and f"--{option[5:]}" in text), f"cdk {subcommand} has no {option}"
+
+
+def check_aws(words: list[str]) -> None:
+    import botocore.session
+
+    service, operation = words[1], words[2]
+    given = set(options(words[3:])) - AWS_GLOBAL
+    if service == "s3":
+        assert operation in AWS_S3 and given <= AWS_S3[operation], words
+        return
+    model = botocore.session.get_session().get_service_model(service)
+    name = "".join(part.capitalize() for part in operation.split("-"))
+    assert name in model.operation_names, f"aws {service} has no {operation}"
+    members = {re.sub(r"(?<!^)(?=[A-Z])", "-", member).lower()
+               for member in model.operation_model(name).input_shape.members}
+    for option in given:
+        flag = option[2:].removeprefix("no-")
+        assert flag in members, f"aws {service} {operation} has no {option}"
+
+
+def check_help(words: list[str], command: tuple[str, ...], rest: list[str]) -> None:
+    text = help_text(*command)
+    assert "usage:" in text, f"{' '.join(command)} --help failed: {text[-500:]}"
+    for option in options(rest):
+        assert re.search(rf"(^|[\s\[,]){re.escape(option)}(?=[\s,\]=]|$)", text, re.M), \
+            f"{' '.join(command)} has no {option}"
+
+
+def check(words: list[str]) -> None:
+    program = words[0]
+    if program == "npx":
+        assert words[1] == "cdk", words
+        check_cdk(words)
+    elif program == "aws":
+        check_aws(words)
+    elif program == "pcluster":
+        check_help(words, (str(PCLUSTER_PYTHON.parent / "pcluster"), words[1]), words[2:])
+    elif program == ".venv/bin/python":
+        assert words[1:3] == ["-m", "training"], words
+        check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
+    elif program.startswith("slurm/"):
+        script = (REPO_ROOT / program).read_text()
+        for option in options(words[1:]):
+            assert f"{option})" in script, f"{program} does not parse {option}"
+    else:
+        assert program in SYSTEM, f"unknown command {program!r} in docs/deploy.md"
+
+
+def test_the_guide_covers_deploy_update_image_rebuild_and_destroy():
+    headings = re.findall(r"^## (.+)$", DOC.read_text(), re.M)
+    for topic in ("First deploy", "Update the code", "rebuild the GPU image", "Destroy"):
+        assert any(topic in heading for heading in headings), topic
+    programs = {words[0] for words in doc_commands()}
+    assert {"npx", "aws", "pcluster", ".venv/bin/python"} <= programs
+
+
+@pytest.mark.parametrize("words", doc_commands(), ids=lambda words: " ".join(words[:3]))
+def test_every_command_exists_with_the_options_shown(words):
+    check(words)
+
+
+@pytest.mark.parametrize("words", [
+    ["npx", "cdk", "deploy", "--no-such-option"],
+    ["aws", "ssm", "start-sessions", "--target", "i-1"],
+    ["aws", "codebuild", "start-build", "--project", "p"],
+    ["pcluster", "describe-cluster", "--cluster", "c"],
+    ["slurm/submit_pipeline.sh", "run.yaml", "--node", "2"],
+])
+def test_the_checks_reject_a_wrong_command(words):
+    with pytest.raises(AssertionError):
+        check(words)

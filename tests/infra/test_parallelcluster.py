@@ -1,0 +1,314 @@
+"""What ParallelCluster 3.16 itself enforces on a deploy and on every later update, checked with its
+own code (update policies, validators, constants) in its virtualenv, and with the IAM rule of the
+provider it deploys through."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+from infra.synth_helpers import cluster_config, one, run_pcluster
+from stacks.cluster_config import ClusterRefs, build_cluster_config
+from stacks.presets import PRESETS
+from stacks.settings import REFUSED_OSES, SUPPORTED_OSES, SettingsError, build_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKER_TEMPLATE = REPO_ROOT / "ami" / "gpu-image.pkr.hcl"
+ACCOUNT = "111122223333"
+# Sid IamPolicy of cloudformation/policies/parallelcluster-policies.yaml (aws/aws-parallelcluster), the
+# nested stack of the 3.16 custom-resource provider: iam:AttachRolePolicy on node roles is allowed
+# only when the policy ARN is ArnLike one of these.
+ATTACHABLE_POLICY_PATTERNS = [
+    f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster*",
+    f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/*",
+    *(f"arn:aws:iam::aws:policy/{name}" for name in (
+        "CloudWatchAgentServerPolicy", "AmazonSSMManagedInstanceCore", "AWSBatchFullAccess",
+        "AmazonS3ReadOnlyAccess", "service-role/AWSBatchServiceRole",
+        "service-role/AmazonEC2ContainerServiceforEC2Role", "service-role/AmazonECSTaskExecutionRolePolicy",
+        "service-role/AmazonEC2SpotFleetTaggingRole", "EC2InstanceProfileForImageBuilder",
+        "service-role/AWSLambdaBasicExecutionRole")),
+]
+REFS = ClusterRefs(
+    subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
+    file_system_id="fs-0123456789abcdef0", data_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/data",
+    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64, vpc_cidr="10.0.0.0/16",
+    deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read",
+    custom_ami="ami-0123456789abcdef0")
+
+
+def attachable(arn: str) -> bool:
+    """IAM ArnLike: `*` matches any run of characters (slashes included)."""
+    return any(fnmatch.fnmatchcase(arn, pattern) for pattern in ATTACHABLE_POLICY_PATTERNS)
+
+
+def _render(value, synth):
+    """A policy reference of the synthesised templates as the ARN CloudFormation would give it."""
+    if isinstance(value, str):
+        return value
+    if "Fn::ImportValue" in value:
+        (output,) = [o for o in synth.json["storage"]["Outputs"].values()
+                     if o.get("Export", {}).get("Name") == value["Fn::ImportValue"]]
+        return _render(output["Value"], synth)
+    if "Ref" in value:
+        ((stack, policy),) = [(name, template["Resources"][value["Ref"]]) for name, template in synth.json.items()
+                              if value["Ref"] in template["Resources"] and value.get("Ref")]
+        assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+        properties = policy["Properties"]
+        # Without ManagedPolicyName, CloudFormation names it <stack>-<logical id>-<random suffix>.
+        name = properties.get("ManagedPolicyName", f"{stack}-{value['Ref']}-1A2B3C4D5E6F")
+        return f"arn:aws:iam::{ACCOUNT}:policy{properties.get('Path', '/')}{name}"
+    raise AssertionError(f"cannot render policy reference {value}")
+
+
+def node_iams(config: dict) -> list[dict]:
+    return ([config["HeadNode"]["Iam"]] + [queue["Iam"] for queue in config["Scheduling"]["SlurmQueues"]]
+            + [pool["Iam"] for pool in config.get("LoginNodes", {}).get("Pools", [])])
+
+
+def node_policy_arns(synth) -> list[str]:
+    return [_render(entry["Policy"], synth)
+            for iam in node_iams(cluster_config(synth)) for entry in iam.get("AdditionalIamPolicies", [])]
+
+
+def test_the_attach_rule_refuses_a_policy_outside_the_parallelcluster_path():
+    assert not attachable(f"arn:aws:iam::{ACCOUNT}:policy/scdino-storage-ClusterDataAccessPolicy-1A2B3C")
+    assert attachable(f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/scdino-storage-Data-1A2B3C")
+
+
+@pytest.mark.parametrize("variant", ["synth", "demo_synth"])
+def test_every_node_policy_is_attachable_by_the_provider(variant, request):
+    arns = node_policy_arns(request.getfixturevalue(variant))
+    assert arns
+    for arn in arns:
+        assert attachable(arn), f"ParallelCluster's provider may not attach {arn}"
+
+
+@pytest.mark.parametrize("variant", ["synth", "demo_synth"])
+def test_head_and_compute_nodes_get_session_manager(variant, request):
+    iams = node_iams(cluster_config(request.getfixturevalue(variant)))
+    assert len(iams) == (2 if variant == "synth" else 5)
+    for iam in iams:
+        assert {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"} in iam["AdditionalIamPolicies"]
+
+
+def test_cluster_logs_outlive_a_failed_create(synth):
+    assert cluster_config(synth)["Monitoring"]["Logs"]["CloudWatch"]["DeletionPolicy"] == "Retain"
+
+
+# --- updates: what `cdk deploy` sends to an existing cluster ---------------------------------------
+
+def _rendering(refs: ClusterRefs = REFS, **settings) -> dict:
+    return build_cluster_config(build_settings({"cluster.presets": ",".join(PRESETS), **settings}), refs)
+
+
+PATCHES = {
+    "code-change": (_rendering(), _rendering(dataclasses.replace(REFS, bundle_id="b" * 64))),
+    "new-pipeline-ami": (_rendering(), _rendering(dataclasses.replace(REFS, custom_ami="ami-0fedcba9876543210"))),
+    "first-pipeline-ami": (_rendering(dataclasses.replace(REFS, custom_ami="")), _rendering()),
+    "node-counts": (_rendering(), _rendering(**{"cluster.min_nodes": 1, "cluster.max_nodes": 4})),
+}
+# Controls: changes ParallelCluster refuses on a running cluster, which the renderings above avoid.
+CONTROLS = {
+    "head-node-on-node-configured-args": lambda config: config["HeadNode"]["CustomActions"]["OnNodeConfigured"][
+        "Args"].append("s3://bucket/other.zip"),
+    "cluster-wide-custom-ami": lambda config: config["Image"].update(CustomAmi="ami-0fedcba9876543210"),
+}
+
+
+@pytest.fixture(scope="module")
+def patches() -> dict:
+    request = dict(PATCHES)
+    for label, change in CONTROLS.items():
+        target = _rendering()
+        change(target)
+        request[label] = (_rendering(), target)
+    return run_pcluster({"patches": request})["patches"]
+
+
+@pytest.mark.parametrize("label", sorted(PATCHES))
+def test_a_deploy_is_a_supported_update_of_a_running_cluster(patches, label):
+    result = patches[label]
+    assert result["changes"], f"{label}: the two renderings should differ"
+    assert not [path for path, policy in result["changes"] if policy == "UNSUPPORTED"], result["changes"]
+    assert result["allowed"], result["changes"]
+
+
+def test_a_code_change_touches_only_the_head_node_update_action(patches):
+    (change,) = patches["code-change"]["changes"]
+    assert change[0] == "HeadNode.CustomActions.OnNodeUpdated.Args"
+
+
+@pytest.mark.parametrize("label", sorted(CONTROLS))
+def test_the_update_check_refuses_what_parallelcluster_refuses(patches, label):
+    assert {policy for _, policy in patches[label]["changes"]} == {"UNSUPPORTED"}
+    assert not patches[label]["allowed"]
+
+
+def test_asset_hashes_reach_the_cluster_config_only_as_the_update_action_bundle_id(synth):
+    config = cluster_config(synth)
+    text = repr(config)
+    hashes = set(re.findall(r"[0-9a-f]{64}", text))
+    assert hashes == {config["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][2]}
+
+
+# --- the image: tags, OS, AMI -----------------------------------------------------------------------
+
+def packer_ami_tags(variables: dict[str, str]) -> dict[str, str]:
+    """The AMI tags as gpu-image.pkr.hcl writes them: `tags = merge(local.build_tags, {...})`."""
+    text = PACKER_TEMPLATE.read_text()
+    block = re.search(r"\n  tags = merge\(local\.build_tags, \{\n(.*?)\n  \}\)", text, re.S)
+    assert block, "tags block not found in gpu-image.pkr.hcl"
+    build_tags = re.search(r"build_tags = \{\n(.*?)\n  \}", text, re.S)
+    tags = {}
+    for line in (build_tags[1] + "\n" + block[1]).splitlines():
+        key, value = (part.strip() for part in line.split("=", 1))
+        value = value.strip('"') if value.startswith('"') else variables[value.removeprefix("var.")]
+        tags[key.strip('"')] = value
+    return tags
+
+
+def _packer_default(name: str) -> str:
+    (value,) = re.findall(rf'variable "{name}" {{.*?default\s+=\s+"([^"]*)"', PACKER_TEMPLATE.read_text(), re.S)
+    return value
+
+
+@pytest.fixture(scope="module")
+def image_validation(pcluster_constants) -> dict:
+    variables = {"pcluster_version": _packer_default("pcluster_version"), "build_tag": "scdino"}
+    written = {os_name: packer_ami_tags({**variables, "os": os_name}) for os_name in SUPPORTED_OSES}
+    without_status = {key: value for key, value in written["alinux2023"].items()
+                      if key != "parallelcluster:build_status"}
+    return run_pcluster({
+        "ami_tags": {**written, "without-build-status": without_status},
+        "os_ami": {**{f"{os_name}-official": [os_name, ""] for os_name in (*SUPPORTED_OSES, *REFUSED_OSES)}},
+        "cluster_names": [build_settings({"prefix": "a" * 31, "cluster.name": "b" * 28}).cluster_name],
+    })
+
+
+@pytest.mark.parametrize("os_name", SUPPORTED_OSES)
+def test_the_pipeline_ami_passes_custom_ami_tag_validation(image_validation, os_name):
+    assert image_validation["ami_tags"][os_name] == []
+
+
+def test_the_tag_validator_really_rejects_an_ami_without_build_status(image_validation):
+    (failure,) = image_validation["ami_tags"]["without-build-status"]
+    assert failure[0] == "ERROR"
+
+
+def test_packer_base_version_is_the_cluster_version():
+    from stacks.settings import PCLUSTER_VERSION
+
+    assert _packer_default("pcluster_version") == PCLUSTER_VERSION
+
+
+def test_every_allowed_os_has_an_official_ami_and_the_refused_ones_do_not(image_validation, pcluster_constants):
+    for os_name in SUPPORTED_OSES:
+        assert os_name in pcluster_constants["SUPPORTED_OSES"]
+        assert image_validation["os_ami"][f"{os_name}-official"] == []
+    assert [level for level, _ in image_validation["os_ami"]["rocky9-official"]] == ["ERROR"]
+
+
+def test_the_longest_cluster_name_settings_allow_passes_parallelcluster(image_validation, pcluster_constants):
+    (name,) = image_validation["cluster_names"]
+    assert len(name) == pcluster_constants["PCLUSTER_NAME_MAX_LENGTH"]
+    assert image_validation["cluster_names"][name] == []
+    with pytest.raises(SettingsError, match="^setting cluster.name: the cluster name .* longer than 60"):
+        build_settings({"prefix": "a" * 31, "cluster.name": "b" * 29})
+
+
+def test_the_pipeline_ami_goes_to_the_queues_not_the_cluster(demo_synth):
+    config = cluster_config(demo_synth)
+    assert set(config["Image"]) == {"Os"}
+    amis = [queue["Image"]["CustomAmi"] for queue in config["Scheduling"]["SlurmQueues"]]
+    assert len(amis) == 3 and all(ami == amis[0] for ami in amis)
+    parameter = demo_synth.json["cluster"]["Parameters"][amis[0]["Ref"]]
+    assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
+    assert parameter["Default"] == one(demo_synth.json["image"], "AWS::SSM::Parameter")["Properties"]["Name"]
+
+
+# --- capacity and queue options (off by default) --------------------------------------------------
+
+OPTIONS = {
+    "on-demand-reservation": {"cluster.presets": "p5.48xlarge", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
+    "capacity-block": {"cluster.presets": "p5.48xlarge", "cluster.capacity_type": "CAPACITY_BLOCK",
+                       "cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.min_nodes": 2},
+    "gpu-health-checks": {"cluster.gpu_health_checks": "true"},
+    "cpu-spot-queue": {"cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.cpu_spot_max_nodes": 8},
+    "login-nodes": {"cluster.login_nodes": 2},
+}
+
+
+def _option_config(layer: dict) -> dict:
+    return build_cluster_config(build_settings(layer), REFS)
+
+
+@pytest.fixture(scope="module")
+def option_checks() -> dict:
+    configs = {label: _option_config(layer) for label, layer in OPTIONS.items()}
+    unequal_block = _option_config(OPTIONS["capacity-block"])
+    unequal_block["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MinCount"] = 1
+    return run_pcluster({"schema": configs, "queues": {**configs, "capacity-block-min-below-max": unequal_block}})
+
+
+@pytest.mark.parametrize("label", sorted(OPTIONS))
+def test_each_option_passes_parallelcluster_schema_and_queue_validators(option_checks, label):
+    assert option_checks["schema"][label] == []
+    assert not [message for level, message in option_checks["queues"][label] if level == "ERROR"]
+
+
+def test_the_queue_validators_really_reject_a_capacity_block_below_its_size(option_checks):
+    assert [level for level, _ in option_checks["queues"]["capacity-block-min-below-max"]] == ["ERROR"]
+
+
+def test_a_reservation_targets_the_gpu_nodes_and_decides_their_placement():
+    for label in ("on-demand-reservation", "capacity-block"):
+        (queue,) = _option_config(OPTIONS[label])["Scheduling"]["SlurmQueues"]
+        assert queue["ComputeResources"][0]["CapacityReservationTarget"] == {
+            "CapacityReservationId": "cr-0123456789abcdef0"}
+        assert queue["Networking"]["PlacementGroup"] == {"Enabled": False}
+    (block,) = _option_config(OPTIONS["capacity-block"])["Scheduling"]["SlurmQueues"]
+    assert block["CapacityType"] == "CAPACITY_BLOCK"
+
+
+def test_options_are_off_by_default():
+    config = _option_config({})
+    (queue,) = config["Scheduling"]["SlurmQueues"]
+    assert queue["CapacityType"] == "ONDEMAND" and "HealthChecks" not in queue
+    assert "CapacityReservationTarget" not in queue["ComputeResources"][0]
+
+
+def test_login_nodes_are_installed_like_every_node():
+    config = _option_config(OPTIONS["login-nodes"])
+    (pool,) = config["LoginNodes"]["Pools"]
+    assert pool["Count"] == 2 and pool["CustomActions"] == config["Scheduling"]["SlurmQueues"][0]["CustomActions"]
+    assert "LoginNodes" not in _option_config({})
+
+
+def test_gpu_health_checks_and_the_spot_cpu_queue():
+    (gpu,) = _option_config(OPTIONS["gpu-health-checks"])["Scheduling"]["SlurmQueues"]
+    assert gpu["HealthChecks"] == {"Gpu": {"Enabled": True}}
+    gpu, cpu = _option_config(OPTIONS["cpu-spot-queue"])["Scheduling"]["SlurmQueues"]
+    assert (cpu["Name"], cpu["CapacityType"]) == ("cpu-spot", "SPOT") and "HealthChecks" not in cpu
+    assert cpu["ComputeResources"][0]["InstanceType"] == "c6i.8xlarge" and cpu["ComputeResources"][0]["MaxCount"] == 8
+    assert cpu["CustomActions"] == gpu["CustomActions"] and cpu["Iam"] == gpu["Iam"]
+
+
+@pytest.mark.parametrize("layer, named", [
+    ({"cluster.capacity_type": "SPOT"}, "setting cluster.capacity_type: must be one of"),
+    ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.min_nodes": 2},
+     "setting cluster.capacity_reservation_id: required when cluster.capacity_type is CAPACITY_BLOCK"),
+    ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
+     "setting cluster.min_nodes: must equal cluster.max_nodes"),
+    ({"cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.presets": "g4dn.12xlarge,p5.48xlarge"},
+     "setting cluster.capacity_reservation_id: a reservation holds one instance type"),
+    ({"cluster.cpu_spot_instance_type": "big"}, "setting cluster.cpu_spot_instance_type:"),
+    ({"cluster.login_nodes": 11}, "setting cluster.login_nodes: must be 0..10"),
+])
+def test_capacity_settings_that_cannot_work_are_refused(layer, named):
+    with pytest.raises(SettingsError) as error:
+        build_settings(layer)
+    assert str(error.value).startswith(named), str(error.value)
