@@ -97,6 +97,13 @@ class ModelConfig:
     """BatchNorm in the projection head MLP."""
     pretrained: str = ""
     """Optional DINO/scDINO checkpoint to start from; the patch embedding is adapted to the channel count."""
+    channel_adaptation: Literal["mean", "mean_rescaled"] = "mean"
+    """How weights made for another channel count (ImageNet RGB, a 1-channel scDINO model) meet
+    data.channels: each new channel gets the patch-embedding filter averaged over the old ones.
+    "mean" (default) is scDINO's `use_mean_patch_embedding`, so that published weights evaluated here
+    give scDINO's features; "mean_rescaled" also multiplies by C_old / C_new, which keeps the response
+    to an image whose channels are all equal (RGB weights see strongly correlated channels; stains
+    are not, so neither scaling is right in general)."""
     pos_embed_interpolation: Literal["dino", "timm"] = "dino"
     """How the position embedding is resampled for crops of another size than the stored grid (local
     crops, evaluation sizes): "dino" as facebookresearch/dino (bicubic with scale factor
