@@ -6,8 +6,9 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
-Rank 0 writes it atomically (training/atomic.py); every `train.saveckp_freq` completed epochs a
-numbered copy is linked beside it and all but the last `train.keep_last` numbered copies are pruned.
+Rank 0 writes it atomically (training/atomic.py); at the epochs `train.saveckp_rule` picks (every
+`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and all but
+the last `train.keep_last` numbered copies are pruned.
 A pre-empted run also leaves the marker RunLayout.preempted_marker for the batch script, and the
 resumed run removes it. Weights from elsewhere (DINO, scDINO, ImageNet) load through
 training/models/pretrained.py instead.
@@ -105,7 +106,7 @@ class CheckpointManager:
         return self.layout.latest_checkpoint
 
     def write(self, state: dict[str, Any]) -> None:
-        """Write the latest checkpoint and, every `save_every` completed epochs, a numbered one."""
+        """Write the latest checkpoint and, at the epochs `is_numbered_epoch` picks, a numbered one."""
         save_torch_atomic(state, self.latest)
         epoch = int(state["epoch"])
         total = (state.get("config") or {}).get("optim", {}).get("epochs")

@@ -25,6 +25,7 @@ from torchvision.transforms import functional as TF
 from training.cli import main
 from training.config import Config, ModelConfig
 from training.data.augment import resize_shorter_side
+from training.data.torch_loader import EvalTransform, eval_batch_size
 from training.models import build_backbone, build_model
 from training.rundir.features import load_features
 
@@ -47,6 +48,26 @@ def test_images_of_other_aspects_stay_a_list():
     images = [torch.rand(2, 20, 30), torch.rand(2, 30, 20)]
     out = resize_shorter_side(images, 10)
     assert isinstance(out, list) and [tuple(o.shape) for o in out] == [(2, 10, 15), (2, 15, 10)]
+
+
+@pytest.mark.parametrize("resize,uniform,expected", [
+    ("square_bicubic", None, 8), ("shorter_side_bilinear", None, 1), ("none", None, 1),
+    ("shorter_side_bilinear", (3, 24, 36), 8),
+])
+def test_aspect_keeping_resizes_batch_only_images_of_one_shape(resize, uniform, expected):
+    images = argparse.Namespace(uniform_shape=uniform)
+    config = Config().replace({"eval.resize": resize})
+    assert eval_batch_size(config, images, 8) == expected
+
+
+def test_eval_transform_resizes_a_batch_as_torchvision_then_normalises():
+    batch = torch.rand(2, 3, 24, 36, generator=torch.Generator().manual_seed(2))
+    transform = EvalTransform(32, MEAN[:3], STD[:3], "shorter_side_bilinear")
+    out, _, _ = transform(batch, torch.zeros(2), torch.arange(2), None)
+    for image, got in zip(batch, out):
+        expected = TF.normalize(TF.resize(image, 32, interpolation=InterpolationMode.BILINEAR, antialias=False),
+                                MEAN[:3], STD[:3])
+        assert got.shape == (3, 32, 48) and torch.allclose(got, expected, atol=1e-5)
 
 
 def _images(root: Path) -> None:
