@@ -26,7 +26,10 @@ from training.cli import main
 from training.config import Config, ModelConfig
 from training.data.augment import resize_shorter_side
 from training.data.torch_loader import EvalTransform, eval_batch_size
+from training.errors import UserError
+from training.eval.plan import final_checkpoint, folder_tags
 from training.models import build_backbone, build_model
+from training.rundir import RunLayout
 from training.rundir.features import load_features
 
 torch.set_num_threads(1)
@@ -208,3 +211,15 @@ def test_plots_and_report_run_on_an_scdino_run(tmp_path):
     assert {"umap_epoch_0001.png", "umap_epoch_0003.png", "knn_vs_epoch.png"} <= plots
     assert any(name.startswith("attention_") for name in plots)  # drawn from the scDINO checkpoint
     assert (root / "report.html").stat().st_size > 0
+
+
+def test_checkpoint_folder_tags_and_its_final_file(tmp_path):
+    for name, epoch in (("checkpoint0.pth", 1), ("checkpoint4.pth", 5), ("dino vits16.pth", None)):
+        torch.save({"epoch": epoch} if epoch else {"weights": torch.zeros(1)}, tmp_path / name)
+    listed = {tag: (path.name, epoch) for tag, path, epoch in folder_tags(tmp_path)}
+    assert listed == {"epoch_0001": ("checkpoint0.pth", 1), "final": ("checkpoint4.pth", 5),
+                      "model_dino_vits16": ("dino vits16.pth", None)}
+    config = Config().replace({"eval.checkpoints_dir": str(tmp_path)})
+    assert final_checkpoint(config, RunLayout(tmp_path / "run")) == tmp_path / "checkpoint4.pth"
+    with pytest.raises(UserError, match="eval.checkpoints_dir=.* holds no checkpoint"):
+        folder_tags(tmp_path / "run")

@@ -106,12 +106,15 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
 
 
 def final_checkpoint(config: Config, layout: RunLayout, checkpoint: Path | None = None) -> Path:
-    """The weights evaluated as "final": `checkpoint` when given, else the run's latest checkpoint,
-    else model.pretrained; MissingInputError names `pretrain` when there is none."""
+    """The weights evaluated as "final": `checkpoint` when given, else eval.checkpoints_dir's final
+    file, else the run's latest checkpoint, else model.pretrained; MissingInputError names
+    `pretrain` when there is none."""
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
             raise UserError(f"--checkpoint {checkpoint} does not exist: give a checkpoint file")
         return Path(checkpoint)
+    if config.eval.checkpoints_dir:
+        return next(path for tag, path, _ in folder_tags(Path(config.eval.checkpoints_dir)) if tag == tags.FINAL)
     if layout.latest_checkpoint.is_file():
         return layout.latest_checkpoint
     if config.model.pretrained:
