@@ -6,8 +6,9 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
-Rank 0 writes it atomically (training/atomic.py); every `train.saveckp_freq` completed epochs a
-numbered copy is linked beside it and all but the last `train.keep_last` numbered copies are pruned.
+Rank 0 writes it atomically (training/atomic.py); at the epochs `train.saveckp_rule` picks (every
+`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and all but
+the last `train.keep_last` numbered copies are pruned.
 A pre-empted run also leaves the marker RunLayout.preempted_marker for the batch script, and the
 resumed run removes it. Weights from elsewhere (DINO, scDINO, ImageNet) load through
 training/models/pretrained.py instead.
@@ -79,22 +80,37 @@ def check_resumable(saved_config: dict[str, Any] | None, config_now: dict[str, A
     return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in followed]
 
 
+def is_numbered_epoch(completed: int, total: int | None, every: int, rule: str) -> bool:
+    """Whether the checkpoint after `completed` of `total` epochs gets a numbered copy (train.saveckp_rule).
+
+    "every_n": N, 2N, ... completed epochs. "scdino": 0-based epoch e with e % N == 0 (DINO's and
+    scDINO's main_dino), plus the last epoch, which scDINO's Snakefile analyses as well.
+    """
+    if every <= 0 or completed <= 0:
+        return False
+    if rule == "scdino":
+        return (completed - 1) % every == 0 or completed == total
+    return completed % every == 0
+
+
 class CheckpointManager:
     """The checkpoints of one run directory."""
 
     def __init__(self, layout: RunLayout, settings: TrainConfig) -> None:
         self.layout = layout
         self.save_every, self.keep_last = settings.saveckp_freq, settings.keep_last
+        self.rule = settings.saveckp_rule
 
     @property
     def latest(self):
         return self.layout.latest_checkpoint
 
     def write(self, state: dict[str, Any]) -> None:
-        """Write the latest checkpoint and, every `save_every` completed epochs, a numbered one."""
+        """Write the latest checkpoint and, at the epochs `is_numbered_epoch` picks, a numbered one."""
         save_torch_atomic(state, self.latest)
         epoch = int(state["epoch"])
-        if self.save_every > 0 and epoch > 0 and epoch % self.save_every == 0 and not state.get("step_in_epoch"):
+        total = (state.get("config") or {}).get("optim", {}).get("epochs")
+        if is_numbered_epoch(epoch, total, self.save_every, self.rule) and not state.get("step_in_epoch"):
             link_atomic(self.latest, self.layout.epoch_checkpoint(epoch))  # same bytes, no second write
             self.prune()
 

@@ -73,7 +73,8 @@ def test_plain_imagenet_weights_are_adapted_to_the_channel_count(tmp_path):
     rgb = build_backbone(ModelConfig(arch="vit_tiny", patch_size=16), in_chans=3, img_size=224)
     path = tmp_path / "dino_deitsmall16_pretrain.pth"
     torch.save(rgb.state_dict(), path)
-    loaded = pretrained.load_backbone(path, ModelConfig(arch="vit_tiny", patch_size=16), in_chans=5)
+    loaded = pretrained.load_backbone(path, ModelConfig(arch="vit_tiny", patch_size=16,
+                                                         channel_adaptation="mean_rescaled"), in_chans=5)
     weight = loaded.patch_embed.proj.weight
     assert weight.shape == (192, 5, 16, 16)
     expected = rgb.patch_embed.proj.weight.mean(dim=1) * 3 / 5

@@ -83,9 +83,9 @@ def test_scdino_pipeline_yaml_is_converted(tmp_path, caplog):
     assert config.train.parallel == "fsdp"  # our own sections apply on top
     assert config.eval.batch_size == 24 and config.eval.knn_k == (5, 10, 50, 100, 200, 500)
     assert config.eval.umap_neighbors == 30 and config.eval.umap_min_dist == pytest.approx(0.4)
-    ignored = next(r.getMessage() for r in caplog.records if "ignored keys" in r.getMessage())
+    mapping = next(r.getMessage() for r in caplog.records if "scDINO key -> our key = value" in r.getMessage())
     for key in ("train_scDINO.num_gpus", "meta.center_crop", "umap_eval.spread", "compute_cls_features.normalize"):
-        assert key in ignored
+        assert key in mapping
     assert any("training channels '024', not 0, 1" in r.getMessage() for r in caplog.records)
 
 

@@ -48,8 +48,17 @@ class DataConfig:
     """Corrupt, empty or wrong-shape images: skip (counted and reported) or stop the step."""
     holdout_fraction: float = 0.2
     """Fraction held out from pretraining for features, kNN and the linear probe (scDINO: 0.2)."""
+    split_method: Literal["stratified", "scdino"] = "stratified"
+    """How the hold-out set is drawn. "stratified" (default for new runs): round(fraction x n) images
+    of each class, so small datasets keep every class on both sides. "scdino": scDINO's split, a
+    seeded NumPy shuffle of every image file as torchvision's ImageFolder lists them, the first
+    floor(fraction x n) held out; set when an scDINO YAML is converted, so that an scDINO-trained
+    checkpoint is evaluated on the images it did not train on."""
     mean_std_fraction: float = 0.2
     """Fraction of training images used to estimate the per-channel mean and std."""
+    mean_std_file: str = ""
+    """A JSON file {"mean": [...], "std": [...]} with one value per image channel (scDINO's
+    mean_and_std_of_dataset.txt) used instead of <run>/mean_std.json; empty means the run's own."""
     num_workers: int = 2
     """DataLoader worker processes per rank."""
     loader: Literal["auto", "tiff", "packed", "dali"] = "auto"
@@ -97,6 +106,13 @@ class ModelConfig:
     """BatchNorm in the projection head MLP."""
     pretrained: str = ""
     """Optional DINO/scDINO checkpoint to start from; the patch embedding is adapted to the channel count."""
+    channel_adaptation: Literal["mean", "mean_rescaled"] = "mean"
+    """How weights made for another channel count (ImageNet RGB, a 1-channel scDINO model) meet
+    data.channels: each new channel gets the patch-embedding filter averaged over the old ones.
+    "mean" (default) is scDINO's `use_mean_patch_embedding`, so that published weights evaluated here
+    give scDINO's features; "mean_rescaled" also multiplies by C_old / C_new, which keeps the response
+    to an image whose channels are all equal (RGB weights see strongly correlated channels; stains
+    are not, so neither scaling is right in general)."""
     pos_embed_interpolation: Literal["dino", "timm"] = "dino"
     """How the position embedding is resampled for crops of another size than the stored grid (local
     crops, evaluation sizes): "dino" as facebookresearch/dino (bicubic with scale factor
@@ -178,8 +194,13 @@ class TrainConfig:
     """Data parallelism: DDP replicates the student; FSDP shards it."""
     saveckp_freq: int = 5
     """Keep a numbered checkpoint every N epochs (the latest is always kept)."""
+    saveckp_rule: Literal["every_n", "scdino"] = "every_n"
+    """Which epochs get a numbered checkpoint. "every_n": after N, 2N, ... completed epochs.
+    "scdino": after 1, N + 1, 2N + 1, ... completed epochs (DINO's and scDINO's `epoch % N == 0`
+    on 0-based epochs) and after the last, the epochs scDINO's Snakefile analyses; set when an
+    scDINO YAML is converted. Numbers count completed epochs: scDINO's checkpoint0.pth is epoch_0001."""
     keep_last: int = 3
-    """How many numbered checkpoints to keep."""
+    """How many numbered checkpoints to keep; 0 keeps all (scDINO YAMLs: every saved epoch is analysed)."""
     log_every: int = 10
     """Steps between metric lines."""
     tensorboard: bool = True
@@ -202,6 +223,20 @@ class EvalConfig:
     """Images per forward pass when extracting features."""
     image_size: int = 224
     """Side the held-out images are resized to for feature extraction."""
+    resize: Literal["square_bicubic", "shorter_side_bilinear", "none"] = "square_bicubic"
+    """How: "square_bicubic" to image_size x image_size (every image batches with every other);
+    "shorter_side_bilinear" is scDINO's Resize(image_size): the shorter side to image_size, aspect
+    kept, bilinear, no antialias; "none" keeps the images' own size (scDINO's resize: False). The
+    last two batch images together only when all have one shape, else one image per forward pass
+    (scDINO cannot batch them at all)."""
+    normalize: bool = True
+    """Normalise with the dataset's per-channel mean and std before the encoder (scDINO's
+    compute_cls_features.normalize); false feeds the min-max scaled images."""
+    checkpoint_key: Literal["teacher", "student"] = "teacher"
+    """Which network of a DINO/scDINO checkpoint the features (and plots) use."""
+    checkpoints_dir: str = ""
+    """A folder of checkpoints (*.pth) to evaluate instead of the run's own, e.g. an scDINO run's
+    scDINO_ViTs/<model> folder (scDINO's only_downstream_analyses.yaml `pretrained_weights`)."""
     linear_epochs: int = 50
     """Epochs of the linear probe."""
     linear_lr: float = 0.01

@@ -402,3 +402,23 @@ def resize_full(images: torch.Tensor | Sequence[torch.Tensor], size: int) -> tor
     zeros = torch.zeros_like(heights)
     boxes = torch.stack([zeros, zeros, heights, widths], dim=1).double()
     return crop_resize(batch, boxes, size)
+
+
+def resize_shorter_side(images: torch.Tensor | Sequence[torch.Tensor], size: int | None) -> torch.Tensor | list[torch.Tensor]:
+    """scDINO's eval resize, torchvision 0.9's `Resize(size)` on tensors: the shorter side to `size`,
+    the longer to int(size * long / short), bilinear without antialias (an image whose shorter side
+    is already `size` is unchanged). size=None keeps every image as it is (scDINO's resize: False).
+    One tensor when every output has one shape, else a list: images of other aspects cannot batch."""
+    if isinstance(images, torch.Tensor):
+        return _resize_shorter(images, size)
+    resized = [_resize_shorter(im[None], size)[0] for im in images]
+    return torch.stack(resized) if resized and len({im.shape for im in resized}) == 1 else resized
+
+
+def _resize_shorter(batch: torch.Tensor, size: int | None) -> torch.Tensor:
+    height, width = batch.shape[-2:]
+    short, long = min(height, width), max(height, width)
+    if size is None or short == size:
+        return batch
+    target = (size, int(size * long / short)) if height <= width else (int(size * long / short), size)
+    return torch.nn.functional.interpolate(batch, size=target, mode="bilinear", align_corners=False, antialias=False)

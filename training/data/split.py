@@ -1,8 +1,10 @@
 """The seeded train / hold-out split: pretraining sees only `train`; evaluation uses `holdout`.
 
-As in scDINO, a fraction (data.holdout_fraction, 0.2) is held out; here the draw is stratified per
-class so that small datasets keep every class in both parts. `prepare` saves the split by image
-path in <run>/split.json, so later steps agree even if the dataset order were to change.
+As in scDINO, a fraction (data.holdout_fraction, 0.2) is held out. data.split_method picks the draw:
+"stratified" (default) per class, so that small datasets keep every class in both parts; "scdino"
+exactly scDINO's (main_dino and compute_CLS_features), so that an scDINO-trained checkpoint is
+evaluated on the images it did not see. `prepare` saves the split by image path in
+<run>/split.json, so later steps agree even if the dataset order were to change.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from training.config import Config
+from training.data.index import ImageIndex
 from training.errors import UserError
 from training.rundir import RunLayout
 from training.atomic import write_json_atomic
@@ -46,12 +51,56 @@ def make_split(labels: np.ndarray, holdout_fraction: float, seed: int) -> Split:
     return Split(train=train.astype(np.int64), holdout=held.astype(np.int64))
 
 
+IMAGEFOLDER_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""The files torchvision's ImageFolder lists (any case): scDINO shuffles them all, TIFF or not."""
+
+
+def imagefolder_order(root: Path) -> list[str]:
+    """The image files below `root`, relative, in the order of torchvision's ImageFolder, whose
+    indices scDINO shuffles: class folders (root's subfolders) by name, then the folders os.walk
+    finds below each sorted as path strings (so "a/b-c" comes before "a/b/x"), then file names."""
+    root = Path(root)
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    listed = []
+    for name in classes:
+        for folder, _, files in sorted(os.walk(root / name, followlinks=True)):
+            for file in sorted(files):
+                if file.lower().endswith(IMAGEFOLDER_SUFFIXES):
+                    listed.append(Path(folder, file).relative_to(root).as_posix())
+    return listed
+
+
+def scdino_split(paths: list[str], order: list[str], holdout_fraction: float, seed: int) -> Split:
+    """scDINO's split of `order` (imagefolder_order): indices 0..n-1 shuffled in place by NumPy's
+    legacy generator seeded with `seed`, the first floor(fraction x n) held out. Our images
+    (`paths`) are then members by path; one scDINO does not list (none, for TIFF folders) trains."""
+    shuffled = list(range(len(order)))
+    np.random.RandomState(seed).shuffle(shuffled)
+    count = int(np.floor(holdout_fraction * len(order)))
+    held = {order[i] for i in shuffled[:count]}
+    holdout = np.array([i for i, p in enumerate(paths) if p in held], dtype=np.int64)
+    return Split(train=np.setdiff1d(np.arange(len(paths)), holdout).astype(np.int64), holdout=holdout)
+
+
+def split_for(config: Config, index: ImageIndex, root: Path | None = None) -> Split:
+    """The split data.split_method asks for, over `index` (whose paths are relative to `root`,
+    data.source by default: scDINO's split needs the original image folder)."""
+    if config.data.split_method == "scdino":
+        root = Path(root or config.data.source)
+        if not root.is_dir() or not any(entry.is_dir() for entry in os.scandir(root)):
+            raise UserError(f"data.split_method=scdino lists the image folder as scDINO does, but data.source "
+                            f"{root} has no class folders: point it at the TIFF folder")
+        return scdino_split(index.paths, imagefolder_order(root), config.data.holdout_fraction, config.run.seed)
+    return make_split(np.asarray(index.labels), config.data.holdout_fraction, config.run.seed)
+
+
 def save_split(config: Config, split: Split, paths: list[str]) -> None:
     """Write split.json: membership by path, plus the settings that produced it."""
     layout = RunLayout.from_config(config)
     write_json_atomic(layout.split, {
         "seed": config.run.seed,
         "holdout_fraction": config.data.holdout_fraction,
+        "method": config.data.split_method,
         "train": [paths[i] for i in split.train],
         "holdout": [paths[i] for i in split.holdout],
     })
@@ -77,9 +126,13 @@ def load_split(config: Config) -> Split:
     index = load_index(config)
     path = RunLayout.from_config(config).split
     if path.exists():
-        return split_from_paths(json.loads(path.read_text()), index.paths)
+        saved = json.loads(path.read_text())
+        if saved.get("method", "stratified") != config.data.split_method:
+            raise UserError(f"{path} holds a {saved.get('method', 'stratified')} split but data.split_method="
+                            f"{config.data.split_method}: re-run `python -m training prepare`")
+        return split_from_paths(saved, index.paths)
     log.info("no %s: computing the split (seed %d) on the fly", path, config.run.seed)
-    return make_split(np.asarray(index.labels), config.data.holdout_fraction, config.run.seed)
+    return split_for(config, index)
 
 
 def holdout_labels(config: Config) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -68,7 +69,7 @@ def compute_mean_std(config: Config) -> dict:
 
 def load_mean_std(config: Config) -> tuple[list[float], list[float]]:
     """The mean and std of the selected channels (data.channels), from <run>/mean_std.json."""
-    path = RunLayout.from_config(config).mean_std
+    path = Path(config.data.mean_std_file) if config.data.mean_std_file else RunLayout.from_config(config).mean_std
     if not path.exists():
         raise MissingInputError("mean/std file", path, "mean-std")
     stats = json.loads(path.read_text())

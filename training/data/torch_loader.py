@@ -33,11 +33,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import BatchMultiCrop, CropBuffers, resize_full
+from training.data.augment import BatchMultiCrop, CropBuffers, resize_full, resize_shorter_side
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats
 from training.data.tiff import BadImage
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 SUBSTITUTE_TRIES = 16
@@ -270,17 +271,24 @@ def crops_on_device(crops: list[torch.Tensor] | RawBatch, device: torch.device) 
 
 
 class EvalTransform:
-    """Batch -> (images resized to eval.image_size and normalised, labels, dataset indices)."""
+    """Batch -> (images resized as eval.resize says and normalised, labels, dataset indices)."""
 
-    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.size = size
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], resize: str = "square_bicubic") -> None:
+        self.size, self.resize = size, resize
         self.mean = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
         self.std = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
 
     def __call__(self, images, labels, idx, generator):
         if isinstance(images, list) and not images:
             return torch.zeros(0, self.mean.shape[1], self.size, self.size), labels, idx
-        return resize_full(images, self.size).sub_(self.mean).div_(self.std), labels, idx
+        if self.resize == "square_bicubic":
+            resized = resize_full(images, self.size)
+        else:
+            resized = resize_shorter_side(images, self.size if self.resize == "shorter_side_bilinear" else None)
+            if not isinstance(resized, torch.Tensor):
+                raise UserError("images of different shapes met in one evaluation batch under eval.resize="
+                                f"{self.resize}: use eval.resize=square_bicubic or one image per batch")
+        return (resized - self.mean) / self.std, labels, idx
 
 
 def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
@@ -301,9 +309,21 @@ def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, 
                       mean: Sequence[float], std: Sequence[float], batch_size: int | None = None) -> DataLoader:
     """Batches `(images, labels, idx)` over this rank's disjoint shard of `indices` (no padding)."""
     check_stats(mean, std, config)
-    sampler = DistributedBatchSampler(np.asarray(indices), batch_size or config.eval.batch_size, rank=rank,
+    images = open_images(config)
+    batch_size = eval_batch_size(config, images, batch_size or config.eval.batch_size)
+    sampler = DistributedBatchSampler(np.asarray(indices), batch_size, rank=rank,
                                       world_size=world_size, seed=config.run.seed, shuffle=False,
                                       drop_last=False, pad=False)
-    dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
-                           EvalTransform(config.eval.image_size, mean, std), substitute=False)
+    transform = EvalTransform(config.eval.image_size, mean, std, config.eval.resize)
+    dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform, substitute=False)
     return _loader(dataset, sampler, config)
+
+
+def eval_batch_size(config: Config, images, wanted: int) -> int:
+    """`wanted`, or 1 when eval.resize keeps the aspect and the images are not known to share one
+    shape: such images cannot form one tensor (scDINO's loader cannot batch them at all)."""
+    if config.eval.resize == "square_bicubic" or getattr(images, "uniform_shape", None) is not None:
+        return wanted
+    log.info("eval.resize=%s and images of unknown or differing shapes: one image per forward pass",
+             config.eval.resize)
+    return 1

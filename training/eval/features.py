@@ -52,9 +52,17 @@ def shared_plan(config: Config, layout: RunLayout, request: FeaturesRequest, ctx
     return plans
 
 
+def normalisation(config: Config) -> tuple[list[float], list[float]]:
+    """The dataset's mean and std per channel, or the identity under eval.normalize=false (scDINO's
+    `normalize: False` feeds the min-max scaled images; no mean/std file is needed then)."""
+    if config.eval.normalize:
+        return load_mean_std(config)
+    return [0.0] * config.data.in_chans, [1.0] * config.data.in_chans
+
+
 def extract_all(config: Config, layout: RunLayout, plans: list[TagPlan], ctx: DistContext) -> None:
     """Group the tags into passes over the held-out images and write each tag on rank 0."""
-    mean, std = load_mean_std(config)
+    mean, std = normalisation(config)
     holdout = load_split(config).holdout
     dataset = open_dataset(config)
     log.info("features of %d held-out images for %s on %d rank(s)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
+        "resize": config.eval.resize,
+        "normalize": config.eval.normalize,
         "channels": config.data.channels,
         "holdout_digest": digest,
     }
@@ -82,6 +85,7 @@ def _checkpoint_plan(config: Config, tag: str, path: Path, epoch: int | None, di
 
     stat = path.stat()
     meta = {**_common_meta(config, digest), "tag": tag, "kind": "checkpoint", "epoch": epoch,
+            "checkpoint_key": config.eval.checkpoint_key,
             "checkpoint": str(path), "checkpoint_bytes": stat.st_size, "checkpoint_mtime_ns": stat.st_mtime_ns}
     return TagPlan(tag, "checkpoint", ARCHS[config.model.arch][0], path, meta)
 
@@ -102,12 +106,15 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
 
 
 def final_checkpoint(config: Config, layout: RunLayout, checkpoint: Path | None = None) -> Path:
-    """The weights evaluated as "final": `checkpoint` when given, else the run's latest checkpoint,
-    else model.pretrained; MissingInputError names `pretrain` when there is none."""
+    """The weights evaluated as "final": `checkpoint` when given, else eval.checkpoints_dir's final
+    file, else the run's latest checkpoint, else model.pretrained; MissingInputError names
+    `pretrain` when there is none."""
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
             raise UserError(f"--checkpoint {checkpoint} does not exist: give a checkpoint file")
         return Path(checkpoint)
+    if config.eval.checkpoints_dir:
+        return next(path for tag, path, _ in folder_tags(Path(config.eval.checkpoints_dir)) if tag == tags.FINAL)
     if layout.latest_checkpoint.is_file():
         return layout.latest_checkpoint
     if config.model.pretrained:
@@ -133,14 +140,47 @@ def _epoch_plans(config: Config, layout: RunLayout, request: FeaturesRequest, di
     return [_checkpoint_plan(config, tags.epoch_tag(e), found[e], e, digest) for e in wanted]
 
 
+def folder_tags(folder: Path) -> list[tuple[str, Path, int | None]]:
+    """(tag, file, epoch) for each checkpoint of eval.checkpoints_dir (e.g. an scDINO run's
+    scDINO_ViTs/<model>): checkpoint.pth is "final", checkpoint<e>.pth holding an epoch is that
+    epoch's tag (completed epochs, so scDINO's checkpoint0.pth is epoch_0001), any other file is
+    tagged by its name. Without checkpoint.pth the file of the highest epoch is "final"."""
+    files = sorted(Path(folder).glob("*.pth")) if Path(folder).is_dir() else []
+    if not files:
+        raise UserError(f"eval.checkpoints_dir={folder} holds no checkpoint (*.pth): point it at the folder "
+                        "of an scDINO run's checkpoints (scDINO_ViTs/<model>)")
+    found = [(path, checkpoint_epoch(path)) for path in files]
+    latest = RunLayout(Path(folder)).latest_checkpoint.name  # scDINO names its latest checkpoint as we do
+    final = next((p for p, _ in found if p.name == latest), None)
+    if final is None:
+        final = max(found, key=lambda item: (item[1] is not None, item[1] or 0, item[0].name))[0]
+    listed = []
+    for path, epoch in found:
+        if path == final:
+            tag = tags.FINAL
+        elif epoch is not None and re.fullmatch(r"checkpoint_?\d+", path.stem):
+            tag = tags.epoch_tag(epoch)
+        else:
+            tag = "model_" + re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
+        listed.append((tag, path, epoch))
+    return listed
+
+
 def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> list[TagPlan]:
-    """The tags to compute now: final, numbered epochs, baselines, minus those up to date."""
+    """The tags to compute now: final, numbered epochs (or eval.checkpoints_dir's files), baselines,
+    minus those up to date."""
     from training.data.split import load_split
 
-    final = final_checkpoint(config, layout, request.checkpoint)
-    digest = holdout_digest(load_split(config).holdout)
-    plans = [_checkpoint_plan(config, request.tag, final, checkpoint_epoch(final), digest)]
-    plans += _epoch_plans(config, layout, request, digest)
+    if config.eval.checkpoints_dir and request.checkpoint is None:
+        listed = [item for item in folder_tags(Path(config.eval.checkpoints_dir))
+                  if item[0] == tags.FINAL or request.epochs != "none"]
+        digest = holdout_digest(load_split(config).holdout)
+        plans = [_checkpoint_plan(config, tag, path, epoch, digest) for tag, path, epoch in listed]
+    else:
+        final = final_checkpoint(config, layout, request.checkpoint)
+        digest = holdout_digest(load_split(config).holdout)
+        plans = [_checkpoint_plan(config, request.tag, final, checkpoint_epoch(final), digest)]
+        plans += _epoch_plans(config, layout, request, digest)
     if request.baselines:
         plans += _baseline_plans(config, digest)
     todo = [p for p in plans if request.force or not _up_to_date(layout.features(p.tag), p)]
@@ -168,5 +208,5 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
     else:
         from training.models.pretrained import load_backbone
 
-        model = load_backbone(plan.checkpoint, config.model, in_chans, which="teacher")
+        model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key)
     return model.to(device).eval()

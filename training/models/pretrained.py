@@ -24,6 +24,7 @@ from training.models.vit import ARCHS
 log = logging.getLogger(__name__)
 
 _PREFIXES = ("module.", "backbone.", "_orig_mod.")
+ADAPTATIONS = ("mean", "mean_rescaled")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -49,16 +50,20 @@ def backbone_state_dict(checkpoint: dict[str, Any], which: str = "teacher") -> d
     return out
 
 
-def adapt_patch_embedding(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
+def adapt_patch_embedding(weight: torch.Tensor, in_chans: int, method: str = "mean") -> torch.Tensor:
     """Map a patch embedding made for C channels (e.g. RGB) to `in_chans`: average, then replicate.
 
-    Scaling by C / in_chans keeps the embedding's response to an image of uniform channels.
+    "mean" is scDINO's `use_mean_patch_embedding`, so that weights evaluated here give scDINO's
+    features; "mean_rescaled" also scales by C / in_chans, which keeps the embedding's response to
+    an image whose channels are all equal (see model.channel_adaptation).
     """
+    if method not in ADAPTATIONS:
+        raise UserError(f"model.channel_adaptation must be one of {', '.join(ADAPTATIONS)}; got {method!r}")
     source = weight.shape[1]
     if source == in_chans:
         return weight
-    mean = weight.mean(dim=1, keepdim=True)
-    return mean.repeat(1, in_chans, 1, 1) * (source / in_chans)
+    adapted = weight.mean(dim=1, keepdim=True).repeat(1, in_chans, 1, 1)
+    return adapted * (source / in_chans) if method == "mean_rescaled" else adapted
 
 
 def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: str = "teacher") -> nn.Module:
@@ -71,7 +76,8 @@ def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: s
     tokens = state["pos_embed"].shape[1] - 1
     grid = math.isqrt(tokens)
     backbone = build_backbone(model_config, in_chans, img_size=grid * model_config.patch_size)
-    state["patch_embed.proj.weight"] = adapt_patch_embedding(state["patch_embed.proj.weight"], in_chans)
+    state["patch_embed.proj.weight"] = adapt_patch_embedding(state["patch_embed.proj.weight"], in_chans,
+                                                             model_config.channel_adaptation)
     backbone.load_state_dict(state)
     log.info("loaded %s backbone (%s/%d, %d channels) from %s", which, model_config.arch,
              model_config.patch_size, in_chans, path)
@@ -87,7 +93,7 @@ def load_pretrained_into(backbone: nn.Module, path: Path, model_config: ModelCon
     state = backbone_state_dict(load_checkpoint(Path(path)), which)
     _check_arch(state, model_config, Path(path))
     state["patch_embed.proj.weight"] = adapt_patch_embedding(
-        state["patch_embed.proj.weight"], backbone.patch_embed.proj.in_channels
+        state["patch_embed.proj.weight"], backbone.patch_embed.proj.in_channels, model_config.channel_adaptation
     )
     grid = backbone.patch_embed.grid_size
     state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=list(grid), num_prefix_tokens=1)

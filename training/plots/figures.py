@@ -127,7 +127,7 @@ def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, ou
 
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in load_mean_std(config))
     dataset = open_dataset(config)
-    model = load_backbone(checkpoint, config.model, dataset.in_chans).eval()
+    model = load_backbone(checkpoint, config.model, dataset.in_chans, which=config.eval.checkpoint_key).eval()
     size, entries = config.eval.image_size, []
     for index, cls in _one_image_per_class(labels, config.run.seed, config.eval.attention_images_per_class):
         image = F.interpolate(dataset[index][0][None], size=(size, size), mode="bilinear", antialias=True)[0]

@@ -31,12 +31,10 @@ def _note(bad) -> None:
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
-    import numpy as np
-
     from training.data.dataset import write_bad_report
     from training.data.index import scan_images
     from training.data.packed import is_packed, pack_images
-    from training.data.split import make_split, save_split
+    from training.data.split import save_split, split_for
 
     source = Path(config.data.source)
     if is_packed(source):
@@ -49,7 +47,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         raise UserError(f"none of the {len(index)} images under {source} is readable; see the log")
     write_bad_report(layout.bad_images, "prepare", report.bad)
     kept = index.without({b.path for b in report.bad})
-    split = make_split(np.asarray(kept.labels), config.data.holdout_fraction, config.run.seed)
+    split = split_for(config, kept, source)
     save_split(config, split, kept.paths)
     log.info("packed %d images (%d skipped) into %s; split: %d train, %d hold-out",
              report.n_images, len(report.bad), layout.packed, len(split.train), len(split.holdout))
