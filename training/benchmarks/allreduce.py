@@ -24,6 +24,8 @@ import logging
 import socket
 import sys
 import time
+
+from training.atomic import write_text_atomic
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -182,10 +184,7 @@ def write_json(summary: dict, out: Path | None) -> None:
     text = json.dumps(summary, indent=2)
     print("ALLREDUCE_RESULT " + json.dumps(summary), flush=True)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_text_atomic(out, text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+from training.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,8 @@ def save_figure(fig: Figure, directory: Path, stem: str, *, pdf: bool = True) ->
     written = []
     for fmt in ("png", "pdf") if pdf else ("png",):
         final = directory / f"{stem}.{fmt}"
-        tmp = directory / f".{stem}.{os.getpid()}.{fmt}.tmp"
-        fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches="tight")
-        tmp.replace(final)
+        with atomic_path(final) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches="tight")
         written.append(final)
     plt.close(fig)
     log.info("wrote %s", ", ".join(p.name for p in written))

@@ -79,9 +79,8 @@ def run(config, layout, args: argparse.Namespace) -> int:
 
 
 def _write_text(out: Path, text: str) -> None:
-    """Whole or not at all: a reader (scripts/gpu-bench.sh's summary) never sees half a file.
-    Local until training/ has one atomic-write helper."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    """Whole or not at all: a reader (scripts/gpu-bench.sh's summary) never sees half a file."""
+    from training.atomic import write_text_atomic
+
+    write_text_atomic(out, text)
     log.info("wrote %s", out)

@@ -103,9 +103,10 @@ def download_and_unpack(url: str, download_dir: Path) -> Path:
 def fetch(url: str, target: Path) -> None:
     from tqdm import tqdm
 
-    tmp = target.with_name(target.name + ".part")
+    from training.atomic import atomic_path
+
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, tmp.open("wb") as out:
+        with atomic_path(target) as tmp, urllib.request.urlopen(url, timeout=60) as response, tmp.open("wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {target.name}") as bar:
                 while chunk := response.read(s3upload.MB):
@@ -113,7 +114,6 @@ def fetch(url: str, target: Path) -> None:
                     bar.update(len(chunk))
     except OSError as exc:
         raise UserError(f"cannot download {url}: {exc}; check the link (see {LANDING_PAGE})") from None
-    tmp.replace(target)
 
 
 def unpack(archive: Path, target: Path) -> None:
