@@ -10,6 +10,8 @@ import pytest
 
 from stacks.settings import SettingsError
 
+pytestmark = pytest.mark.slow
+
 APP_PY = Path(__file__).resolve().parents[2] / "app.py"
 
 

@@ -14,6 +14,8 @@ from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
 from stacks.settings import SUPPORTED_OSES, build_settings
 
+pytestmark = pytest.mark.slow
+
 # From the EC2 user guide's list of EFA-capable instance types (independent of stacks/presets.py).
 EFA_CAPABLE = {"g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "p4d.24xlarge",
                "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from infra.synth_helpers import cluster_config, one, resources
 
+import pytest
+pytestmark = pytest.mark.slow
+
 
 def test_provider_is_the_pinned_parallelcluster_custom_resource_template(synth):
     provider = one(synth.json["cluster"], "AWS::CloudFormation::Stack")["Properties"]

@@ -13,6 +13,8 @@ import pytest
 
 from infra.synth_helpers import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 DOC = REPO_ROOT / "docs" / "deploy.md"
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 # Commands of the operating system and Slurm that the guide runs on the head node.

@@ -7,6 +7,9 @@ import re
 
 from infra.synth_helpers import REPO_ROOT, one
 
+import pytest
+pytestmark = pytest.mark.slow
+
 
 def _project(synth) -> dict:
     return one(synth.json["image"], "AWS::CodeBuild::Project")["Properties"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AMI_DIR = REPO_ROOT / "ami"
 SHELL_DIRS = ("ami", "bootstrap", "scripts", "slurm", ".ci")

@@ -10,6 +10,8 @@ from aws_cdk import aws_s3 as s3
 
 from stacks.nag import acknowledge, enable_checks
 
+pytestmark = pytest.mark.slow
+
 
 def _app_with_plain_bucket(tmp_path, *, acknowledged: bool) -> cdk.App:
     app = cdk.App(outdir=str(tmp_path))

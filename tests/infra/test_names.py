@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from infra.synth_helpers import one
 
+import pytest
+pytestmark = pytest.mark.slow
+
 # Properties that fix a physical name, by resource type (everything else is named by CloudFormation).
 NAME_PROPERTIES = {
     "AWS::SSM::Parameter": "Name", "AWS::IAM::ManagedPolicy": "ManagedPolicyName", "AWS::IAM::Role": "RoleName",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from infra.synth_helpers import resources, run_pcluster
 
+import pytest
+pytestmark = pytest.mark.slow
+
 
 def test_vpc_spans_the_one_configured_zone_with_public_and_private_subnets(synth):
     subnets = resources(synth.json["network"], "AWS::EC2::Subnet")

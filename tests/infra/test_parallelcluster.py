@@ -16,6 +16,8 @@ from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import PRESETS
 from stacks.settings import REFUSED_OSES, SUPPORTED_OSES, SettingsError, build_settings
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKER_TEMPLATE = REPO_ROOT / "ami" / "gpu-image.pkr.hcl"
 ACCOUNT = "111122223333"

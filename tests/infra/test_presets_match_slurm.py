@@ -8,6 +8,9 @@ from pathlib import Path
 from stacks.presets import (BUNDLE_DIR, DEFAULT_PRESET, FSX_MOUNT_DIR, IMAGE_VENV, NCCL_TESTS_BIN, PRESETS,
                             SCRATCH_DIR, SLURM_DEFAULTS)
 
+import pytest
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_SH = REPO_ROOT / "slurm" / "env.sh"
 # VAR=${VAR:-default} or export VAR="${VAR:-default}"

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 _ASSET_HASH = re.compile(r"[0-9a-f]{64}")
 
 

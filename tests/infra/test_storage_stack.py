@@ -6,6 +6,9 @@ from aws_cdk.assertions import Match
 
 from infra.synth_helpers import one, resources
 
+import pytest
+pytestmark = pytest.mark.slow
+
 # Renaming these would make CloudFormation replace the data: they must never change.
 STABLE_LOGICAL_IDS = {
     "DataBucketE3889A50": "AWS::S3::Bucket",

@@ -15,29 +15,12 @@ import pytest
 import torch
 
 from training.config import Config
+from tiny import TINY_RUN
 from training.data.synthetic import write_dataset
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 24
 
-TINY_RUN: dict[str, Any] = {
-    "data.num_workers": 0,
-    "model.arch": "vit_tiny",
-    "model.patch_size": 8,
-    "model.out_dim": 256,
-    "dino.global_crop_size": 32,
-    "dino.local_crop_size": 16,
-    "dino.local_crops_number": 2,
-    "optim.epochs": 1,
-    "optim.batch_size_per_gpu": 8,
-    "optim.warmup_epochs": 0,
-    "train.precision": "fp32",
-    "train.tensorboard": False,
-    "eval.image_size": 32,
-    "eval.batch_size": 16,
-    "eval.knn_k": [5, 10],
-    "eval.linear_epochs": 2,
-}
 
 
 @pytest.fixture(scope="session", autouse=True)

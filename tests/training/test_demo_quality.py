@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "demo.yaml"
 

@@ -11,9 +11,12 @@ import pytest
 import torch
 
 from training.cli import main
+from tiny import TINY_MODEL
 from training.config import Config, load_config
 from training.distributed import DistContext, DistEnv
 from training.trainer import default_loader_factory, train
+
+pytestmark = pytest.mark.slow
 
 torch.set_num_threads(1)
 
@@ -44,9 +47,8 @@ def tiny(prepared: Config, out_dir, **overrides) -> Config:
         src = os.path.join(source, name)
         (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, out_dir / name)
     base = {
-        "run.output_dir": str(out_dir), "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
-        "model.drop_path_rate": 0.0, "dino.global_crop_size": 24, "dino.local_crop_size": 16,
-        "dino.local_crops_number": 2, "optim.batch_size_per_gpu": 8, "optim.epochs": 4,
+        **TINY_MODEL, "run.output_dir": str(out_dir),
+        "model.drop_path_rate": 0.0, "dino.global_crop_size": 24, "optim.batch_size_per_gpu": 8, "optim.epochs": 4,
         "optim.warmup_epochs": 1, "optim.lr": 0.01, "optim.freeze_last_layer": 0,
         "dino.momentum_teacher": 0.9,
         "train.log_every": 1, "train.tensorboard": False,

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "gpu-bench.sh"
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from tiny import tiny_config
 from training.benchmarks import step as step_module
 from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest
 from training.benchmarks.step import run_step_benchmark, train_flops_per_image, vit_forward_flops, head_flops
@@ -22,16 +23,13 @@ from training.steps.bench import loader_request, step_request
 torch.set_num_threads(1)
 
 
-def tiny_config() -> Config:
-    return Config().replace({
-        "data.channels": "01234", "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
-        "dino.global_crop_size": 32, "dino.local_crop_size": 16, "dino.local_crops_number": 2,
-        "optim.batch_size_per_gpu": 4,
-    })
+def bench_config() -> Config:
+    return tiny_config({"data.channels": "01234", "optim.batch_size_per_gpu": 4})
 
 
+@pytest.mark.slow
 def test_step_benchmark_reports_throughput_and_time_split_on_cpu():
-    result = run_step_benchmark(tiny_config(), StepBenchRequest(steps=2, warmup=1))
+    result = run_step_benchmark(bench_config(), StepBenchRequest(steps=2, warmup=1))
     assert result["device"] == "cpu" and result["precision"] == "fp32" and result["steps"] == 2
     split = result["split_step_time_s"]
     assert set(split) == {"data", "forward", "backward", "optimizer", "total"}
@@ -44,7 +42,7 @@ def test_step_benchmark_reports_throughput_and_time_split_on_cpu():
 
 
 def test_analytic_flops_match_pytorch_flop_counter():
-    config = tiny_config()
+    config = bench_config()
     student, _ = build_model(config, 5)
     for side in (32, 16):
         counter = FlopCounterMode(display=False)
@@ -73,6 +71,7 @@ def test_flags_become_typed_requests_and_warmup_zero_stays_zero():
     assert (loader_request(_args("loader")).batches, loader_request(_args("loader")).warmup) == (10, 2)
 
 
+@pytest.mark.slow
 def test_warmup_zero_runs_no_untimed_step(tmp_path, capsys, monkeypatch):
     drawn = []
 
@@ -84,7 +83,7 @@ def test_warmup_zero_runs_no_untimed_step(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(step_module, "SyntheticCrops", CountedCrops)
     config = tmp_path / "tiny.yaml"
-    dump_config(tiny_config(), config)
+    dump_config(bench_config(), config)
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--config", str(config), "--batches", "1", "--warmup", "0",
                  "--out", str(out)]) == 0
@@ -125,5 +124,5 @@ def test_requests_reject_bad_values_built_in_code():
 def test_the_bench_step_module_imports_no_torch():
     code = "import sys, training.steps.bench; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[2])
+                              cwd=Path(__file__).resolve().parents[3])
     assert imported.stdout.strip() == "[]"

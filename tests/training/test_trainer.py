@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from training.benchmarks.step import SyntheticCrops
+from tiny import tiny_config
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.errors import UserError
@@ -21,15 +22,12 @@ torch.set_num_threads(1)
 CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
 
 
-def tiny_config(out_dir, **overrides) -> Config:
-    base = {
+def run_config(out_dir, **overrides) -> Config:
+    return tiny_config({
         "run.output_dir": str(out_dir), "data.channels": "012",
-        "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
-        "dino.global_crop_size": 32, "dino.local_crop_size": 16, "dino.local_crops_number": 2,
         "optim.batch_size_per_gpu": 4, "optim.epochs": 2, "optim.warmup_epochs": 1, "optim.lr": 0.005,
-        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False,
-    }
-    return Config().replace({**base, **overrides})
+        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False, **overrides,
+    })
 
 
 class SignalAt(SyntheticCrops):
@@ -60,11 +58,12 @@ def step_losses(run_dir) -> dict[int, float]:
     return {line["step"]: line["loss"] for line in lines if line["kind"] == "step"}
 
 
+@pytest.mark.slow
 def test_resume_after_preemption_continues_with_identical_losses(tmp_path):
-    reference = train(tiny_config(tmp_path / "ref"), CPU, loader_factory=factory(3))
+    reference = train(run_config(tmp_path / "ref"), CPU, loader_factory=factory(3))
     assert reference.global_step == 6 and not reference.preempted
 
-    config = tiny_config(tmp_path / "run")
+    config = run_config(tmp_path / "run")
     layout = RunLayout.from_config(config)
     first = train(config, CPU, loader_factory=factory(3, at=(1, 0)))
     assert first.preempted and first.global_step == 4  # stopped after the first step of epoch 2
@@ -84,8 +83,9 @@ def test_resume_after_preemption_continues_with_identical_losses(tmp_path):
     assert torch.allclose(final["dino_loss"]["center"], ref_final["dino_loss"]["center"], atol=1e-7)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
-    config = tiny_config(tmp_path)
+    config = run_config(tmp_path)
     layout = RunLayout.from_config(config)
     with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at epoch 2, step 2 of the epoch"):
         train(config, CPU, loader_factory=factory(2, nan_at=(1, 1)))
@@ -94,8 +94,9 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp
     assert all(torch.isfinite(v).all() for v in saved["student"].values())
 
 
+@pytest.mark.slow
 def test_metrics_lines_and_step_cap(tmp_path):
-    config = tiny_config(tmp_path, **{"train.max_steps_per_epoch": 2, "train.log_every": 2,
+    config = run_config(tmp_path, **{"train.max_steps_per_epoch": 2, "train.log_every": 2,
                                       "train.tensorboard": True})
     result = train(config, CPU, loader_factory=factory(5))
     assert result.global_step == 4 and result.epochs_completed == 2
@@ -111,11 +112,12 @@ def test_metrics_lines_and_step_cap(tmp_path):
         "checkpoint.pth", "checkpoint_0001.pth", "checkpoint_0002.pth"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_model_and_warns_about_a_changed_schedule(tmp_path, caplog):
-    train(tiny_config(tmp_path), CPU, loader_factory=factory(2))
+    train(run_config(tmp_path), CPU, loader_factory=factory(2))
     with pytest.raises(UserError, match=r"model.out_dim=256 \(now 512\).*another run.output_dir"):
-        train(tiny_config(tmp_path, **{"model.out_dim": 512}), CPU, loader_factory=factory(2))
+        train(run_config(tmp_path, **{"model.out_dim": 512}), CPU, loader_factory=factory(2))
     caplog.set_level("WARNING", logger="training.trainer")
-    result = train(tiny_config(tmp_path, **{"optim.epochs": 3}), CPU, loader_factory=factory(2))
+    result = train(run_config(tmp_path, **{"optim.epochs": 3}), CPU, loader_factory=factory(2))
     assert "optim.epochs: 2 -> 3" in caplog.text and "optim.lr" not in caplog.text
     assert result.epochs_completed == 3

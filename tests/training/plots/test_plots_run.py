@@ -9,6 +9,8 @@ from eval_tiny_run import CLASSES, plotted_run, png_size, run_dir
 from training.plots.accuracy import plot_confusion
 from training.plots.embedding import plot_embedding
 
+pytestmark = pytest.mark.slow
+
 TAGS = ["epoch_0001", "epoch_0002", "final", "random_init", "raw_pixels"]
 
 

@@ -16,6 +16,8 @@ from training.config import Config, ConfigError
 from training.rundir import RunLayout
 from training.report.html import build_report
 
+pytestmark = pytest.mark.slow
+
 # 7 held-out images per class (0.45 of 16), of which the kNN split gives 4 to training and 3 to
 # validation: 12 training images, an even share for each of 2 ranks (so 2 ranks of 2 images per
 # batch see the same global batches as 1 rank of 4), and 9 validation images that are not (rank 0

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tiny import tiny_config
 from training.config import Config, ModelConfig
 from training.models import build_backbone, build_model
 from training.models.head import DINOHead
@@ -12,17 +13,13 @@ torch.set_num_threads(1)
 TINY = ModelConfig(arch="vit_tiny", patch_size=8, out_dim=256, drop_path_rate=0.0)
 
 
-def tiny_config(**overrides) -> Config:
-    base = {
-        "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
-        "dino.global_crop_size": 32, "dino.local_crop_size": 16, "dino.local_crops_number": 3,
-    }
-    return Config().replace({**base, **overrides})
+def vit_config(**overrides) -> Config:
+    return tiny_config({"dino.local_crops_number": 3, **overrides})
 
 
 @pytest.mark.parametrize("channels", ["0", "012", "01234"])
 def test_shapes_for_any_channel_count_and_crop_size(channels):
-    config = tiny_config(**{"data.channels": channels})
+    config = vit_config(**{"data.channels": channels})
     in_chans = config.data.in_chans
     student, teacher = build_model(config, in_chans)
     crops = [torch.randn(2, in_chans, 32, 32) for _ in range(2)] + [torch.randn(2, in_chans, 16, 16) for _ in range(3)]
@@ -82,7 +79,7 @@ def test_head_last_layer_is_weight_normalised_and_frozen_norm():
 
 
 def test_student_and_teacher_start_identical_and_teacher_is_frozen():
-    student, teacher = build_model(tiny_config(), 5)
+    student, teacher = build_model(vit_config(), 5)
     for (name, s), t in zip(student.state_dict().items(), teacher.state_dict().values()):
         assert torch.equal(s, t), name
     assert not any(p.requires_grad for p in teacher.parameters())

@@ -7,6 +7,8 @@ import pytest
 from training.benchmarks import allreduce, scaling
 from training.benchmarks.scaling import PRESETS, StepProfile, allreduce_seconds, efficiency
 
+pytestmark = pytest.mark.slow
+
 
 def test_allreduce_time_follows_the_bus_bandwidth_definition():
     # 8 ranks, 1 GB at a bus bandwidth of 100 GB/s: 2 * 7/8 * 1e9 / 1e11 seconds.
@@ -88,11 +90,10 @@ def bench_step_json() -> dict:
     """What `python -m training bench step` prints for a tiny model on this machine."""
     from training.benchmarks.request import StepBenchRequest
     from training.benchmarks.step import run_step_benchmark
-    from training.config import Config
+    from tiny import tiny_config
 
-    config = Config().replace({"data.channels": "01", "model.arch": "vit_tiny", "model.patch_size": 8,
-                               "model.out_dim": 64, "dino.global_crop_size": 16, "dino.local_crop_size": 8,
-                               "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})
+    config = tiny_config({"data.channels": "01", "model.out_dim": 64, "dino.global_crop_size": 16,
+                          "dino.local_crop_size": 8, "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})
     return json.loads(json.dumps(run_step_benchmark(config, StepBenchRequest(steps=1, warmup=1))))
 
 

@@ -198,6 +198,7 @@ def test_only_downstream_yaml_evaluates_scdino_checkpoints_as_scdino(tmp_path, k
     assert {"final", "epoch_0001", "epoch_0003"} <= set(knn["tags"])
 
 
+@pytest.mark.slow
 def test_plots_and_report_run_on_an_scdino_run(tmp_path):
     images, weights, stats = tmp_path / "images", tmp_path / "scDINO_ViTs" / "m", tmp_path / "ms.txt"
     _images(images)

@@ -55,7 +55,7 @@ def test_every_key_the_docs_name_exists():
 
     from training.config import Config
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     named = set()
     for doc in (repo / "docs" / "training.md", repo / "README.md"):

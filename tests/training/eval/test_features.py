@@ -96,6 +96,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_gather_exactly_the_single_rank_result(tmp_path, monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)

@@ -8,10 +8,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tiny import tiny_config
 from training.config import Config
 from training.distributed import DistContext, DistEnv, cleanup, detect_env, init_distributed
 from training.parallel import model_state
 from training.trainer import train
+
+pytestmark = pytest.mark.slow
 
 torch.set_num_threads(1)
 
@@ -71,10 +74,9 @@ class FixedGlobalBatches:
 
 
 def run_config(out_dir, world_size, parallel="ddp") -> Config:
-    return Config().replace({
+    return tiny_config({
         "run.output_dir": str(out_dir), "data.channels": "01",
-        "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 128, "model.drop_path_rate": 0.0,
-        "dino.global_crop_size": 24, "dino.local_crop_size": 16, "dino.local_crops_number": 2,
+        "model.out_dim": 128, "model.drop_path_rate": 0.0, "dino.global_crop_size": 24,
         "optim.batch_size_per_gpu": GLOBAL_BATCH // world_size, "optim.epochs": 1, "optim.warmup_epochs": 0,
         "optim.lr": 0.05, "optim.freeze_last_layer": 0, "train.log_every": 1, "train.tensorboard": False,
         "train.parallel": parallel,

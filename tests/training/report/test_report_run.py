@@ -8,6 +8,8 @@ import pytest
 
 from eval_tiny_run import plotted_run, run_dir, run_step
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):

@@ -12,6 +12,8 @@ import pytest
 from eval_tiny_run import CLASSES, evaluated_run, run_dir, run_step
 from training.rundir.features import load_features
 
+pytestmark = pytest.mark.slow
+
 TAGS = ["epoch_0001", "epoch_0002", "final", "random_init", "raw_pixels"]
 
 
