@@ -7,8 +7,11 @@ after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
 Rank 0 writes it atomically (training/atomic.py); at the epochs `train.saveckp_rule` picks (every
-`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and all but
-the last `train.keep_last` numbered copies are pruned.
+`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and, when
+`train.keep_last` > 0, all but the last that many numbered copies are pruned (0, the default, keeps
+every one: `features` evaluates them all). Every `train.checkpoint_every_minutes` the loop also
+saves mid-epoch: that replaces only the latest checkpoint (it is never numbered, so never pruned
+and never taken for an evaluated epoch).
 A pre-empted run also leaves the marker RunLayout.preempted_marker for the batch script, and the
 resumed run removes it. Weights from elsewhere (DINO, scDINO, ImageNet) load through
 training/models/pretrained.py instead.
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from training.distributed import DistContext
 
 log = logging.getLogger(__name__)
+
+clock = time.monotonic
+"""The clock of time-based checkpoints (tests replace it to pass minutes in microseconds)."""
 
 MUST_MATCH_ON_RESUME = ("model.arch", "model.patch_size", "model.out_dim", "model.use_bn_in_head",
                         "model.norm_last_layer", "data.channels", "train.parallel")
@@ -100,6 +106,14 @@ class CheckpointManager:
         self.layout = layout
         self.save_every, self.keep_last = settings.saveckp_freq, settings.keep_last
         self.rule = settings.saveckp_rule
+        self.save_every_s = settings.checkpoint_every_minutes * 60
+        self.last_save = clock()
+
+    def time_to_save(self) -> bool:
+        """Whether `train.checkpoint_every_minutes` have passed since the last save. Only rank 0's
+        answer counts (the loop sums it into the per-step all_reduce), so every rank saves at the
+        same step even when their clocks or start times differ."""
+        return self.save_every_s > 0 and clock() - self.last_save >= self.save_every_s
 
     @property
     def latest(self):
@@ -140,6 +154,7 @@ class CheckpointManager:
                             self.latest, state.epoch, state.global_step)
         if ctx.distributed:
             dist.barrier()
+        self.last_save = clock()
 
     def resume(self, state: TrainState, ctx: DistContext) -> None:
         """Continue from the latest checkpoint if the run has one; remove a pre-emption marker."""

@@ -17,6 +17,10 @@ Pre-emption protocol (slurm/pretrain.slurm relies on it):
      The requeued job resumes from checkpoint.pth and deletes the marker when training starts.
   A run that finishes leaves no marker, so the script does not requeue it.
 
+Checkpoints by time: every `train.checkpoint_every_minutes` (rank 0's clock, summed into the same
+per-step all_reduce, so all ranks save after the same step) checkpoint.pth is also saved mid-epoch;
+a crash then loses at most that much training, and the resume continues at the exact step.
+
 Non-finite loss: every rank stops before the update with TrainingDivergedError (a UserError: the CLI
 prints one line naming the epoch and step and exits 2). Nothing is saved for that step, so
 checkpoint.pth remains the last good checkpoint.
@@ -65,6 +69,17 @@ class TrainResult:
     last_loss: float | None
     state: TrainState | None = field(default=None, repr=False, compare=False)
     """The live training state (models, optimizer), for callers that inspect it."""
+
+
+@dataclass
+class LoopHooks:
+    """What the loop consults or tells besides the model: stop signals, metrics, checkpoints, and
+    whoever wants to know that a step (or a save) completed, with the global step."""
+
+    signals: StopSignals
+    metrics: MetricsLogger
+    checkpoints: CheckpointManager
+    on_progress: Callable[[int], None] = lambda step: None
 
 
 class StopSignals:
@@ -149,8 +164,9 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
     last_loss = None
     try:
         with StopSignals() as signals:
+            hooks = LoopHooks(signals, metrics, checkpoints)
             while state.epoch < config.optim.epochs:
-                last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, signals, metrics)
+                last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
                 if stopped_by:
                     checkpoints.save(state, ctx, preempted_by=stopped_by)
                     return TrainResult(state.epoch, state.global_step, True, last_loss, state)
@@ -187,8 +203,7 @@ def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]
 
 
 def run_epoch(
-    state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int, signals: StopSignals,
-    metrics: MetricsLogger,
+    state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int, hooks: LoopHooks,
 ) -> tuple[float | None, str | None]:
     """Train until the epoch ends or a stop signal; returns (mean loss of the epoch, signal name)."""
     epoch, config = state.epoch, state.config
@@ -204,9 +219,7 @@ def run_epoch(
         crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
         data_wait = time.perf_counter() - tick
         loss = forward_loss(state, crops, epoch)
-        loss_sum, nonfinite, stop = all_reduce_sum(
-            ctx, torch.stack([loss.detach(), (~torch.isfinite(loss)).float(), _flag(signals, loss)])
-        )
+        loss_sum, nonfinite, stop, save_now = all_reduce_sum(ctx, _step_flags(loss, hooks, ctx))
         if nonfinite:
             raise diverged(state, ctx, loss_sum)
         update(state, loss, epoch)
@@ -220,23 +233,40 @@ def run_epoch(
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
         if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps:
-            metrics.log(record(state, ctx, "step", window))
+            hooks.metrics.log(record(state, ctx, "step", window))
             window = _Window()
+        hooks.on_progress(state.global_step)
         if stop:
             break
+        if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
+            save_mid_epoch(state, ctx, hooks)
+            tick = time.perf_counter()  # the save is not the next step's data wait
     bar.close()
     if state.step_in_epoch == steps:
         state.epoch += 1
         state.step_in_epoch = 0
-        metrics.log(record(state, ctx, "epoch", epoch_window, epoch=epoch))
+        hooks.metrics.log(record(state, ctx, "epoch", epoch_window, epoch=epoch))
         log.info("epoch %d/%d: loss %.4f, %.1f images/s", epoch + 1, config.optim.epochs,
                  epoch_window.mean_loss, epoch_window.images_per_s)
-    stopped_by = (signals.received or "a signal on another rank") if stop else None
+    stopped_by = (hooks.signals.received or "a signal on another rank") if stop else None
     return epoch_window.mean_loss, stopped_by
 
 
-def _flag(signals: StopSignals, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(1.0 if signals.received else 0.0, device=like.device)
+def _step_flags(loss: torch.Tensor, hooks: LoopHooks, ctx: DistContext) -> torch.Tensor:
+    """What all ranks sum after each step, in one all_reduce: the loss, whether it is non-finite,
+    whether a stop signal arrived, and whether rank 0's clock says it is time to save."""
+    save_now = ctx.is_main and hooks.checkpoints.time_to_save()
+    flags = [1.0 if hooks.signals.received else 0.0, 1.0 if save_now else 0.0]
+    return torch.cat([loss.detach().float().reshape(1), (~torch.isfinite(loss)).float().reshape(1),
+                      torch.tensor(flags, device=loss.device)])
+
+
+def save_mid_epoch(state: TrainState, ctx: DistContext, hooks: LoopHooks) -> None:
+    """The time-based checkpoint: every rank takes part (FSDP gathers), rank 0 writes it."""
+    hooks.checkpoints.save(state, ctx)
+    log.info("saved mid-epoch checkpoint at epoch %d, step %d of the epoch (train.checkpoint_every_minutes=%g)",
+             state.epoch + 1, state.step_in_epoch, state.config.train.checkpoint_every_minutes)
+    hooks.on_progress(state.global_step)
 
 
 class _Window:

@@ -199,8 +199,10 @@ class TrainConfig:
     "scdino": after 1, N + 1, 2N + 1, ... completed epochs (DINO's and scDINO's `epoch % N == 0`
     on 0-based epochs) and after the last, the epochs scDINO's Snakefile analyses; set when an
     scDINO YAML is converted. Numbers count completed epochs: scDINO's checkpoint0.pth is epoch_0001."""
-    keep_last: int = 3
-    """How many numbered checkpoints to keep; 0 keeps all (scDINO YAMLs: every saved epoch is analysed)."""
+    keep_last: int = 0
+    """How many numbered checkpoints to keep; 0 keeps them all. `features` evaluates every numbered
+    epoch by default (the per-epoch kNN curve), so pruning would take away what evaluation reads:
+    set this only when disk space matters more than that curve."""
     log_every: int = 10
     """Steps between metric lines."""
     tensorboard: bool = True
@@ -209,6 +211,30 @@ class TrainConfig:
     """Log to Weights & Biases from rank 0 (offline unless WANDB_MODE says otherwise)."""
     max_steps_per_epoch: int = 0
     """Cap on steps per epoch (0 = the whole epoch); for smoke tests and benchmarks."""
+    checkpoint_every_minutes: float = 30.0
+    """Also save checkpoint.pth mid-epoch once this many minutes have passed since the last save
+    (0 = at epoch ends only), so that a crash or a lost node costs at most this much training. 30:
+    an epoch of scDINO's data can take hours on a few GPUs, while a save takes seconds, so this costs
+    well under 1 % of the time and bounds the loss to half an hour. Mid-epoch saves are never
+    numbered (evaluation reads numbered epochs only) and never pruned."""
+    hang_timeout_minutes: float = 20.0
+    """A rank that completes no training step (or save) for this long logs where it stopped and
+    exits with status 76, so the launcher restarts the job instead of letting a stuck collective
+    burn the allocation to its time limit (0 = no watchdog). Must exceed the slowest step including
+    the first (torch.compile, loader start-up) and a checkpoint save on a slow file system."""
+    spot_watch: Literal["auto", "on", "off"] = "auto"
+    """Poll the EC2 instance metadata for a Spot interruption notice (two minutes ahead) and then
+    save and stop as on SIGUSR1, so the job requeues from a fresh checkpoint. auto: only where the
+    metadata service answers (on EC2) or SCDINO_IMDS_ENDPOINT names one."""
+
+    def __post_init__(self) -> None:
+        for key in ("checkpoint_every_minutes", "hang_timeout_minutes"):
+            value = getattr(self, key)
+            if not value >= 0:  # also refuses NaN
+                raise ConfigError(f"train.{key} must be >= 0 (0 turns it off), got {value}")
+        if self.keep_last < 0:
+            raise ConfigError(f"train.keep_last must be >= 0 (0 keeps every numbered checkpoint), "
+                              f"got {self.keep_last}")
 
 
 @dataclass(frozen=True)

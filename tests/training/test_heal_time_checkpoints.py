@@ -1,0 +1,99 @@
+"""Checkpoints by time: train.checkpoint_every_minutes saves mid-epoch (by rank 0's clock, here a
+fake one), a crash after it resumes at the exact step to bit-identical weights, and epoch
+checkpoints (numbered, what evaluation reads) are never replaced or pruned by it."""
+
+import pytest
+import torch
+
+from heal_run import CPU, assert_same_weights, final_checkpoint, scripted, tiny_config
+from training import checkpointing
+from training.config import ConfigError
+from training.rundir import RunLayout
+from training.trainer import train
+
+torch.set_num_threads(1)
+
+
+class FakeClock:
+    """Monotonic seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, minutes: float):
+        def act() -> None:
+            self.now += minutes * 60
+        return act
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def crash() -> None:
+    raise Crash("simulated worker crash")
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(checkpointing, "clock", fake)
+    return fake
+
+
+def test_crash_after_a_timed_checkpoint_resumes_to_identical_weights(tmp_path, clock):
+    train(tiny_config(tmp_path / "ref", **{"train.checkpoint_every_minutes": 0}), CPU,
+          loader_factory=scripted(4))
+
+    config = tiny_config(tmp_path / "run", **{"train.checkpoint_every_minutes": 30})
+    # 31 minutes pass while batch 1 of epoch 2 is loaded: rank 0 asks for a save after that step.
+    with pytest.raises(Crash):
+        train(config, CPU, loader_factory=scripted(4, {(1, 1): clock.advance(31), (1, 3): crash}))
+    saved = final_checkpoint(tmp_path / "run")
+    assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (1, 2, 6)
+
+    resumed = train(config, CPU, loader_factory=scripted(4))
+    assert resumed.global_step == 8 and not resumed.preempted
+    assert_same_weights(tmp_path / "run", tmp_path / "ref")
+
+
+def test_no_timed_save_before_the_interval_or_when_off(tmp_path, clock):
+    for minutes, expected in ((30, (1, 0)), (0, (1, 0))):
+        config = tiny_config(tmp_path / f"m{minutes}", **{"train.checkpoint_every_minutes": minutes})
+        with pytest.raises(Crash):
+            train(config, CPU, loader_factory=scripted(4, {(1, 1): clock.advance(29 if minutes else 600),
+                                                           (1, 3): crash}))
+        saved = final_checkpoint(tmp_path / f"m{minutes}")
+        assert (saved["epoch"], saved["step_in_epoch"]) == expected
+
+
+def test_timed_saves_replace_only_the_latest_and_keep_every_epoch(tmp_path, clock):
+    config = tiny_config(tmp_path, **{"optim.epochs": 3, "train.checkpoint_every_minutes": 1})
+    every_batch = {(epoch, index): clock.advance(2) for epoch in range(3) for index in range(3)}
+    train(config, CPU, loader_factory=scripted(3, every_batch))
+    layout = RunLayout.from_config(config)
+    numbered = layout.numbered_checkpoints()
+    assert [epoch for epoch, _ in numbered] == [1, 2, 3]  # train.keep_last=0 by default: none pruned
+    for epoch, path in numbered:
+        saved = torch.load(path, weights_only=False)
+        assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (epoch, 0, 3 * epoch)
+
+
+def test_mid_epoch_saves_are_logged_once_per_interval(tmp_path, clock, caplog):
+    caplog.set_level("INFO", logger="training.trainer")
+    config = tiny_config(tmp_path, **{"optim.epochs": 1, "train.checkpoint_every_minutes": 5})
+    train(config, CPU, loader_factory=scripted(6, {(0, 1): clock.advance(6), (0, 3): clock.advance(6)}))
+    saves = [r.getMessage() for r in caplog.records if "mid-epoch checkpoint" in r.getMessage()]
+    assert saves == [
+        "saved mid-epoch checkpoint at epoch 1, step 2 of the epoch (train.checkpoint_every_minutes=5)",
+        "saved mid-epoch checkpoint at epoch 1, step 4 of the epoch (train.checkpoint_every_minutes=5)",
+    ]
+
+
+@pytest.mark.parametrize("key", ["checkpoint_every_minutes", "hang_timeout_minutes", "keep_last"])
+def test_negative_intervals_are_refused_naming_the_setting(tmp_path, key):
+    with pytest.raises(ConfigError, match=rf"train.{key} must be >= 0"):
+        tiny_config(tmp_path, **{f"train.{key}": -1})
