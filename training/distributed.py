@@ -8,7 +8,18 @@
   the job id unless MASTER_PORT is set. A batch shell outside `srun` counts as a single process.
 - Otherwise a single process, without a process group.
 
-gloo on CPU, NCCL on GPU. `cleanup` waits at a barrier before destroying the group: without it a
+gloo on CPU, NCCL on GPU. Failures of collectives end the process instead of hanging it, so the
+launcher can restart training (slurm/heal.sh):
+- every collective times out after `timeout_min` (30 min): gloo raises, NCCL (with
+  TORCH_NCCL_ASYNC_ERROR_HANDLING=1, set here as torchrun sets it for its workers) aborts its
+  communicators and ends the process. The progress watchdog (train.hang_timeout_minutes, 20 min by
+  default, training/heal/watchdog.py) usually fires first; this timeout is the backstop, long
+  enough for the other ranks to wait at the barrier while rank 0 writes a large checkpoint.
+- NCCL's heartbeat monitor keeps its default (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=480): it ends a
+  process whose NCCL watchdog thread itself is stuck.
+Values already in the environment win.
+
+`cleanup` waits at a barrier before destroying the group: without it a
 non-zero rank sometimes aborts during teardown ("terminate called without an active exception").
 """
 
@@ -26,6 +37,10 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+NCCL_FAILURE_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+"""Set (unless already set) before an NCCL group starts: a failed or timed-out collective aborts
+the communicators and ends the process, which the launcher sees as a failed worker."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,9 @@ def init_distributed(env: DistEnv | None = None, *, timeout_min: float = 30.0) -
     if env.world_size == 1:
         return DistContext(env=env, device=device, backend=None)
     backend = "nccl" if use_cuda else "gloo"
+    if backend == "nccl":
+        for name, value in NCCL_FAILURE_ENV.items():
+            os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_ADDR", env.master_addr)
     os.environ.setdefault("MASTER_PORT", str(env.master_port))
     dist.init_process_group(

@@ -45,6 +45,7 @@ from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_te
 from training.dino.step import TrainState, forward_loss, update
 from training.distributed import DistContext, all_reduce_sum
 from training.errors import UserError
+from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
@@ -153,10 +154,20 @@ def steps_in_epoch(config: Config, loader: Any) -> int:
 
 
 def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | None = None) -> TrainResult:
-    """Pretrain (or resume) the run in config.run.output_dir; returns how far it got."""
+    """Pretrain (or resume) the run in config.run.output_dir; returns how far it got.
+
+    A progress watchdog covers all of it, set-up included: a rank that completes no step for
+    train.hang_timeout_minutes ends its process with exit_codes.HANG (training/heal/watchdog.py).
+    """
+    with ProgressWatchdog(config.train.hang_timeout_minutes * 60, rank=ctx.rank) as watchdog:
+        return _train(config, ctx, loader_factory or default_loader_factory, watchdog)
+
+
+def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
+           watchdog: ProgressWatchdog) -> TrainResult:
     layout = RunLayout.from_config(config)
     checkpoints = CheckpointManager(layout, config.train)
-    loader, sampler = (loader_factory or default_loader_factory)(config, ctx)
+    loader, sampler = loader_factory(config, ctx)
     steps = steps_in_epoch(config, loader)
     state = build_state(config, ctx, steps)
     checkpoints.resume(state, ctx)
@@ -164,13 +175,14 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
     last_loss = None
     try:
         with StopSignals() as signals:
-            hooks = LoopHooks(signals, metrics, checkpoints)
+            hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat)
             while state.epoch < config.optim.epochs:
                 last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
                 if stopped_by:
                     checkpoints.save(state, ctx, preempted_by=stopped_by)
                     return TrainResult(state.epoch, state.global_step, True, last_loss, state)
                 checkpoints.save(state, ctx)
+                watchdog.beat(state.global_step)
     finally:
         metrics.close()
     log.info("pretraining finished: %d epochs, %d steps, last loss %s", state.epoch, state.global_step,
