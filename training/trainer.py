@@ -45,6 +45,7 @@ from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_te
 from training.dino.step import TrainState, forward_loss, update
 from training.distributed import DistContext, all_reduce_sum
 from training.errors import UserError
+from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
 from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
@@ -158,8 +159,16 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
 
     A progress watchdog covers all of it, set-up included: a rank that completes no step for
     train.hang_timeout_minutes ends its process with exit_codes.HANG (training/heal/watchdog.py).
+    A failure is recorded as deterministic (not retried) or transient (training/heal/failures.py).
     """
-    with ProgressWatchdog(config.train.hang_timeout_minutes * 60, rank=ctx.rank) as watchdog:
+    layout = RunLayout.from_config(config)
+
+    def hang(message: str, last_step: int | None) -> None:
+        record_failure(layout, ctx.rank, "hang", message, last_step)
+
+    watchdog = ProgressWatchdog(config.train.hang_timeout_minutes * 60, rank=ctx.rank, on_fire=hang)
+    with watchdog, failure_guard(layout, ctx.rank, lambda: watchdog.last_step):
+        refuse_if_failed(layout, is_main=ctx.is_main)
         return _train(config, ctx, loader_factory or default_loader_factory, watchdog)
 
 
@@ -170,7 +179,12 @@ def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
     loader, sampler = loader_factory(config, ctx)
     steps = steps_in_epoch(config, loader)
     state = build_state(config, ctx, steps)
+    preempted = layout.preempted_marker.exists()  # resume removes it
     checkpoints.resume(state, ctx)
+    if ctx.is_main:
+        resumed_from = str(checkpoints.latest) if checkpoints.latest.exists() else None
+        record_resume(layout, resumed_from, state.epoch, state.step_in_epoch, state.global_step,
+                      preempted=preempted)
     metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
     last_loss = None
     try:

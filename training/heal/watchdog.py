@@ -29,7 +29,7 @@ class ProgressWatchdog:
     """Use as a context manager around the training loop; call `beat(step)` after every step."""
 
     def __init__(self, timeout_s: float, *, rank: int, poll_s: float | None = None,
-                 on_fire: Callable[[str], None] | None = None) -> None:
+                 on_fire: Callable[[str, int | None], None] | None = None) -> None:
         self.timeout_s = timeout_s
         self.rank, self.host = rank, socket.gethostname()
         self.poll_s = poll_s if poll_s is not None else min(max(timeout_s / 20, 0.05), 10.0)
@@ -73,7 +73,7 @@ class ProgressWatchdog:
         log.critical("%s; exiting %d so the launcher restarts training", message, HANG)
         try:
             if self.on_fire is not None:
-                self.on_fire(message)
+                self.on_fire(message, self.last_step)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         finally:
             for handler in logging.getLogger().handlers:

@@ -13,6 +13,9 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
       checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ... and the
                                   PREEMPTED marker while a pre-empted job waits for its requeue
+                                  failures.jsonl: one JSON line per failure and per resume after one
+                                  (training/heal/failures.py); DETERMINISTIC_FAILURE: the marker that
+                                  tells the batch script not to retry
       metrics.jsonl               `pretrain`: one JSON object per logged step / epoch (rank 0)
       tensorboard/                `pretrain`: event files
       features/<tag>/             `features`: one feature set per tag (training/rundir/tags.py; format in
@@ -62,6 +65,8 @@ class RunLayout:
     checkpoints = property(lambda self: self.root / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
+    failure_log = property(lambda self: self.checkpoints / "failures.jsonl")
+    failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE")
     metrics = property(lambda self: self.root / "metrics.jsonl")
     tensorboard = property(lambda self: self.root / "tensorboard")
     features_root = property(lambda self: self.root / "features")
