@@ -8,7 +8,8 @@ as an uninterrupted run (model, teacher, optimizer, scaler, loss centre, schedul
 states are restored; an epoch interrupted part-way skips the batches it had already done).
 
 Pre-emption protocol (slurm/pretrain.slurm relies on it):
-  1. SIGUSR1 or SIGTERM on any rank sets a flag. At the end of the current step all ranks agree
+  1. SIGUSR1 or SIGTERM on any rank sets a flag (an EC2 Spot interruption notice sends SIGUSR1 too:
+     train.spot_watch, training/heal/spot.py). At the end of the current step all ranks agree
      (the flag is summed in the per-step all_reduce), so every rank stops after the same step.
   2. Rank 0 writes checkpoint.pth (including the position inside the epoch), then the marker file
      <run>/checkpoints/PREEMPTED (JSON: signal, epoch, step, time), and logs "pre-empted: ...".
@@ -46,6 +47,7 @@ from training.dino.step import TrainState, forward_loss, update
 from training.distributed import DistContext, all_reduce_sum
 from training.errors import UserError
 from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
+from training.heal.spot import SpotWatcher
 from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
@@ -188,7 +190,8 @@ def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
     metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
     last_loss = None
     try:
-        with StopSignals() as signals:
+        spot = SpotWatcher(config.train.spot_watch, enabled=ctx.env.local_rank == 0)
+        with StopSignals() as signals, spot:  # the watcher's SIGUSR1 needs StopSignals' handler
             hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat)
             while state.epoch < config.optim.epochs:
                 last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
