@@ -14,10 +14,11 @@ import argparse
 import importlib
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from training.atomic import write_json_atomic
 from training.config import Config, dump_config, load_config
@@ -91,12 +92,29 @@ def run_step(args: argparse.Namespace) -> int:
     return int(result or 0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def configure_logging(environ: Mapping[str, str] | None = None) -> None:
+    """Rank 0 logs at LOGLEVEL (INFO by default); every other rank only WARNING and up, with its rank
+    and host in each line: a job log then shows each message once, and still says where a problem
+    arose. (Progress bars, too, are drawn by rank 0 only: training/metrics.py.)"""
+    env = os.environ if environ is None else environ
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    level = logging.getLevelName(env.get("LOGLEVEL", "INFO").upper())
+    if not isinstance(level, int):
+        raise UserError(f"LOGLEVEL must be one of DEBUG, INFO, WARNING, ERROR, got {env['LOGLEVEL']!r}")
+    where = "" if rank == 0 else f"[rank {rank} {socket.gethostname()}] "
     logging.basicConfig(
-        level=os.environ.get("LOGLEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level if rank == 0 else max(level, logging.WARNING),
+        format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        configure_logging()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return run_step(args)
