@@ -2,6 +2,8 @@
 fake one), a crash after it resumes at the exact step to bit-identical weights, and epoch
 checkpoints (numbered, what evaluation reads) are never replaced or pruned by it."""
 
+import json
+
 import pytest
 import torch
 
@@ -97,3 +99,45 @@ def test_mid_epoch_saves_are_logged_once_per_interval(tmp_path, clock, caplog):
 def test_negative_intervals_are_refused_naming_the_setting(tmp_path, key):
     with pytest.raises(ConfigError, match=rf"train.{key} must be >= 0"):
         tiny_config(tmp_path, **{f"train.{key}": -1})
+
+
+def _two_rank_worker(rank, port, out_dir):
+    """Rank 0's clock jumps 31 minutes during the first batch of epoch 2; rank 1's never moves."""
+    from heal_run import ScriptedCrops
+    from training.checkpointing import CheckpointManager
+    from training.distributed import DistEnv, cleanup, init_distributed
+
+    torch.set_num_threads(1)
+    fake = FakeClock()
+    checkpointing.clock = fake
+    saves = []
+    original_save = CheckpointManager.save
+
+    def save(self, state, ctx, **kwargs):
+        saves.append([state.epoch, state.step_in_epoch])
+        return original_save(self, state, ctx, **kwargs)
+
+    CheckpointManager.save = save
+    ctx = init_distributed(DistEnv(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port,
+                                   launcher="slurm"), timeout_min=1)
+    actions = {(1, 0): fake.advance(31)} if rank == 0 else {}
+
+    def loaders(config, ctx):
+        loader = ScriptedCrops(config, batches=3, actions=actions)
+        return loader, loader
+
+    try:
+        train(tiny_config(out_dir, **{"optim.batch_size_per_gpu": 2}), ctx, loader_factory=loaders)
+        with open(f"{out_dir}/saves_{rank}.json", "w") as handle:
+            json.dump(saves, handle)
+    finally:
+        cleanup(ctx)
+
+
+def test_all_ranks_save_at_the_step_rank_zeros_clock_chooses(tmp_path):
+    import torch.multiprocessing as mp
+    from test_distributed import free_port
+
+    mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    rank0, rank1 = (json.loads((tmp_path / f"saves_{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0 == rank1 == [[1, 0], [1, 1], [2, 0]]  # epoch 1's end, mid-epoch 2 after its first step, the end
