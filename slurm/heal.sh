@@ -72,7 +72,10 @@ heal_act() {
     done) return 0 ;;
     requeue)
       log "transient failure (status $rc): requeueing, attempt $((${SLURM_RESTART_COUNT:-0} + 2)) resumes from the last checkpoint"
-      scontrol requeue "$SLURM_JOB_ID"
+      scontrol requeue "$SLURM_JOB_ID" || {
+        log "error: scontrol requeue failed; resubmit the job to resume from the last checkpoint"
+        return "$rc"
+      }
       # Slurm now ends this batch script; do not let it finish first and look like a success.
       sleep 300
       return "$rc"

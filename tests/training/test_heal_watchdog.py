@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from training.heal.exit_codes import HANG
+from training.heal.failures import read_records
+from training.rundir import RunLayout
 from training.heal.watchdog import ProgressWatchdog
 
 HERE = Path(__file__).resolve().parent
@@ -86,3 +88,6 @@ def test_a_stuck_step_ends_the_process_with_the_hang_status(tmp_path):
     assert f"on {socket.gethostname()} completed no training step" in hang_lines[0]
     assert "last completed global step 2" in hang_lines[0] and f"exiting {HANG}" in hang_lines[0]
     assert "File " in stderr and "in stuck" in stderr  # every thread's stack: where it hangs
+    (record,) = read_records(RunLayout(tmp_path / "run").failure_log)
+    assert (record["class"], record["rank"], record["step"]) == ("hang", 0, 2)
+    assert record["error"].startswith("hang: rank 0 on ") and f"{record['error']}; exiting {HANG}" in stderr

@@ -24,6 +24,9 @@ from training.heal.exit_codes import HANG
 
 log = logging.getLogger(__name__)
 
+ON_FIRE_LIMIT_S = 10.0
+"""How long the watchdog waits for its `on_fire` (recording the failure) before exiting anyway."""
+
 
 class ProgressWatchdog:
     """Use as a context manager around the training loop; call `beat(step)` after every step."""
@@ -72,8 +75,10 @@ class ProgressWatchdog:
         message = self.describe(idle_s)
         log.critical("%s; exiting %d so the launcher restarts training", message, HANG)
         try:
-            if self.on_fire is not None:
-                self.on_fire(message, self.last_step)
+            if self.on_fire is not None:  # bounded: a hung shared file system must not keep the rank alive
+                recorder = threading.Thread(target=self.on_fire, args=(message, self.last_step), daemon=True)
+                recorder.start()
+                recorder.join(ON_FIRE_LIMIT_S)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         finally:
             for handler in logging.getLogger().handlers:
