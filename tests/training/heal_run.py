@@ -1,6 +1,6 @@
 """A tiny CPU pretraining run whose loader can act at chosen batches, for the self-healing tests.
 
-    tiny_config(out_dir, **overrides)   a two-epoch ViT-tiny run on 32 px crops (seconds on CPU)
+    tiny_config(out_dir, **overrides)   test_trainer's two-epoch ViT-tiny run on 32 px crops (seconds on CPU)
     scripted(batches, actions)          a loader factory: actions[(epoch, index)] runs while that
                                         batch is handed out (advance a fake clock, crash, stall, ...)
     assert_same_weights(a, b)           two run directories ended with bit-identical training state
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from test_trainer import run_config
 
 from training.benchmarks.step import SyntheticCrops
 from training.config import Config
@@ -22,15 +23,8 @@ CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
 
 
 def tiny_config(out_dir: Path, **overrides: object) -> Config:
-    base = {
-        "run.output_dir": str(out_dir), "data.channels": "012",
-        "model.arch": "vit_tiny", "model.patch_size": 8, "model.out_dim": 256,
-        "dino.global_crop_size": 32, "dino.local_crop_size": 16, "dino.local_crops_number": 2,
-        "optim.batch_size_per_gpu": 4, "optim.epochs": 2, "optim.warmup_epochs": 1, "optim.lr": 0.005,
-        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False,
-        "train.precision": "fp32", "train.spot_watch": "off",
-    }
-    return Config().replace({**base, **overrides})
+    """test_trainer's two-epoch tiny run, in fp32 and without the Spot watcher unless a test asks."""
+    return run_config(out_dir, **{"train.precision": "fp32", "train.spot_watch": "off", **overrides})
 
 
 class ScriptedCrops(SyntheticCrops):
