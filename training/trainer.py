@@ -29,6 +29,7 @@ checkpoint.pth remains the last good checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -39,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from training.atomic import write_text_atomic
 from training.checkpointing import CheckpointManager, capture_rng, restore_rng
 from training.config import Config
 from training.data.loaders import crops_on_device
@@ -50,6 +52,7 @@ from training.heal.failures import failure_guard, record_failure, record_resume,
 from training.heal.spot import SpotWatcher
 from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
+from training.rundir.artifacts import read_metrics
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
@@ -187,6 +190,7 @@ def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
         resumed_from = str(checkpoints.latest) if checkpoints.latest.exists() else None
         record_resume(layout, resumed_from, state.epoch, state.step_in_epoch, state.global_step,
                       preempted=preempted)
+        forget_metrics_after(layout, state.global_step)
     metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
     last_loss = None
     try:
@@ -205,6 +209,20 @@ def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
     log.info("pretraining finished: %d epochs, %d steps, last loss %s", state.epoch, state.global_step,
              last_loss)
     return TrainResult(state.epoch, state.global_step, False, last_loss, state)
+
+
+def forget_metrics_after(layout: RunLayout, global_step: int) -> None:
+    """Drop metric lines of steps after the checkpoint being resumed: a crash (unlike a pre-emption,
+    which saves where it stops) leaves lines for steps that will be trained again, and the curves
+    and the per-epoch records must show each step and epoch once."""
+    if not layout.metrics.exists():
+        return
+    records = read_metrics(layout)
+    kept = [r for r in records if r.get("step", 0) <= global_step]
+    if len(kept) < len(records):
+        write_text_atomic(layout.metrics, "".join(json.dumps(r) + "\n" for r in kept))
+        log.info("dropped %d metric line(s) after global step %d: those steps are trained again",
+                 len(records) - len(kept), global_step)
 
 
 def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]:

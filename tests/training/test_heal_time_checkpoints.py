@@ -60,6 +60,15 @@ def test_crash_after_a_timed_checkpoint_resumes_to_identical_weights(tmp_path, c
     resumed = train(config, CPU, loader_factory=scripted(4))
     assert resumed.global_step == 8 and not resumed.preempted
     assert_same_weights(tmp_path / "run", tmp_path / "ref")
+    # step 7 ran twice; the metrics show each step and each epoch once, as uninterrupted (the loss of
+    # an epoch resumed part-way averages only the steps after the resume, as after a pre-emption)
+    assert metric_lines(tmp_path / "run") == metric_lines(tmp_path / "ref")
+
+
+def metric_lines(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(line["kind"], line["epoch"], line["step"], line["loss"] if line["kind"] == "step" else None)
+            for line in lines]
 
 
 def test_no_timed_save_before_the_interval_or_when_off(tmp_path, clock):
