@@ -55,6 +55,10 @@ run_healing() {
   failure_marker=$(run_path failure_marker "${config_args[@]}")
   # torchrun takes any option it was not given from PET_<OPTION>; srun passes it to every agent.
   export PET_MAX_RESTARTS=$SCDINO_MAX_RESTARTS
+  # By default the workers' process group shares the rendezvous TCP store, which keeps the previous
+  # incarnation's keys: a restarted group then dials dead peers and every restart fails (measured
+  # with gloo; pytorch/pytorch#135712 for NCCL). A store per rendezvous round avoids that.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
   log "self-healing: up to $SCDINO_MAX_RESTARTS in-job restart(s), $SCDINO_MAX_REQUEUES requeue(s) after a failure"
   run_preemptible "$preempted" "$@" || rc=$?
   decision=$("$SCDINO_PYTHON" -m training.heal.policy --failure-log "$failure_log" \

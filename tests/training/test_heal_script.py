@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+OURS = ("SCDINO_MAX_RESTARTS", "SCDINO_MAX_REQUEUES", "PET_MAX_RESTARTS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+"""Settings the script reads or sets: the test's own values only, whatever the calling shell has."""
 
 HARNESS = r"""
 set -euo pipefail
@@ -19,7 +21,7 @@ scontrol() { echo "scontrol $*" >>"$CALLS"; }
 sleep() { echo "sleep $*" >>"$CALLS"; }
 # A training launch: records what a failing rank would, then ends with the given status.
 launch() {
-  echo "PET_MAX_RESTARTS=${PET_MAX_RESTARTS:-unset}" >>"$CALLS"
+  echo "PET_MAX_RESTARTS=${PET_MAX_RESTARTS:-unset} share=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}" >>"$CALLS"
   if [ "$1" != none ]; then
     "$SCDINO_PYTHON" -c 'import sys
 from training.rundir import RunLayout
@@ -42,7 +44,8 @@ def heal(tmp_path):
     def run(*launch_args, restart_count=0, **env):
         calls = tmp_path / "calls"
         calls.unlink(missing_ok=True)
-        environ = {**os.environ, "REPO": str(REPO), "CALLS": str(calls), "CONFIG": str(config),
+        inherited = {k: v for k, v in os.environ.items() if k not in OURS}
+        environ = {**inherited, "REPO": str(REPO), "CALLS": str(calls), "CONFIG": str(config),
                    "RUN": str(tmp_path / "run"), "SCDINO_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
                    "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "pretrain", "SLURM_RESTART_COUNT": str(restart_count),
                    **env}
@@ -56,12 +59,12 @@ def heal(tmp_path):
 
 def test_transient_failure_requeues_once_then_stops(heal):
     calls, lines, _ = heal("transient", "1", "RuntimeError: NCCL error")
-    assert calls == ["PET_MAX_RESTARTS=3", "scontrol requeue 4242", "sleep 300", "rc=1"]
+    assert calls == ["PET_MAX_RESTARTS=3 share=1", "scontrol requeue 4242", "sleep 300", "rc=1"]
     assert lines == ["heal: failure 1: rank 1 on " + os.uname().nodename + ", transient: RuntimeError: NCCL error "
                      "(after global step 12) -> launch ended with status 1: requeueing the job (failure requeue 1 of 1)"]
 
     calls, lines, stderr = heal("none", "137", "", restart_count=1)
-    assert calls == ["PET_MAX_RESTARTS=3", "rc=137"]
+    assert calls == ["PET_MAX_RESTARTS=3 share=1", "rc=137"]
     assert len(lines) == 2 and lines[1].startswith("heal: failure 2: a worker ended without a record")
     assert lines[1].endswith("launch ended with status 137 (signal SIGKILL): stopped: no restart left "
                              "(SCDINO_MAX_RESTARTS, SCDINO_MAX_REQUEUES)")
@@ -70,14 +73,14 @@ def test_transient_failure_requeues_once_then_stops(heal):
 
 def test_deterministic_failure_is_not_retried_and_exits_2(heal):
     calls, lines, stderr = heal("deterministic", "1", "MissingInputError: mean_std not found", SCDINO_MAX_RESTARTS="1")
-    assert calls == ["PET_MAX_RESTARTS=1", "rc=2"]
+    assert calls == ["PET_MAX_RESTARTS=1 share=1", "rc=2"]
     assert len(lines) == 1 and "deterministic: MissingInputError: mean_std not found" in lines[0]
     assert lines[0].endswith("not retried (a deterministic failure: fix the cause, then resubmit)")
 
 
 def test_success_is_quiet(heal):
     calls, lines, _ = heal("none", "0", "")
-    assert calls == ["PET_MAX_RESTARTS=3", "rc=0"] and lines == []
+    assert calls == ["PET_MAX_RESTARTS=3 share=1", "rc=0"] and lines == []
 
 
 @pytest.mark.parametrize("name", ["SCDINO_MAX_RESTARTS", "SCDINO_MAX_REQUEUES"])
