@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from heal_run import CPU, scripted, tiny_config
-from training.heal import policy
+from training.heal import failures, policy
 from training.heal.failures import NotRetriedError, read_records
 from training.rundir import RunLayout
 from training.trainer import TrainingDivergedError, train
@@ -136,9 +136,9 @@ def test_summary_one_line_per_failure_across_restarts_and_requeues():
     assert lines == [
         "failure 1: rank 3 on node2, hang: hang: rank 3 ... (after global step 57; 1 other rank(s) failed with "
         "it) -> resumed from /r/checkpoint.pth at epoch 3, step 9 of the epoch (torchrun restart 1, job attempt 0)",
-        f"failure 2: {policy.cause([])} -> resumed from /r/checkpoint.pth at epoch 3, step 9 of the epoch "
+        f"failure 2: {policy.UNRECORDED} -> resumed from /r/checkpoint.pth at epoch 3, step 9 of the epoch "
         "(torchrun restart 2, job attempt 0)",
-        f"failure 3: {policy.cause([])} -> launch ended with status 137 (signal SIGKILL): requeueing the job "
+        f"failure 3: {policy.UNRECORDED} -> launch ended with status 137 (signal SIGKILL): requeueing the job "
         "(failure requeue 1 of 1) -> resumed from /r/checkpoint.pth at epoch 4, step 0 of the epoch "
         "(torchrun restart 0, job attempt 1)",
         f"failure 4: {policy.SLURM_REQUEUE} -> resumed from /r/checkpoint.pth at epoch 5, step 0 of the epoch "
@@ -161,3 +161,17 @@ def test_policy_command_appends_the_launch_and_prints_the_decision(tmp_path, mon
     policy.main(args)
     assert capsys.readouterr().out.strip() == "not-retried"
     assert [r["decision"] for r in read_records(log)] == ["requeue", "stop", "not-retried"]
+
+
+def test_a_survivors_view_of_a_lost_peer_does_not_pass_for_the_cause():
+    gloo = RuntimeError("[pair.cc:561] Connection closed by peer [10.99.0.12]:52907. This is typically ...")
+    assert failures.classify(gloo) == "lost-peer"
+    assert failures.classify(RuntimeError("CUDA error: an illegal memory access")) == "transient"
+    assert failures.classify(TrainingDivergedError("non-finite loss")) == "deterministic"
+    survivor = rec("failure", **{"class": "lost-peer", "rank": 0, "host": "node1", "step": 9,
+                                 "error": f"RuntimeError: {gloo}"})
+    resume = rec("resume", checkpoint=None, epoch=0, step_in_epoch=0, global_step=0, restart=1)
+    (line,) = policy.summary([survivor, resume], "7", 1)
+    assert line.startswith(f"failure 1: {policy.UNRECORDED}; rank 0 on node1 lost its peer: RuntimeError: "
+                           "[pair.cc:561] Connection closed by peer [10.99.0.12]:52907")
+    assert line.endswith("-> resumed from the start (no checkpoint yet) (torchrun restart 1, job attempt 0)")

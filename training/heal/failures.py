@@ -3,11 +3,12 @@
 A failure that would repeat (UserError: bad config, missing data, a diverged loss, a checkpoint
 that does not fit the model) is deterministic: retrying it only burns the allocation. Every other
 failure (a signal, a CUDA/NCCL error, out of memory, a lost peer, a hang) is transient: resuming
-from the last checkpoint is the cure.
+from the last checkpoint is the cure. A rank whose peer vanished records "lost-peer": the peer that
+died (killed outright, or with its node) usually had no chance to record anything itself.
 
 Records are JSON lines appended to RunLayout.failure_log, so that the batch script can end the job
 log with one line per failure (training/heal/policy.py):
-  {"kind": "failure", "class": "deterministic"|"transient"|"hang", "rank", "host", "error", "step",
+  {"kind": "failure", "class": "deterministic"|"transient"|"lost-peer"|"hang", "rank", "host", "error", "step",
    "job", "attempt", "restart", "time"}     written by the rank that failed, when it still can
   {"kind": "resume", "checkpoint", "epoch", "step_in_epoch", "global_step", "job", "attempt",
    "restart", "time"}                        written by rank 0 when training starts again after one
@@ -49,9 +50,18 @@ def where(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)}
 
 
+LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe",
+             "remote process exited", "socket closed")
+"""How gloo and NCCL word a collective whose peer is gone: this rank only saw another one fail."""
+
+
 def classify(exc: BaseException) -> str:
-    """deterministic for what the user must fix (UserError), transient for the rest."""
-    return "deterministic" if isinstance(exc, UserError) else "transient"
+    """deterministic for what the user must fix (UserError); lost-peer for a collective whose peer
+    vanished (the cause is elsewhere); transient for the rest."""
+    if isinstance(exc, UserError):
+        return "deterministic"
+    text = str(exc).lower()
+    return "lost-peer" if any(words in text for words in LOST_PEER) else "transient"
 
 
 def one_line(exc: BaseException | str) -> str:

@@ -25,9 +25,12 @@ from typing import Any, Sequence
 from training.heal.exit_codes import DETERMINISTIC, HANG, OK
 from training.heal.failures import append_record, read_records, where
 
-_PRIORITY = {"hang": 0, "deterministic": 1, "transient": 2}
+_PRIORITY = {"hang": 0, "deterministic": 1, "transient": 2, "lost-peer": 3}
 """Which of several ranks' records of one incident names its cause: a hang or a deterministic error
-is the cause; transient errors of other ranks are often only their view of it (a lost peer)."""
+first; a lost peer is only a survivor's view of a failure elsewhere."""
+
+UNRECORDED = ("a worker ended without a record (killed by a signal such as SIGKILL or the OOM killer, "
+              "or its node was lost; torchrun's 'failed (exitcode: ...) local_rank: ...' line names it)")
 
 
 SLURM_REQUEUE = ("the job was requeued by Slurm with no record from training (a lost node: NODE_FAIL, "
@@ -64,14 +67,17 @@ def status_text(code: int) -> str:
 
 
 def cause(failures: list[dict[str, Any]]) -> str:
+    """The incident's cause in words, from the record that names it best."""
     if not failures:
-        return ("a worker ended without a record (killed by a signal such as SIGKILL or the OOM killer, "
-                "or its node was lost; torchrun's 'failed (exitcode: ...) local_rank: ...' line names it)")
-    first = min(failures, key=lambda r: (_PRIORITY.get(r.get("class"), 3), r.get("time", 0)))
+        return UNRECORDED
+    first = min(failures, key=lambda r: (_PRIORITY.get(r.get("class"), 9), r.get("time", 0)))
     others = len({r.get("rank") for r in failures} - {first.get("rank")})
     step = "no step yet" if first.get("step") is None else f"after global step {first['step']}"
     more = f"; {others} other rank(s) failed with it" if others else ""
-    return f"rank {first.get('rank')} on {first.get('host')}, {first.get('class')}: {first.get('error')} ({step}{more})"
+    seen = f"rank {first.get('rank')} on {first.get('host')}"
+    if first.get("class") == "lost-peer":
+        return f"{UNRECORDED}; {seen} lost its peer: {first.get('error')} ({step}{more})"
+    return f"{seen}, {first.get('class')}: {first.get('error')} ({step}{more})"
 
 
 def outcome(record: dict[str, Any], max_requeues: int) -> str:
