@@ -51,13 +51,13 @@ from training.errors import UserError
 from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
 from training.heal.spot import SpotWatcher
 from training.heal.watchdog import ProgressWatchdog
-from training.rundir import RunLayout
-from training.rundir.artifacts import read_metrics
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
 from training.parallel import parallelize
 from training.precision import resolve_precision
+from training.rundir import RunLayout
+from training.rundir.artifacts import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -60,8 +60,9 @@ def heal(tmp_path):
 def test_transient_failure_requeues_once_then_stops(heal):
     calls, lines, _ = heal("transient", "1", "RuntimeError: NCCL error")
     assert calls == ["PET_MAX_RESTARTS=3 share=1", "scontrol requeue 4242", "sleep 300", "rc=1"]
-    assert lines == ["heal: failure 1: rank 1 on " + os.uname().nodename + ", transient: RuntimeError: NCCL error "
-                     "(after global step 12) -> launch ended with status 1: requeueing the job (failure requeue 1 of 1)"]
+    assert lines == [f"heal: failure 1: rank 1 on {os.uname().nodename}, transient: RuntimeError: NCCL error "
+                     "(after global step 12) -> launch ended with status 1: requeueing the job "
+                     "(failure requeue 1 of 1)"]
 
     calls, lines, stderr = heal("none", "137", "", restart_count=1)
     assert calls == ["PET_MAX_RESTARTS=3 share=1", "rc=137"]

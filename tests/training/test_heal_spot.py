@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-
 from heal_run import CPU, final_checkpoint, scripted, tiny_config
+
 from training.errors import UserError
 from training.heal import spot
 from training.rundir import RunLayout

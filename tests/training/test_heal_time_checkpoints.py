@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from heal_run import CPU, assert_same_weights, final_checkpoint, scripted, tiny_config
+
 from training import checkpointing
 from training.config import ConfigError
 from training.rundir import RunLayout
@@ -46,6 +46,7 @@ def clock(monkeypatch):
     return fake
 
 
+@pytest.mark.slow
 def test_crash_after_a_timed_checkpoint_resumes_to_identical_weights(tmp_path, clock):
     train(tiny_config(tmp_path / "ref", **{"train.checkpoint_every_minutes": 0}), CPU,
           loader_factory=scripted(4))
@@ -113,6 +114,7 @@ def test_negative_intervals_are_refused_naming_the_setting(tmp_path, key):
 def _two_rank_worker(rank, port, out_dir):
     """Rank 0's clock jumps 31 minutes during the first batch of epoch 2; rank 1's never moves."""
     from heal_run import ScriptedCrops
+
     from training.checkpointing import CheckpointManager
     from training.distributed import DistEnv, cleanup, init_distributed
 
@@ -143,6 +145,7 @@ def _two_rank_worker(rank, port, out_dir):
         cleanup(ctx)
 
 
+@pytest.mark.slow
 def test_all_ranks_save_at_the_step_rank_zeros_clock_chooses(tmp_path):
     import torch.multiprocessing as mp
     from test_distributed import free_port

@@ -10,10 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from training.heal.exit_codes import HANG
 from training.heal.failures import read_records
-from training.rundir import RunLayout
 from training.heal.watchdog import ProgressWatchdog
+from training.rundir import RunLayout
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -69,6 +71,7 @@ train(config, CPU, loader_factory=scripted(4, {{(0, 2): stuck}}))
 """
 
 
+@pytest.mark.slow
 def test_a_stuck_step_ends_the_process_with_the_hang_status(tmp_path):
     timeout_s = 3.0
     code = STUCK_RUN.format(here=str(HERE), out=str(tmp_path / "run"), minutes=timeout_s / 60)

@@ -224,8 +224,8 @@ class TrainConfig:
     the first (torch.compile, loader start-up) and a checkpoint save on a slow file system."""
     spot_watch: Literal["auto", "on", "off"] = "auto"
     """Poll the EC2 instance metadata for a Spot interruption notice (two minutes ahead) and then
-    save and stop as on SIGUSR1, so the job requeues from a fresh checkpoint. auto: only where the
-    metadata service answers (on EC2) or SCDINO_IMDS_ENDPOINT names one."""
+    save and stop as on SIGUSR1, so the job requeues from a fresh checkpoint. auto: only on EC2 (the
+    firmware says so) or where SCDINO_IMDS_ENDPOINT names a metadata server."""
 
     def __post_init__(self) -> None:
         for key in ("checkpoint_every_minutes", "hang_timeout_minutes"):
