@@ -164,3 +164,8 @@ wait_hsm_idle() {
     sleep 30
   done
 }
+
+# Self-healing launch (in-job restarts, requeue after a transient failure, no retry of a
+# deterministic one): run_healing, in its own file.
+# shellcheck source=slurm/heal.sh
+source "$(dirname "${BASH_SOURCE[0]}")/heal.sh"

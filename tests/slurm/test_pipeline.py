@@ -8,8 +8,10 @@ nodes, and that a pre-empted pretraining loses no finished epoch.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -133,3 +135,72 @@ def test_preempted_pretraining_requeues_and_loses_no_finished_epoch(cluster, pip
     assert "attempt 2" in log
     assert epoch_records(run) == list(range(epochs)), "every epoch exactly once: none lost, none redone"
     assert not (run / "checkpoints" / "PREEMPTED").exists()
+
+
+def worker_pids(run: Path) -> list[int]:
+    """Training worker processes of the run in `run` (not the torchrun agents, srun or bash)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = [a.decode(errors="replace") for a in argv]
+        if (len(text) > 3 and "python" in Path(text[0]).name and "torch.distributed.run" not in text
+                and "pretrain" in text and any(a == f"run.output_dir={run}" for a in text)):
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def step_records(run: Path) -> list[dict]:
+    if not (run / "metrics.jsonl").exists():
+        return []
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip() and json.loads(line)["kind"] == "step"]
+
+
+def copy_prepared(workdir: Path, name: str) -> Path:
+    run = workdir / name
+    run.mkdir()
+    for item in ("packed", "split.json", "mean_std.json"):
+        source = workdir / "run" / item
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
+    return run
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_in_the_job_and_loses_no_epoch(cluster, pipeline, workdir):
+    """kill -9 of one training worker mid-epoch: torchrun restarts the workers in the same job, they
+    resume from the last (time-based, mid-epoch) checkpoint, and the job ends with one line per failure."""
+    run = copy_prepared(workdir, "killed")
+    epochs = 3
+    job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", "--set",
+                         f"optim.epochs={epochs}", "--set", "train.checkpoint_every_minutes=0.005", cwd=workdir)
+    deadline = time.monotonic() + 180
+    while not (step_records(run) and (run / "checkpoints" / "checkpoint.pth").exists() and worker_pids(run)):
+        assert time.monotonic() < deadline, log_of(workdir, cluster.job(job))
+        assert cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), log_of(workdir, cluster.job(job))
+        time.sleep(0.2)
+    os.kill(worker_pids(run)[-1], signal.SIGKILL)
+    info = cluster.wait(job, timeout=400)
+    log = log_of(workdir, info)
+    assert info["JobState"] == "COMPLETED", log
+    assert info["Restarts"] == "0", f"an in-job restart, not a requeue: {log}"
+    assert re.search(r"heal: failure 1: .* -> ", log), log
+    assert "restarted after a failure" in log, log
+    assert epoch_records(run) == list(range(epochs)), "every epoch exactly once"
+
+
+@pytest.mark.slow
+def test_a_deterministic_failure_is_not_retried(cluster, pipeline, workdir):
+    """A failure that would repeat (here: the mean/std file is gone) ends the job at once with one
+    line saying it is not retried, instead of burning restarts and requeues."""
+    run = copy_prepared(workdir, "broken")
+    (run / "mean_std.json").unlink()
+    job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", cwd=workdir)
+    info = cluster.wait(job, timeout=300)
+    log = log_of(workdir, info)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", log
+    assert "not retried" in log and "python -m training mean-std" in log, log
