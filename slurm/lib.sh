@@ -164,3 +164,14 @@ wait_hsm_idle() {
     sleep 30
   done
 }
+
+# The entries of data.channel_combinations, one a line (nothing for a single run):
+# `run_combinations CONFIG [--set key=value ...]`.
+run_combinations() {
+  local config=$1 overrides=()
+  shift
+  while (($#)); do
+    if [ "$1" = --set ] && (($# > 1)); then overrides+=(--set "$2"); shift 2; else shift; fi
+  done
+  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" --combinations
+}
