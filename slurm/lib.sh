@@ -166,12 +166,5 @@ wait_hsm_idle() {
 }
 
 # The entries of data.channel_combinations, one a line (nothing for a single run):
-# `run_combinations CONFIG [--set key=value ...]`.
-run_combinations() {
-  local config=$1 overrides=()
-  shift
-  while (($#)); do
-    if [ "$1" = --set ] && (($# > 1)); then overrides+=(--set "$2"); shift 2; else shift; fi
-  done
-  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" --combinations
-}
+# `run_combinations CONFIG [--set key=value ...]` (the flag takes run_path's NAME place).
+run_combinations() { run_path --combinations "$@"; }
