@@ -165,6 +165,10 @@ wait_hsm_idle() {
   done
 }
 
+# The entries of data.channel_combinations, one a line (nothing for a single run):
+# `run_combinations CONFIG [--set key=value ...]` (the flag takes run_path's NAME place).
+run_combinations() { run_path --combinations "$@"; }
+
 # Self-healing launch (in-job restarts, requeue after a transient failure, no retry of a
 # deterministic one): run_healing, in its own file.
 # shellcheck source=slurm/heal.sh

@@ -12,9 +12,14 @@
 # Steps: prepare mean-std pretrain features labels knn linear plots report.
 # Logs: $SCDINO_LOG_DIR/<job name>_<job id>.out (default logs/ in the current directory).
 # If a step fails, Slurm cancels the steps after it (--kill-on-invalid-dep).
+# With data.channel_combinations: prepare and mean-std once (skipped when their files exist), then
+# one chain pretrain..report per combination ("STEP:COMBINATION JOBID"; a combination whose report
+# exists is finished and skipped), then `compare` after all chains (when --to is report).
 set -euo pipefail
 
 STEPS=(prepare mean-std pretrain features labels knn linear plots report)
+# Steps every channel combination shares, with the run file that shows each is done.
+declare -A SHARED_OUTPUT=([prepare]=split [mean-std]=mean_std)
 # Steps that start their own processes on whole nodes; the others run one process on a CPU share.
 MULTI_NODE=" pretrain features "
 
@@ -25,7 +30,7 @@ source "$HERE/env.sh"
 source "$HERE/lib.sh"
 
 usage() {
-  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -73,10 +78,14 @@ LOG_DIR=${SCDINO_LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
+COMBINATIONS=()
 if [ -x "$SCDINO_PYTHON" ]; then
   # Checks the config (and --set keys) now, rather than in the first job.
   RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
   echo "run directory: $RUN_DIR" >&2
+  mapfile -t COMBINATIONS < <(run_combinations "$CONFIG" "${STEP_ARGS[@]}")
+else
+  echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
 fi
 
 # sbatch options of one step: site settings from env.sh override the scripts' #SBATCH defaults.
@@ -90,20 +99,71 @@ step_options() {
   printf '%s\n' "${options[@]}"
 }
 
-previous=$AFTER
-for step in "${STEPS[@]:FIRST:LAST-FIRST+1}"; do
+# Submits STEP after job AFTER (may be empty) with extra step arguments and prints "LABEL JOBID";
+# under --dry-run prints the sbatch command instead and uses "<LABEL>" as the job id. Leaves the
+# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION.
+submit() {
+  local step=$1 after=$2 label=$3 options command
+  shift 3
   mapfile -t options < <(step_options "$step")
-  if [ -n "$previous" ]; then
-    options+=(--dependency="afterok:$previous" --kill-on-invalid-dep=yes)
-  fi
-  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}")
+  [ "$label" = "$step" ] || options+=(--job-name="scdino-${label/:/-}")
+  [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
+  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@")
   if ((DRY_RUN)); then
     echo "${command[*]}"
-    previous="<$step>"
+    JOB_ID="<$label>"
+    return 0
+  fi
+  JOB_ID=$("${command[@]}")
+  JOB_ID=${JOB_ID%%;*}
+  echo "$label $JOB_ID"
+}
+
+# Submits STEPS... as an afterok chain after job AFTER, in the run directory of COMBINATION
+# (run.combination; empty: the run itself); leaves the last job id (else AFTER) in CHAIN_END.
+submit_chain() {
+  local after=$1 combination=$2 step label extra=()
+  shift 2
+  [ -z "$combination" ] || extra=(--set "run.combination=$combination")
+  for step in "$@"; do
+    label=$step
+    [ -z "$combination" ] || label=$step:$combination
+    submit "$step" "$after" "$label" "${extra[@]}"
+    after=$JOB_ID
+  done
+  CHAIN_END=$after
+}
+
+CHAIN_END=""
+SELECTED=("${STEPS[@]:FIRST:LAST-FIRST+1}")
+if ((${#COMBINATIONS[@]} == 0)); then
+  submit_chain "$AFTER" "" "${SELECTED[@]}"
+  exit 0
+fi
+
+# Channel combinations: the shared steps once, unless their files are there already.
+shared=() per_combination=()
+for step in "${SELECTED[@]}"; do
+  if [ -z "${SHARED_OUTPUT[$step]:-}" ]; then
+    per_combination+=("$step")
+  elif [ -e "$(run_path "${SHARED_OUTPUT[$step]}" "$CONFIG" "${STEP_ARGS[@]}")" ]; then
+    echo "$step: skipped, its output is there" >&2
+  else
+    shared+=("$step")
+  fi
+done
+submit_chain "$AFTER" "" "${shared[@]}"
+shared_end=${CHAIN_END:-$AFTER}
+ends=()
+for combination in "${COMBINATIONS[@]}"; do
+  if [ -e "$(run_path report "$CONFIG" "${STEP_ARGS[@]}" --set "run.combination=$combination")" ]; then
+    echo "channels $combination: finished (its report exists), skipped" >&2
     continue
   fi
-  job_id=$("${command[@]}")
-  job_id=${job_id%%;*}
-  echo "$step $job_id"
-  previous=$job_id
+  submit_chain "$shared_end" "$combination" "${per_combination[@]}"
+  [ -z "$CHAIN_END" ] || ends+=("$CHAIN_END")
 done
+if [ "$TO" = report ]; then
+  dependency=$(IFS=:; echo "${ends[*]}")
+  submit compare "${dependency:-$shared_end}" compare
+fi

@@ -1,8 +1,9 @@
 """Command line: `python -m training <step> --config run.yaml [--set section.key=value ...]`.
 
 Steps, in pipeline order: synth-data, prepare, mean-std, pretrain, features, labels, knn, linear,
-plots, report, summary. `bench step|loader` prints benchmark figures as JSON; `paths` prints where a
-run's files are (for shell scripts); `upload-data` copies images to the data bucket.
+plots, report, summary; `compare` after one chain per channel combination. `bench step|loader`
+prints benchmark figures as JSON; `paths` prints where a run's files are (for shell scripts);
+`upload-data` copies images to the data bucket.
 
 Step modules import only the standard library and the configuration at module level (torch and the
 libraries load inside `run`), so `--help` and the light steps start quickly.
@@ -40,6 +41,7 @@ STEPS: dict[str, str] = {
     "plots": "plots",
     "report": "report",
     "summary": "summary",
+    "compare": "compare",
     "bench": "bench",
     "upload-data": "upload_data",
     "paths": "paths",

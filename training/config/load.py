@@ -58,6 +58,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if hint_of(key) is str:  # kept as written: channels "01234" must not become the octal 668
         return key, raw.strip().strip("'\"")
+    if hint_of(key) == tuple[str, ...] and not raw.strip().startswith("["):  # "0,012": comma-separated strings
+        return key, raw.strip().strip("'\"")
     return key, yaml.safe_load(raw) if raw.strip() else ""
 
 

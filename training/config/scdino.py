@@ -20,8 +20,9 @@ What follows scDINO's pipeline rather than a key of the same name:
   scDINO does (1 - 0.8 is 0.19999999999999996, so 10 images hold out 1, not 2).
 - Eval resize: `resize: True` is eval.resize=shorter_side_bilinear (scDINO's Resize(resize_length));
   False is eval.resize=none.
-- `meta.selected_channel_combination_per_run` trains one model per entry in scDINO; here a run uses
-  the first entry (run once per combination for the others).
+- `meta.selected_channel_combination_per_run` trains one model per entry in scDINO; here every entry
+  becomes `data.channel_combinations` (slurm/submit_pipeline.sh runs one chain per entry, then
+  `compare`), and the first is `data.channels` for a single run.
 - `use_fp16: True` is train.precision=auto (bf16 where the GPU has it, else fp16); False is fp32.
 - The run directory is `<meta.output_dir>/<meta.name_of_run>`; misspelt `techer_temp` and
   `warump_epochs` are read as well as the right spellings.
@@ -190,12 +191,14 @@ def _channels(key: str, value: Any, flat: dict[str, Any]) -> dict[str, Any]:
     return {"data.channels": combos[0]}
 
 
-def _warn_other_channels(key: str, value: Any, flat: dict[str, Any]) -> dict[str, Any]:
+def _combinations(key: str, value: Any, flat: dict[str, Any]) -> dict[str, Any]:
+    """scDINO trains one model per entry: all of them become data.channel_combinations (one chain
+    each under slurm/submit_pipeline.sh); the first stays data.channels for a single run."""
     combos = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    converted = _channels(key, value, flat)
     if len(combos) > 1:
-        log.warning("scDINO config: one model per run here; training channels %r, not %s",
-                    combos[0], ", ".join(combos[1:]))
-    return _channels(key, value, flat)
+        converted["data.channel_combinations"] = combos
+    return converted
 
 
 def _epochs(key: str, value: Any, flat: dict[str, Any]) -> dict[str, Any]:
@@ -284,7 +287,7 @@ RULES: dict[str, Rule] = {
     "meta.output_dir": _output_dir,
     "meta.train_datasetsplit_fraction": _train_fraction,
     "meta.test_datasetsplit_fraction": _test_fraction,
-    "meta.selected_channel_combination_per_run": _warn_other_channels,
+    "meta.selected_channel_combination_per_run": _combinations,
     "meta.channel_dict": _channel_names,
     "meta.images_are_RGB": _flag_warning("scDINO's RGB path (PIL images, colour jitter, ImageNet-style "
                                          "normalisation) is not implemented; channels are read separately"),

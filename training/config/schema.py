@@ -28,6 +28,11 @@ class RunConfig:
     """Run directory: every step writes its outputs below it (see training/rundir/layout.py)."""
     seed: int = 0
     """Seed for the hold-out split, augmentations, initialisation and kNN split."""
+    combination: str = ""
+    """The one entry of data.channel_combinations this step works on, set by slurm/submit_pipeline.sh
+    for each combination's chain: the step then reads and writes <output_dir>/channels_<combination>/
+    (training/rundir/layout.py), shares the packed data, split and mean/std of <output_dir>, and uses
+    these channels as data.channels. Empty: the run itself, on data.channels."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,10 @@ class DataConfig:
     """Channels to use, as digits in scDINO's style: "01234" all five, "2" only the third."""
     channel_names: tuple[str, ...] = ()
     """Names of the selected channels for plots; empty means ch0, ch1, ..."""
+    channel_combinations: tuple[str, ...] = ()
+    """Channel subsets to compare, scDINO's selected_channel_combination_per_run, e.g. ["01234", "0",
+    "1"]: slurm/submit_pipeline.sh runs one pretraining and downstream chain per entry and then
+    `compare`, to show what each channel contributes. Empty: one run on data.channels."""
     folder_depth_for_labels: int = 0
     """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
     channel_axis: Literal["auto", "first", "last"] = "auto"
@@ -80,6 +89,23 @@ class DataConfig:
             )
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Each combination is a channel selection like data.channels, and each is run once."""
+        for combination in self.channel_combinations:
+            if not combination.isdigit() or len(set(combination)) != len(combination):
+                raise ConfigError("data.channel_combinations entries must be digits without repeats, such as "
+                                  f"'01234' or '2', got {combination!r}")
+        if len(set(self.channel_combinations)) != len(self.channel_combinations):
+            raise ConfigError(f"data.channel_combinations lists a combination twice: {list(self.channel_combinations)}")
+
+    def for_combination(self, combination: str) -> "DataConfig":
+        """This data config training on `combination`: its channels, named as data.channel_names
+        names them (ch<digit> for a channel outside data.channels)."""
+        names = dict(zip(self.channels, self.channel_names))
+        chosen = tuple(names.get(c, f"ch{c}") for c in combination) if self.channel_names else ()
+        return dataclasses.replace(self, channels=combination, channel_names=chosen)
 
     @property
     def channel_indices(self) -> tuple[int, ...]:
@@ -325,6 +351,19 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        """A combination's step trains on the combination's channels (see run.combination)."""
+        combination = self.run.combination
+        if not combination:
+            return
+        if combination not in self.data.channel_combinations:
+            listed = self.data.channel_combinations
+            allowed = ", ".join(map(repr, listed)) or "none (data.channel_combinations is empty)"
+            raise ConfigError(f"run.combination={combination!r} is not in data.channel_combinations; "
+                              f"allowed: {allowed}")
+        if self.data.channels != combination:
+            object.__setattr__(self, "data", self.data.for_combination(combination))
+
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
 
@@ -436,9 +475,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key} must be a string, got {value!r}")
-        if key == "data.channels" and isinstance(value, int):
+        if key.startswith(("data.channels", "data.channel_combinations[")) and isinstance(value, int):
             # YAML reads 01234 as the octal number 668 and 012 as 10: the digits are already lost
-            raise ConfigError(f"data.channels must be quoted, e.g. channels: \"01234\" (unquoted, YAML reads "
+            example = "channels: \"01234\"" if key == "data.channels" else "channel_combinations: [\"01234\", \"0\"]"
+            raise ConfigError(f"{key} must be quoted, e.g. {example} (unquoted, YAML reads "
                               f"the digits as a number: {value!r})")
         return "" if value is None else str(value)
     return value

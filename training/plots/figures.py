@@ -91,6 +91,19 @@ def curve_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]
                    f"From {layout.metrics.name}: per logged step and per epoch.")]
 
 
+def comparison_plots(layout: RunLayout, comparison: dict[str, Any]) -> list[PlotEntry]:
+    """The channel-combination figure, added to the run's manifest in place of an earlier one."""
+    from training.plots.combinations import plot_combinations
+
+    paths = save_figure(plot_combinations(comparison), layout.plots, "channel_combinations")
+    entry = _entry("combinations", "kNN accuracy per channel combination", paths,
+                   "Trained model and baselines of each combination's own run, top-1 at the best k; "
+                   "dashed: the model trained on all channels.")
+    kept = [e for e in read_manifest(layout) if e.section != "combinations"]
+    write_manifest(layout, [*kept, entry])
+    return [entry]
+
+
 def write_manifest(layout: RunLayout, entries: list[PlotEntry]) -> None:
     """The plots manifest: what the report embeds, in drawing order."""
     write_json_atomic(layout.plots_manifest, [asdict(e) for e in entries])

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+from pathlib import Path
 from typing import Any
 
+from training.eval.compare import comparison_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import read_optional_json, read_timings
@@ -96,12 +99,17 @@ def headline(knn: dict[str, Any] | None) -> str:
     return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
 
 
+def relative_link(layout: RunLayout, path: Path) -> str:
+    """PATH relative to the report; a combination's run links up to its parent's data files."""
+    return Path(os.path.relpath(path, layout.root)).as_posix()
+
+
 def artefact_rows(layout: RunLayout) -> list[str]:
     """One table row per run artefact: a link when present, the status otherwise."""
     rows = []
     for name, description in ARTEFACTS:
         path = getattr(layout, name)
-        relative = path.relative_to(layout.root).as_posix()
+        relative = relative_link(layout, path)
         if path.exists():
             link = f'<a href="{esc(relative)}">{esc(relative)}</a>'
             rows.append(f"<tr><td>{link}</td><td>{esc(description)}</td><td>present</td></tr>")
@@ -147,6 +155,18 @@ def finetune_section(layout: RunLayout) -> list[str]:
             html_table(*finetune_rows(finetune))]
 
 
+def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]:
+    """Every channel combination's run against its baselines; nothing before `compare` has run."""
+    comparison = read_optional_json(layout.comparison_json)
+    if not comparison:
+        return []
+    links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
+                      for c in comparison["models"]["per_combination"]["combinations"])
+    return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>",
+            f"<p>One pretraining per combination, each with its own report: {links}.</p>",
+            html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]
+
+
 def build_report(layout: RunLayout, title: str) -> str:
     """The whole HTML document as a string."""
     entries = read_manifest(layout)
@@ -156,7 +176,10 @@ def build_report(layout: RunLayout, title: str) -> str:
     config_text = layout.config.read_text() if layout.config.is_file() else f"({layout.config.name} missing)"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{esc(title)}</h1>", headline(knn)]
-    parts += results_sections(layout, entries, knn, linear)
+    comparison = comparison_section(layout, entries)
+    parts += comparison
+    if knn or not comparison:  # the parent of combination runs trains nothing itself
+        parts += results_sections(layout, entries, knn, linear)
     parts.append("<h2>Step timings</h2>" + html_table(["step", "seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
     parts.append(f"<h2>Configuration</h2><pre>{esc(config_text)}</pre>")
     parts += [artefacts_section(layout), "</body></html>"]

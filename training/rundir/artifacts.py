@@ -45,6 +45,25 @@ def load_knn(layout: RunLayout) -> dict[str, Any]:
     return read_json(layout.knn_json, "kNN results", "knn")
 
 
+def load_linear(layout: RunLayout) -> dict[str, Any]:
+    return read_json(layout.linear_json, "linear-probe results", "linear")
+
+
+def load_comparison(layout: RunLayout) -> dict[str, Any]:
+    return read_json(layout.comparison_json, "channel-combination comparison", "compare")
+
+
+def checkpoint_world_size(layout: RunLayout) -> int | None:
+    """How many ranks wrote the latest checkpoint (its "world_size"), None without a checkpoint.
+    Memory-maps the file, so the weights are not read."""
+    import torch
+
+    if not layout.latest_checkpoint.is_file():
+        return None
+    saved = torch.load(layout.latest_checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    return saved.get("world_size")
+
+
 def load_tagged_features(layout: RunLayout, labels: dict[str, Any]) -> dict[str, FeatureSet]:
     """Every complete feature set (in tag order), checked to describe exactly the images of labels.json."""
     found = sorted(list_tags(layout.features_root), key=tags.sort_key)

@@ -29,6 +29,11 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       timings.json                wall time of each step, merged by every step
       results.json                `summary`: the headline kNN figures and step times (training/rundir/summary.py)
       logs/                       Slurm job logs of `make demo`
+      channels_<combination>/     one run per entry of data.channel_combinations (run.combination):
+                                  the files above from pretrain on, sharing packed/, split.json,
+                                  bad_images.json and mean_std.json with <output_dir>
+      comparison.json, .md        `compare`: every combination's kNN and linear probe against its
+                                  baselines, and its training compute; figure in plots/
 """
 
 from __future__ import annotations
@@ -49,19 +54,29 @@ class RunLayout:
     root: Path
     packed: Path | None = None
     """The packed dataset: <run>/packed unless data.packed_dir names another folder."""
+    shared: Path | None = None
+    """Where the data files every combination shares lie (split, bad images, mean/std): the run
+    itself, or for a combination's run (channels_<combination>/) the parent run."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
         object.__setattr__(self, "packed", Path(self.packed) if self.packed else self.root / "packed")
+        object.__setattr__(self, "shared", Path(self.shared) if self.shared else self.root)
 
     @classmethod
     def from_config(cls, config: Config) -> RunLayout:
-        return cls(Path(config.run.output_dir), Path(config.data.packed_dir) if config.data.packed_dir else None)
+        """The run's layout; with run.combination set, that combination's run inside it."""
+        layout = cls(Path(config.run.output_dir), Path(config.data.packed_dir) if config.data.packed_dir else None)
+        return layout.combination(config.run.combination) if config.run.combination else layout
+
+    def combination(self, combination: str) -> RunLayout:
+        """The run of one channel combination: its own directory, this run's data files."""
+        return RunLayout(self.root / f"channels_{combination}", self.packed, self.shared)
 
     config = property(lambda self: self.root / "config.yaml")
-    split = property(lambda self: self.root / "split.json")
-    bad_images = property(lambda self: self.root / "bad_images.json")
-    mean_std = property(lambda self: self.root / "mean_std.json")
+    split = property(lambda self: self.shared / "split.json")
+    bad_images = property(lambda self: self.shared / "bad_images.json")
+    mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.root / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
@@ -86,6 +101,8 @@ class RunLayout:
     timings = property(lambda self: self.root / "timings.json")
     results = property(lambda self: self.root / "results.json")
     logs = property(lambda self: self.root / "logs")
+    comparison_json = property(lambda self: self.root / "comparison.json")
+    comparison_md = property(lambda self: self.root / "comparison.md")
 
     def epoch_checkpoint(self, epoch: int) -> Path:
         return self.checkpoints / f"checkpoint_{epoch:04d}.pth"
@@ -107,4 +124,5 @@ class RunLayout:
     def named_paths(self) -> dict[str, Path]:
         """Every fixed path by name, as `python -m training paths` prints them."""
         names = [name for name, value in vars(RunLayout).items() if isinstance(value, property)]
-        return {"root": self.root, "packed": self.packed, **{name: getattr(self, name) for name in names}}
+        fixed = {"root": self.root, "packed": self.packed, "shared": self.shared}
+        return {**fixed, **{name: getattr(self, name) for name in names}}

@@ -2,6 +2,8 @@
 
     python -m training paths --config run.yaml [--set key=value ...] root packed knn_json
     python -m training paths --config run.yaml --all      # every name, "name<TAB>path" per line
+    python -m training paths --config run.yaml --combinations   # data.channel_combinations, one a line
+    python -m training paths --config run.yaml --set run.combination=01 root   # a combination's run
 
 One path per requested name, in order (names: training/rundir/layout.py, e.g. root, packed,
 preempted_marker, results, report). An unknown name is an error that lists the known ones.
@@ -19,9 +21,15 @@ from training.rundir import RunLayout
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="NAME", help="path names, e.g. root packed report")
     parser.add_argument("--all", action="store_true", help="print every name and path")
+    parser.add_argument("--combinations", action="store_true",
+                        help="print data.channel_combinations, one a line (nothing when empty)")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    if args.combinations:
+        if config.data.channel_combinations:
+            print("\n".join(config.data.channel_combinations))
+        return 0
     known = layout.named_paths()
     if args.all:
         print("\n".join(f"{name}\t{path}" for name, path in known.items()))

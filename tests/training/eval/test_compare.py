@@ -1,0 +1,137 @@
+"""`compare`: every channel combination's run side by side, its numbers taken from the files each
+run wrote (knn.json, linear.json, timings.json, the checkpoint), and the report section it feeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training.cli import main
+from training.errors import MissingInputError, UserError
+from training.rundir import RunLayout
+
+COMBINATIONS = ["01", "0", "1"]
+HEADLINE = ("final", "raw_pixels", "random_init")
+
+
+def knn_file(seed: int) -> dict:
+    """A knn.json whose tags have different best k, so a wrong k or tag would show."""
+    def entry(shift: float, best: int) -> dict:
+        top1 = {"5": 0.4 + shift, "10": 0.45 + shift}
+        return {"epoch": 1, "top1": top1, "top2": {k: min(v + 0.2, 1.0) for k, v in top1.items()}, "best_k": best}
+
+    return {"ks": [5, 10], "seed": 0, "temperature": 0.07, "n_reference": 40, "n_query": 20, "class_names": ["a", "b"],
+            "tags": {"final": entry(0.1 * seed + 0.05, 10), "epoch_0001": entry(0.0, 5),
+                     "raw_pixels": entry(0.02 * seed, 5), "random_init": entry(-0.1, 10)}}
+
+
+def linear_file(seed: int) -> dict:
+    def entry(base: float) -> dict:
+        history = [{"epoch": e, "train_loss": 1.0 / e, "val_top1": base + 0.01 * e} for e in (1, 2, 3)]
+        return {"epoch": 1, "history": history, "final_top1": history[-1]["val_top1"],
+                "best_top1": max(h["val_top1"] for h in history)}
+
+    return {"tags": {"final": entry(0.5 + 0.1 * seed), "raw_pixels": entry(0.3), "random_init": entry(0.2)}}
+
+
+def write_run(layout: RunLayout, seed: int, *, pretrain_s: float, world_size: int, gpu: bool) -> None:
+    """The files a combination's chain leaves that compare reads."""
+    layout.knn.mkdir(parents=True)
+    layout.linear.mkdir()
+    layout.checkpoints.mkdir()
+    layout.knn_json.write_text(json.dumps(knn_file(seed)))
+    layout.linear_json.write_text(json.dumps(linear_file(seed)))
+    layout.timings.write_text(json.dumps({"pretrain": pretrain_s, "knn": 1.0}))
+    layout.metrics.write_text(json.dumps({"kind": "epoch", "epoch": 0, "gpu_mem_gb": 1.5 if gpu else None}) + "\n")
+    torch.save({"world_size": world_size, "epoch": 1}, layout.latest_checkpoint)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    parent = RunLayout(tmp_path / "run")
+    for seed, combo in enumerate(COMBINATIONS):
+        write_run(parent.combination(combo), seed, pretrain_s=10.0 + seed, world_size=2, gpu=False)
+    args = ["--set", f"run.output_dir={parent.root}", "--set", f"data.channel_combinations={','.join(COMBINATIONS)}"]
+    return parent, args
+
+
+def best(entry: dict, which: str) -> float:
+    return entry[which][str(entry["best_k"])]
+
+
+def test_comparison_numbers_are_those_the_runs_wrote(runs):
+    parent, args = runs
+    assert main(["compare", *args]) == 0
+    comparison = json.loads(parent.comparison_json.read_text())
+    per = comparison["models"]["per_combination"]["combinations"]
+    assert list(per) == COMBINATIONS
+    total = 0.0
+    for combo in COMBINATIONS:
+        run = parent.combination(combo)
+        knn, linear = json.loads(run.knn_json.read_text()), json.loads(run.linear_json.read_text())
+        for tag in HEADLINE:
+            assert per[combo]["knn"][tag]["top1"] == best(knn["tags"][tag], "top1"), (combo, tag)
+            assert per[combo]["knn"][tag]["top2"] == best(knn["tags"][tag], "top2"), (combo, tag)
+            assert per[combo]["linear"][tag]["final_top1"] == linear["tags"][tag]["history"][-1]["val_top1"]
+        seconds = json.loads(run.timings.read_text())["pretrain"] * torch.load(run.latest_checkpoint)["world_size"]
+        assert per[combo]["compute"] == {"pretrain_wall_s": seconds / 2, "ranks": 2, "device": "cpu",
+                                         "unit": "cpu_rank_s", "value": seconds}
+        total += seconds
+    assert comparison["models"]["per_combination"]["compute_total"] == {"value": total, "unit": "cpu_rank_s"}
+
+
+def test_contribution_reads_single_channels_against_all(runs):
+    parent, args = runs
+    assert main(["compare", *args]) == 0
+    share = json.loads(parent.comparison_json.read_text())["contribution"]
+    top1 = {c: best(json.loads(parent.combination(c).knn_json.read_text())["tags"]["final"], "top1")
+            for c in COMBINATIONS}
+    assert share["all_channels"] == "01" and share["all_top1"] == top1["01"]
+    # with two channels, "all but channel 0" is channel 1 alone
+    assert share["per_channel"] == {"0": {"alone": top1["0"], "all_but": top1["1"]},
+                                    "1": {"alone": top1["1"], "all_but": top1["0"]}}
+
+
+def test_markdown_and_report_show_the_table_and_figure(runs, capsys):
+    parent, args = runs
+    assert main(["compare", *args]) == 0
+    markdown = parent.comparison_md.read_text()
+    first = json.loads(parent.combination("0").knn_json.read_text())["tags"]["final"]
+    cell = f"{100 * best(first, 'top1'):.1f} / {100 * best(first, 'top2'):.1f}"
+    seconds = json.loads(parent.combination("0").timings.read_text())["pretrain"] * 2
+    row = next(line for line in markdown.splitlines() if line.startswith("| 0 (ch0)"))
+    assert cell in row and f"{seconds:.0f} cpu_rank_s" in row
+    manifest = json.loads(parent.plots_manifest.read_text())
+    assert [e["png"] for e in manifest] == ["channel_combinations.png"]
+    assert (parent.plots / "channel_combinations.png").stat().st_size > 1000
+    assert main(["report", *args]) == 0
+    html = parent.report.read_text()
+    assert "Channel combinations" in html and cell in html and 'href="channels_01/report.html"' in html
+    assert "data:image/png;base64" in html
+    assert "No kNN results yet" not in html, "the parent run trains nothing: no empty result sections"
+
+
+def test_gpu_runs_count_gpu_seconds(tmp_path):
+    parent = RunLayout(tmp_path / "run")
+    write_run(parent.combination("0"), 0, pretrain_s=100.0, world_size=8, gpu=True)
+    assert main(["compare", "--set", f"run.output_dir={parent.root}", "--set", "data.channel_combinations=0"]) == 0
+    comparison = json.loads(parent.comparison_json.read_text())
+    compute = comparison["models"]["per_combination"]["combinations"]["0"]["compute"]
+    assert (compute["device"], compute["unit"], compute["value"]) == ("gpu", "gpu_s", 800.0)
+
+
+def test_a_missing_result_names_the_step_and_no_list_is_an_error(runs, tmp_path):
+    parent, args = runs
+    parent.combination("1").linear_json.unlink()
+    with pytest.raises(MissingInputError, match="linear"):
+        from training.config import load_config
+        from training.eval.compare import build_comparison
+
+        build_comparison(load_config(None, [a for a in args if a != "--set"]), parent)
+    assert main(["compare", "--set", f"run.output_dir={tmp_path}"]) == 2
+    with pytest.raises(UserError, match="data.channel_combinations"):
+        from training.steps import compare
+
+        compare.run(load_config(None, ["data.channel_combinations=0", "run.combination=0"]), parent, None)

@@ -1,0 +1,36 @@
+"""The channel-combination comparison as a figure: what each combination (and so each channel) gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from training.plots.common import new_figure
+from training.rundir import tags
+
+
+def plot_combinations(comparison: dict[str, Any], model: str = "per_combination"):
+    """Grouped bars of kNN top-1 per combination for the trained model and both baselines, with
+    the all-channels model as a dashed line, so a single channel's or a left-out channel's share
+    reads off against it."""
+    entries = comparison["models"][model]["combinations"]
+    combos = sorted(entries, key=lambda c: (-len(c), c))
+    shown = [t for t in tags.HEADLINE if any(t in entries[c]["knn"] for c in combos)]
+    fig, ax = new_figure(max(4.0, 1.1 * len(combos) + 2), 4.0)
+    width = 0.8 / max(len(shown), 1)
+    x = np.arange(len(combos))
+    for i, tag in enumerate(shown):
+        values = [100 * entries[c]["knn"][tag]["top1"] if tag in entries[c]["knn"] else np.nan for c in combos]
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, values, width, label=tags.label(tag),
+               hatch=None if tag == tags.FINAL else "//", alpha=1.0 if tag == tags.FINAL else 0.6)
+    share = comparison["contribution"]
+    if share.get("all_top1") is not None:
+        ax.axhline(100 * share["all_top1"], linestyle="--", color="k", linewidth=1,
+                   label=f"trained, all channels ({share['all_channels']})")
+    ax.set_xticks(x, [f"{c}\n{', '.join(entries[c]['channel_names'])}" for c in combos], fontsize=8)
+    ax.set_ylabel("kNN top-1 (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("kNN accuracy per channel combination")
+    ax.legend(loc="lower right")
+    return fig
