@@ -10,10 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stacks.presets import (APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS, SCRATCH_DIR, GpuPreset,
-                            compute_resource_name)
+from stacks.presets import (
+    APPS_MOUNT_DIR,
+    BUNDLE_DIR,
+    FSX_MOUNT_DIR,
+    PRESETS,
+    SCRATCH_DIR,
+    GpuPreset,
+    compute_resource_name,
+)
 from stacks.settings import Settings
-
 
 # Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
 # configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change

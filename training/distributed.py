@@ -29,8 +29,8 @@ import datetime
 import logging
 import os
 import subprocess
-from dataclasses import dataclass
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 import torch

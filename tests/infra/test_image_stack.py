@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from infra.synth_helpers import REPO_ROOT, one
 
-import pytest
 pytestmark = pytest.mark.slow
 
 

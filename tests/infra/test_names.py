@@ -3,9 +3,10 @@ app fixes (stacks, cluster, SSM parameter) carries the prefix, and the rest are 
 
 from __future__ import annotations
 
+import pytest
+
 from infra.synth_helpers import one
 
-import pytest
 pytestmark = pytest.mark.slow
 
 # Properties that fix a physical name, by resource type (everything else is named by CloudFormation).

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from infra.synth_helpers import resources, run_pcluster
 
-import pytest
 pytestmark = pytest.mark.slow
 
 

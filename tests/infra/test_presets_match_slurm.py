@@ -5,10 +5,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stacks.presets import (BUNDLE_DIR, DEFAULT_PRESET, FSX_MOUNT_DIR, IMAGE_VENV, NCCL_TESTS_BIN, PRESETS,
-                            SCRATCH_DIR, SLURM_DEFAULTS)
-
 import pytest
+
+from stacks.presets import (
+    BUNDLE_DIR,
+    DEFAULT_PRESET,
+    FSX_MOUNT_DIR,
+    IMAGE_VENV,
+    NCCL_TESTS_BIN,
+    PRESETS,
+    SCRATCH_DIR,
+    SLURM_DEFAULTS,
+)
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from aws_cdk.assertions import Match
 
 from infra.synth_helpers import one, resources
 
-import pytest
 pytestmark = pytest.mark.slow
 
 # Renaming these would make CloudFormation replace the data: they must never change.

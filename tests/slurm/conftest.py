@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from slurm_helpers import LOCAL_SLURM, Cluster, start_cluster
 
 

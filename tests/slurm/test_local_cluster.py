@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-
 from slurm_helpers import LOCAL_SLURM, REPO, log_of
 
 pytestmark = pytest.mark.slurm

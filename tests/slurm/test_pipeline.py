@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from slurm_helpers import REPO, log_of
 
 pytestmark = pytest.mark.slurm

@@ -7,7 +7,6 @@ import re
 import subprocess
 
 import pytest
-
 from slurm_helpers import REPO
 
 SCRIPTS = sorted((REPO / "slurm").glob("*.slurm"))

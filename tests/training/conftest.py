@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from tiny import TINY_RUN
 
 from training.config import Config
-from tiny import TINY_RUN
 from training.data.synthetic import write_dataset
 
 SYNTH_CLASSES = 4

@@ -1,16 +1,17 @@
 """Checkpoint files: atomic writes, numbered copies and pruning, and backbone loading from any source."""
 
+import pickle
+
 import pytest
 import torch
 
 from training.atomic import save_torch_atomic
 from training.checkpointing import CheckpointManager
 from training.config import Config, ModelConfig, TrainConfig
-from training.models import pretrained
-from training.models.pretrained import load_checkpoint
 from training.errors import MissingInputError, UserError
+from training.models import build_backbone, build_model, pretrained
+from training.models.pretrained import load_checkpoint
 from training.rundir import RunLayout
-from training.models import build_backbone, build_model
 
 torch.set_num_threads(1)
 
@@ -38,7 +39,7 @@ def test_mid_epoch_checkpoint_is_not_numbered(tmp_path):
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pth"
     save_torch_atomic({"epoch": 1}, path)
-    with pytest.raises(Exception):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # which one depends on the Python version
         save_torch_atomic({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
     assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pth"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]

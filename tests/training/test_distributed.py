@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from tiny import tiny_config
+
 from training.config import Config
 from training.distributed import DistContext, DistEnv, cleanup, detect_env, init_distributed
 from training.parallel import model_state

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 import torch
+from tiny import TINY_MODEL
 
 from training.cli import main
-from tiny import TINY_MODEL
 from training.config import Config, load_config
 from training.distributed import DistContext, DistEnv
 from training.trainer import default_loader_factory, train

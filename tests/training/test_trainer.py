@@ -8,9 +8,9 @@ import signal
 
 import pytest
 import torch
+from tiny import tiny_config
 
 from training.benchmarks.step import SyntheticCrops
-from tiny import tiny_config
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.errors import UserError

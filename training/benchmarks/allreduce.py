@@ -24,10 +24,10 @@ import logging
 import socket
 import sys
 import time
-
-from training.atomic import write_text_atomic
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from training.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 

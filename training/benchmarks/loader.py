@@ -35,9 +35,9 @@ from training.benchmarks.request import LoaderBenchRequest
 from training.config import Config
 from training.data.index import scan_images
 from training.data.loaders import build_pretrain_loader
-from training.data.torch_loader import crops_on_device
 from training.data.packed import is_packed, pack_images
 from training.data.synthetic import write_dataset
+from training.data.torch_loader import crops_on_device
 from training.errors import UserError
 
 log = logging.getLogger(__name__)

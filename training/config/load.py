@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from training.atomic import write_text_atomic
-from training.config.schema import Config, ConfigError, from_dict, hint_of, set_dotted
 from training.config.scdino import convert_if_scdino
+from training.config.schema import Config, ConfigError, from_dict, hint_of, set_dotted
 
 
 def read_yaml(text: str) -> Any:

@@ -277,9 +277,9 @@ class BatchMultiCrop:
     def allocate(self, batch: int, *, device: torch.device | str = "cpu", pin: bool = False) -> CropBuffers:
         """Output buffers for one batch of `batch` images, optionally in pinned host memory; zeroed,
         so that their pages are mapped now rather than on first use inside a timed batch."""
-        g, l, c = self.global_views[0].size, self.local_view.size, self.channels
+        g, side, c = self.global_views[0].size, self.local_view.size, self.channels
         make = lambda *shape: torch.zeros(shape, device=device, pin_memory=pin)  # noqa: E731
-        locals_ = make(self.local_number * batch, c, l, l) if self.local_number else None
+        locals_ = make(self.local_number * batch, c, side, side) if self.local_number else None
         return CropBuffers(make(2 * batch, c, g, g), locals_)
 
     def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], generator: torch.Generator | None = None,

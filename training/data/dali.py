@@ -46,8 +46,8 @@ from training.data.augment import (
     scdino_views,
 )
 from training.data.dataset import open_images
-from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
 from training.data.packed import PackedImages
+from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
 from training.data.split import load_split
 from training.errors import UserError
 

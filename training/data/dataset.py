@@ -6,20 +6,20 @@ each min-max scaled per image as scDINO does. A constant channel scales to 0 rat
 
 from __future__ import annotations
 
-from collections import Counter
 import logging
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.index import ImageIndex, scan_images
 from training.data.packed import PackedImages, expected_format, is_packed
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
-from training.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import bad_image_paths
 

@@ -19,8 +19,8 @@ import logging
 import os
 import shutil
 from collections import Counter, deque
-from contextlib import ExitStack, closing
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator

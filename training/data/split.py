@@ -13,18 +13,18 @@ import json
 import logging
 import math
 import os
-from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.index import ImageIndex
 from training.errors import UserError
 from training.rundir import RunLayout
-from training.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,6 @@ from tqdm import tqdm
 
 from training.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.config import Config, EvalConfig
-from training.errors import UserError
-from training.rundir import RunLayout
 from training.data.dataset import open_images
 from training.data.sampler import DistributedBatchSampler
 from training.data.torch_loader import (
@@ -38,12 +36,14 @@ from training.data.torch_loader import (
     EvalTransform,
     build_eval_loader,
 )
-from training.schedules import cosine_schedule
-from training.precision import Precision, resolve_precision
 from training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from training.errors import UserError
 from training.eval.linear_probe import ProbeResult
 from training.models.pretrained import load_backbone
 from training.parallel import WrappedModel, wrap_model
+from training.precision import Precision, resolve_precision
+from training.rundir import RunLayout
+from training.schedules import cosine_schedule
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from functools import partial
 from typing import Literal
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+from torch.nn import functional as F
 
 PosEmbedInterpolation = Literal["dino", "timm"]
 

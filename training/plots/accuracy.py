@@ -10,6 +10,7 @@ from matplotlib.ticker import MaxNLocator
 from training.plots.common import new_figure
 from training.rundir import tags
 
+
 def plot_knn_vs_k(knn: dict[str, Any]):
     """Top-1 accuracy against k (log axis) for the trained features and the baselines."""
     fig, ax = new_figure(6.0, 4.0)

@@ -16,18 +16,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.config import Config
 from training.atomic import write_json_atomic
-from training.rundir import tags
+from training.config import Config
 from training.errors import MissingInputError
-from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics
-from training.rundir.features import list_tags, load_features
-from training.rundir import RunLayout
 from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k
 from training.plots.attention import cls_attention, plot_attention
 from training.plots.common import save_figure
 from training.plots.curves import plot_training_curves
 from training.plots.embedding import plot_embedding, umap_embedding
+from training.rundir import RunLayout, tags
+from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics
+from training.rundir.features import list_tags, load_features
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +133,9 @@ def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> l
 
 def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
     """Attention maps of the final teacher for one held-out image per class."""
-    from training.models.pretrained import load_backbone
     from training.data.dataset import open_dataset
     from training.data.stats import load_mean_std
+    from training.models.pretrained import load_backbone
 
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in load_mean_std(config))
     dataset = open_dataset(config)

@@ -15,9 +15,9 @@ from typing import Any
 
 from training.eval.compare import comparison_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
+from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import read_optional_json, read_timings
-from training.plots.figures import PlotEntry, read_manifest
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}

@@ -88,9 +88,10 @@ class RecordingDict(dict):
 @pytest.fixture(scope="module")
 def bench_step_json() -> dict:
     """What `python -m training bench step` prints for a tiny model on this machine."""
+    from tiny import tiny_config
+
     from training.benchmarks.request import StepBenchRequest
     from training.benchmarks.step import run_step_benchmark
-    from tiny import tiny_config
 
     config = tiny_config({"data.channels": "01", "model.out_dim": 64, "dino.global_crop_size": 16,
                           "dino.local_crop_size": 8, "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})

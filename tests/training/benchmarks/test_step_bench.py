@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import tiny_config
 from torch.utils.flop_counter import FlopCounterMode
 
-from tiny import tiny_config
 from training.benchmarks import step as step_module
 from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest
-from training.benchmarks.step import run_step_benchmark, train_flops_per_image, vit_forward_flops, head_flops
+from training.benchmarks.step import head_flops, run_step_benchmark, train_flops_per_image, vit_forward_flops
 from training.cli import build_parser, main
 from training.config import Config, dump_config
 from training.errors import UserError

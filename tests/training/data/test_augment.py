@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as TF
+from augment_reference import blur_matrices
 from torchvision.transforms import InterpolationMode
 
 from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
 from training.config import Config, DinoConfig
-from augment_reference import blur_matrices
-from training.data.augment import (BatchMultiCrop, crop_resize, resize_full,
-                                   sample_crop_boxes)
+from training.data.augment import BatchMultiCrop, crop_resize, resize_full, sample_crop_boxes
 from training.data.dataset import open_dataset
 
 

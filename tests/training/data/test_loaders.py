@@ -13,9 +13,9 @@ from training.config import dump_config
 from training.data.dataset import BadImageError
 from training.data.loaders import build_pretrain_loader
 from training.data.sampler import DistributedBatchSampler
-from training.data.torch_loader import build_eval_loader
 from training.data.split import load_split
 from training.data.synthetic import write_corrupt_files
+from training.data.torch_loader import build_eval_loader
 
 MEAN, STD = [0.3] * 5, [0.2] * 5
 

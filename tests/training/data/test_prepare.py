@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 import tifffile
 
-from training.data.synthetic import write_tiff
-
 from training.cli import main
 from training.config import Config, dump_config
 from training.data.dataset import load_index, open_dataset, open_images, resolve_source
 from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
 from training.data.stats import load_mean_std, sample_for_stats
-from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset
+from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset, write_tiff
 from training.data.tiff import read_image
 from training.errors import MissingInputError
 from training.rundir import RunLayout

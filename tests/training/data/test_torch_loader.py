@@ -9,15 +9,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from augment_reference import blur_matrices
 
 from training.cli import main
 from training.config import dump_config
-from augment_reference import blur_matrices
 from training.data.augment import BatchMultiCrop, banded_row_product, resize_matrices
 from training.data.loaders import build_pretrain_loader
 from training.data.torch_loader import RawBatch, crops_on_device
-from training.distributed import DistContext, DistEnv
 from training.dino.step import forward_loss
+from training.distributed import DistContext, DistEnv
 from training.trainer import build_state, train
 
 MEAN, STD = [0.3] * 5, [0.2] * 5

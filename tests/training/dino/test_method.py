@@ -122,8 +122,8 @@ def test_last_layer_gradients_cancelled_only_during_freeze():
 
 
 def test_optimizer_decays_weights_but_not_biases_or_norms_as_dino():
-    from training.models import build_backbone
     from training.config import ModelConfig
+    from training.models import build_backbone
 
     backbone = build_backbone(ModelConfig(arch="vit_tiny", patch_size=16), in_chans=2, img_size=32)
     decay, no_decay = build_optimizer(backbone).param_groups

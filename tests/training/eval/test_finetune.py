@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import torch
-
 from eval_tiny_run import CLASSES, pretrained_run, run_dir, run_step
+
 from training.config import Config, ConfigError
-from training.rundir import RunLayout
 from training.report.html import build_report
+from training.rundir import RunLayout
 
 pytestmark = pytest.mark.slow
 

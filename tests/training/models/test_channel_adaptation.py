@@ -11,8 +11,7 @@ import torch
 
 from training.config import ModelConfig
 from training.errors import UserError
-from training.models import build_backbone
-from training.models import pretrained
+from training.models import build_backbone, pretrained
 
 torch.set_num_threads(1)
 

@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-
 from eval_tiny_run import plotted_run, run_dir, run_step
 
 pytestmark = pytest.mark.slow
@@ -48,8 +47,8 @@ def test_report_has_tables_config_and_artefact_locations(report):
 
 
 def test_sections_without_input_name_the_step_that_fills_them(tmp_path):
-    from training.rundir import RunLayout
     from training.report.html import build_report
+    from training.rundir import RunLayout
 
     layout = RunLayout(tmp_path)
     (tmp_path / "knn").mkdir()
