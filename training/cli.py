@@ -28,6 +28,9 @@ from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
+RANKS_LOGGER = "training.ranks"
+"""Messages every rank logs at LOGLEVEL (training/distributed.py: a rank joining the job)."""
+
 # step name -> module under training.steps
 STEPS: dict[str, str] = {
     "synth-data": "synth_data",
@@ -97,7 +100,8 @@ def run_step(args: argparse.Namespace) -> int:
 def configure_logging(environ: Mapping[str, str] | None = None) -> None:
     """Rank 0 logs at LOGLEVEL (INFO by default); every other rank only WARNING and up, with its rank
     and host in each line: a job log then shows each message once, and still says where a problem
-    arose. (Progress bars, too, are drawn by rank 0 only: training/metrics.py.)"""
+    arose. The logger `training.ranks` (each rank joining) logs at LOGLEVEL on every rank.
+    (Progress bars, too, are drawn by rank 0 only: training/metrics.py.)"""
     env = os.environ if environ is None else environ
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
     level = logging.getLevelName(env.get("LOGLEVEL", "INFO").upper())
@@ -109,6 +113,7 @@ def configure_logging(environ: Mapping[str, str] | None = None) -> None:
         format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    logging.getLogger(RANKS_LOGGER).setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

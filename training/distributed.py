@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+ranks_log = logging.getLogger("training.ranks")
+"""Logged by every rank, not only rank 0 (training/cli.py RANKS_LOGGER): which ranks joined, and where."""
 
 NCCL_FAILURE_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 """Set (unless already set) before an NCCL group starts: a failed or timed-out collective aborts
@@ -142,7 +144,7 @@ def init_distributed(env: DistEnv | None = None, *, timeout_min: float = 30.0) -
         timeout=datetime.timedelta(minutes=timeout_min),
         device_id=device if use_cuda else None,
     )
-    log.info("rank %d/%d joined (%s, %s, launcher %s)", env.rank, env.world_size, backend, device, env.launcher)
+    ranks_log.info("rank %d/%d joined (%s, %s, launcher %s)", env.rank, env.world_size, backend, device, env.launcher)
     return DistContext(env=env, device=device, backend=backend)
 
 

@@ -75,3 +75,11 @@ def test_progress_bar_only_on_rank_zero(capsys):
         bar.close()
     err = capsys.readouterr().err
     assert "epoch enabled=True" in err and "epoch enabled=False" not in err
+
+
+def test_every_rank_logs_that_it_joined(configure, capsys):
+    configure({"RANK": "1"})
+    logging.getLogger("training.ranks").info("rank 1/2 joined (gloo, cpu, launcher torchrun)")
+    logging.getLogger("training.trainer").info("epoch 1/2: loss 1.0")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "rank 1/2 joined (gloo" in lines[0] and f"[rank 1 {socket.gethostname()}]" in lines[0]
