@@ -191,6 +191,20 @@ def _monitoring(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _slurm_settings(settings: Settings) -> dict[str, Any]:
+    """Scale-down, queue updates, and the accounting database when one is configured. ParallelCluster
+    itself grants the head node secretsmanager:GetSecretValue on the password secret."""
+    slurm: dict[str, Any] = {"ScaledownIdletime": settings.cluster.scaledown_idle_minutes,
+                             "QueueUpdateStrategy": "DRAIN"}
+    accounting = settings.cluster.slurm_accounting
+    if accounting.enabled:
+        slurm["Database"] = {"Uri": accounting.uri, "UserName": accounting.user_name,
+                             "PasswordSecretArn": accounting.password_secret_arn}
+        if accounting.database_name:
+            slurm["Database"]["DatabaseName"] = accounting.database_name
+    return slurm
+
+
 def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
     """The whole cluster configuration as ParallelCluster's YAML would hold it."""
     config = {
@@ -200,8 +214,7 @@ def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any
         "HeadNode": _head_node(settings, refs),
         "Scheduling": {
             "Scheduler": "slurm",
-            "SlurmSettings": {"ScaledownIdletime": settings.cluster.scaledown_idle_minutes,
-                              "QueueUpdateStrategy": "DRAIN"},
+            "SlurmSettings": _slurm_settings(settings),
             "SlurmQueues": [_gpu_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets]
             + ([_cpu_spot_queue(settings, refs)] if settings.cluster.cpu_spot_instance_type else []),
         },

@@ -28,6 +28,8 @@ REFUSED_OSES = {
 }
 CLUSTER_NAME_MAX = 60
 """ParallelCluster's limit on cluster names (PCLUSTER_NAME_MAX_LENGTH; a test reads it from its code)."""
+CLUSTER_NAME_MAX_ACCOUNTING = 40
+"""Its shorter limit when Slurm accounting is on (PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING)."""
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 _LOG_RETENTIONS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -37,6 +39,10 @@ _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
 _RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
 CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
+_DB_URI = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:(\d{1,5})$")
+_DB_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+_DB_NAME = re.compile(r"^[0-9a-z_]{1,64}$")
+_SECRET_ARN = re.compile(r"^arn:aws(-[a-z]+)*:secretsmanager:([a-z]{2}(-[a-z]+)+-\d):\d{12}:secret:[A-Za-z0-9/_+=.@-]+$")
 
 
 class SettingsError(ValueError):
@@ -118,6 +124,46 @@ class ImageSettings:
 
 
 @dataclass(frozen=True)
+class SlurmAccountingSettings:
+    """Slurm accounting (`sacct`, fair share) in a MySQL-compatible database you run; off while `uri` is empty."""
+
+    uri: str = ""
+    """host:port of the database, reachable from the cluster's subnet (e.g. an RDS or Aurora MySQL endpoint)."""
+    user_name: str = ""
+    password_secret_arn: str = ""
+    """Secrets Manager secret holding the password as plain text; ParallelCluster lets the head node read it."""
+    database_name: str = ""
+    """Empty: ParallelCluster's default (derived from the cluster name)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.uri)
+
+    def __post_init__(self) -> None:
+        key = "cluster.slurm_accounting"
+        given = {name: getattr(self, name) for name in ("uri", "user_name", "password_secret_arn")}
+        if not any(given.values()) and not self.database_name:
+            return
+        for name, value in given.items():
+            _check(bool(value), f"{key}.{name}", "required when Slurm accounting is configured")
+        port = _DB_URI.match(self.uri)
+        _check(bool(port) and 1 <= int(port[2]) <= 65535, f"{key}.uri",
+               f"expected host:port without a scheme, e.g. db.example.internal:3306, got {self.uri!r}")
+        _check(bool(_DB_USER.match(self.user_name)), f"{key}.user_name",
+               f"expected 1..32 letters, digits, '_', '.' or '-', got {self.user_name!r}")
+        _check(bool(_SECRET_ARN.match(self.password_secret_arn)), f"{key}.password_secret_arn",
+               "expected arn:<partition>:secretsmanager:<region>:<account>:secret:<name>, "
+               f"got {self.password_secret_arn!r}")
+        _check(self.database_name == "" or bool(_DB_NAME.match(self.database_name)), f"{key}.database_name",
+               f"expected empty or 1..64 of a-z, 0-9, '_', got {self.database_name!r}")
+
+    @property
+    def secret_region(self) -> str:
+        match = _SECRET_ARN.match(self.password_secret_arn)
+        return match[2] if match else ""
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     """The ParallelCluster cluster: head node, one Slurm queue per preset, shared storage."""
 
@@ -146,6 +192,7 @@ class ClusterSettings:
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
     login_node_instance_type: str = "c6i.xlarge"
+    slurm_accounting: SlurmAccountingSettings = field(default_factory=SlurmAccountingSettings)
 
     def __post_init__(self) -> None:
         _check(bool(_NAME.match(self.name)) and len(self.name) <= 40, "cluster.name",
@@ -218,6 +265,17 @@ class Settings:
                f"choose a name other than {stacks}")
         _check(len(self.cluster_name) <= CLUSTER_NAME_MAX, "cluster.name",
                f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {CLUSTER_NAME_MAX} characters")
+        self._check_accounting()
+
+    def _check_accounting(self) -> None:
+        accounting = self.cluster.slurm_accounting
+        if not accounting.enabled:
+            return
+        _check(len(self.cluster_name) <= CLUSTER_NAME_MAX_ACCOUNTING, "cluster.name",
+               f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {CLUSTER_NAME_MAX_ACCOUNTING} "
+               "characters, ParallelCluster's limit with Slurm accounting")
+        _check(accounting.secret_region == self.region, "cluster.slurm_accounting.password_secret_arn",
+               f"the secret is in {accounting.secret_region}, the cluster in {self.region}: use a secret of {self.region}")
 
     @property
     def cluster_name(self) -> str:

@@ -28,5 +28,6 @@ def demo_synth(tmp_path_factory) -> Synth:
 @pytest.fixture(scope="session")
 def pcluster_constants() -> dict:
     """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
-    names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "SUPPORTED_OSES", "PRIVATE_OSES"]
+    names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING",
+             "SUPPORTED_OSES", "PRIVATE_OSES"]
     return run_pcluster({"constants": names})["constants"]

@@ -2,7 +2,8 @@
 
 stdin: a JSON object with any of
   "schema":     {label: config}            -> {label: [error, ...]}  (schema load + name validators)
-  "patches":    {label: [base, target]}    -> {label: {"changes": [[path, policy], ...], "allowed": bool}}
+  "patches":    {label: [base, target(, fleet_running)]} -> {label: {"changes": [[path, policy], ...], "allowed": bool}}
+                                              (the compute fleet runs unless fleet_running is false)
   "ami_tags":   {label: {tag: value}}      -> {label: [(level, message), ...]}  (CustomAmiTagValidator)
   "os_ami":     {label: [os, custom_ami]}  -> {label: [(level, message), ...]}  (OsCustomAmiValidator)
   "cluster_names": [name, ...]             -> {name: [(level, message), ...]}  (ClusterNameValidator)
@@ -10,6 +11,8 @@ stdin: a JSON object with any of
                     "nodes": [[id, ...], ...]}}  -> {label: [(level, message), ...]}  (ExistingFsxNetworkingValidator)
   "queues":     {label: config}            -> {label: [(level, message), ...]}  (per-queue validators that
                                               need no AWS call: ComputeResourceSize, EfaPlacementGroup)
+  "accounting": {label: [cluster_name, config]} -> {label: [(level, message), ...]}  (Slurm database: its URI
+                                              and secret validators, secret described by a stub; ClusterNameValidator)
   "constants":  [name, ...]                -> {name: value}                    (pcluster.constants)
 stdout: the same keys with the results. AWS calls are stubbed; none is made.
 """
@@ -34,7 +37,7 @@ from marshmallow import ValidationError  # noqa: E402
 from pcluster import constants  # noqa: E402
 from pcluster.config.config_patch import ConfigPatch  # noqa: E402
 from pcluster.schemas.cluster_schema import ClusterSchema  # noqa: E402
-from pcluster.validators import cluster_validators  # noqa: E402
+from pcluster.validators import cluster_validators, database_validators, directory_service_validators  # noqa: E402
 
 CLUSTER_NAME = "scdino-hpc"
 SLURM = SimpleNamespace(settings=SimpleNamespace(database=None, external_slurmdbd=None))
@@ -54,23 +57,26 @@ def schema_errors(config):
 
 
 class RunningCluster:
-    """What ConfigPatch's update-policy checks ask of an existing cluster: one whose compute fleet runs."""
+    """What ConfigPatch's update-policy checks ask of an existing cluster: one whose compute fleet runs
+    (or is stopped, with fleet_running=False)."""
 
     name = CLUSTER_NAME
     stack_name = CLUSTER_NAME
     head_node_instance = SimpleNamespace(state="running")
 
-    @staticmethod
-    def has_running_capacity(*_args, **_kwargs):
-        return True
+    def __init__(self, fleet_running=True):
+        self.fleet_running = fleet_running
+
+    def has_running_capacity(self, *_args, **_kwargs):
+        return self.fleet_running
 
     @staticmethod
     def has_running_login_nodes(*_args, **_kwargs):
         return False
 
 
-def patch(base, target):
-    config_patch = ConfigPatch(RunningCluster(), base, target)
+def patch(base, target, fleet_running=True):
+    config_patch = ConfigPatch(RunningCluster(fleet_running), base, target)
     allowed, _rows = config_patch.check()
     changes = [[".".join([*map(str, change.path), change.key]), change.update_policy.name]
                for change in config_patch.changes]
@@ -86,6 +92,20 @@ def ami_tag_failures(tags):
     api = SimpleNamespace(ec2=SimpleNamespace(describe_image=lambda ami_id: image))
     with mock.patch.object(cluster_validators.AWSApi, "instance", return_value=api):
         return failures(cluster_validators.CustomAmiTagValidator(), custom_ami="ami-0123456789abcdef0")
+
+
+def accounting_failures(cluster_name, config):
+    """The validators ParallelCluster registers for Scheduling/SlurmSettings/Database, and the cluster
+    name rule that depends on it; Secrets Manager's DescribeSecret answers as for an existing secret."""
+    loaded = ClusterSchema(cluster_name=cluster_name).load(config)
+    database = loaded.scheduling.settings.database
+    found = failures(database_validators.DatabaseUriValidator(), uri=database.uri)
+    secrets = SimpleNamespace(describe_secret=lambda arn: {"ARN": arn})
+    with mock.patch.object(directory_service_validators.AWSApi, "instance",
+                           return_value=SimpleNamespace(secretsmanager=secrets)):
+        found += failures(directory_service_validators.PasswordSecretArnValidator(),
+                          password_secret_arn=database.password_secret_arn, region=loaded.region)
+    return found + failures(cluster_validators.ClusterNameValidator(), name=cluster_name, scheduling=loaded.scheduling)
 
 
 def queue_failures(config):
@@ -140,6 +160,7 @@ def main():
         "fsx_networking": {label: fsx_networking_failures(case)
                            for label, case in request.get("fsx_networking", {}).items()},
         "queues": {label: queue_failures(config) for label, config in request.get("queues", {}).items()},
+        "accounting": {label: accounting_failures(*case) for label, case in request.get("accounting", {}).items()},
     }
     json.dump(result, sys.stdout, default=str)
 

@@ -22,6 +22,8 @@ SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue"}
 AWS_GLOBAL = {"--region", "--query", "--output", "--profile"}
 # The AWS CLI's hand-written `aws s3` commands (not in botocore's models) and the options used here.
 AWS_S3 = {"sync": set(), "cp": set(), "ls": set()}
+# Python entry points the guide runs: the training CLI (with a subcommand) and the zone picker.
+PYTHON_MODULES = {"training", "stacks.pick_az"}
 
 
 def doc_commands() -> list[list[str]]:
@@ -98,8 +100,11 @@ def check(words: list[str]) -> None:
     elif program == "pcluster":
         check_help(words, (str(PCLUSTER_PYTHON.parent / "pcluster"), words[1]), words[2:])
     elif program == ".venv/bin/python":
-        assert words[1:3] == ["-m", "training"], words
-        check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
+        assert words[1] == "-m" and words[2] in PYTHON_MODULES, words
+        if words[2] == "training":
+            check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
+        else:
+            check_help(words, (str(VENV_PYTHON), "-m", words[2]), words[3:])
     elif program.startswith("slurm/"):
         script = (REPO_ROOT / program).read_text()
         for option in options(words[1:]):
@@ -127,6 +132,8 @@ def test_every_command_exists_with_the_options_shown(words):
     ["aws", "codebuild", "start-build", "--project", "p"],
     ["pcluster", "describe-cluster", "--cluster", "c"],
     ["slurm/submit_pipeline.sh", "run.yaml", "--node", "2"],
+    [".venv/bin/python", "-m", "stacks.pick_az", "--region", "us-east-1", "--instance-type", "p5.48xlarge"],
+    [".venv/bin/python", "-m", "stacks.pick_zone", "--region", "us-east-1"],
 ])
 def test_the_checks_reject_a_wrong_command(words):
     with pytest.raises(AssertionError):

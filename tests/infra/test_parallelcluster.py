@@ -4,6 +4,7 @@ provider it deploys through."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fnmatch
 import re
@@ -14,7 +15,13 @@ import pytest
 from infra.synth_helpers import cluster_config, one, run_pcluster
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import PRESETS
-from stacks.settings import REFUSED_OSES, SUPPORTED_OSES, SettingsError, build_settings
+from stacks.settings import (
+    CLUSTER_NAME_MAX_ACCOUNTING,
+    REFUSED_OSES,
+    SUPPORTED_OSES,
+    SettingsError,
+    build_settings,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -314,3 +321,90 @@ def test_capacity_settings_that_cannot_work_are_refused(layer, named):
     with pytest.raises(SettingsError) as error:
         build_settings(layer)
     assert str(error.value).startswith(named), str(error.value)
+
+
+# --- Slurm accounting (off by default; the database is the user's) --------------------------------
+
+SECRET_ARN = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:scdino-slurmdb-AbCdEf"
+ACCOUNTING = {"cluster.slurm_accounting.uri": "slurmdb.example.internal:3306",
+              "cluster.slurm_accounting.user_name": "slurm_admin",
+              "cluster.slurm_accounting.password_secret_arn": SECRET_ARN}
+
+
+@pytest.fixture(scope="module")
+def accounting_checks() -> dict:
+    config = _option_config(ACCOUNTING)
+    named = _option_config({**ACCOUNTING, "cluster.slurm_accounting.database_name": "scdino_acct"})
+    with_scheme = copy.deepcopy(config)
+    with_scheme["Scheduling"]["SlurmSettings"]["Database"]["Uri"] = "mysql://slurmdb.example.internal:3306"
+    longest = build_settings({**ACCOUNTING, "prefix": "a" * 20, "cluster.name": "b" * 19}).cluster_name
+    return run_pcluster({
+        "schema": {"accounting": config, "accounting-database-name": named},
+        "accounting": {"accounting": [longest, config], "name-too-long": [longest + "c", config],
+                       "uri-with-scheme": [longest, with_scheme]},
+        "patches": {"turn-on-fleet-running": [_option_config({}), config],
+                    "turn-on-fleet-stopped": [_option_config({}), config, False]},
+    })
+
+
+def test_accounting_renders_parallelclusters_database_settings():
+    database = _option_config({**ACCOUNTING, "cluster.slurm_accounting.database_name": "scdino_acct"})[
+        "Scheduling"]["SlurmSettings"]["Database"]
+    assert database == {"Uri": "slurmdb.example.internal:3306", "UserName": "slurm_admin",
+                        "PasswordSecretArn": SECRET_ARN, "DatabaseName": "scdino_acct"}
+    assert "Database" not in _option_config({})["Scheduling"]["SlurmSettings"]
+
+
+def test_accounting_passes_parallelclusters_schema_and_database_validators(accounting_checks, pcluster_constants):
+    assert accounting_checks["schema"] == {"accounting": [], "accounting-database-name": []}
+    assert accounting_checks["accounting"]["accounting"] == []
+    assert [level for level, _ in accounting_checks["accounting"]["uri-with-scheme"]] == ["ERROR"]
+    (failure,) = accounting_checks["accounting"]["name-too-long"]
+    assert failure[0] == "ERROR" and "Slurm accounting" in failure[1]
+    assert pcluster_constants["PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING"] == CLUSTER_NAME_MAX_ACCOUNTING
+    with pytest.raises(SettingsError, match="^setting cluster.name: .* longer than 40 .* with Slurm accounting$"):
+        build_settings({**ACCOUNTING, "prefix": "a" * 20, "cluster.name": "b" * 20})
+
+
+def test_turning_accounting_on_needs_the_compute_fleet_stopped(accounting_checks):
+    running, stopped = (accounting_checks["patches"][f"turn-on-fleet-{state}"] for state in ("running", "stopped"))
+    assert running["changes"] == [["Scheduling.SlurmSettings.Database", "COMPUTE_FLEET_STOP"]]
+    assert not running["allowed"] and stopped["allowed"]
+
+
+def test_accounting_adds_no_policy_for_the_provider_to_attach():
+    """ParallelCluster's head node role gets GetSecretValue on the secret from its own template, so
+    the node Iam sections (and the attach rule above) stay as they are."""
+    assert node_iams(_option_config(ACCOUNTING)) == node_iams(_option_config({}))
+    (source,) = (REPO_ROOT / ".venv-pcluster").glob("lib/python3*/site-packages/pcluster/templates/cdk_builder_utils.py")
+    grant = re.search(r'sid="AllowGettingSlurmDbSecretValue",\s*actions=\["secretsmanager:GetSecretValue"\],'
+                      r'.*?resources=\[self\._config\.scheduling\.settings\.database\.password_secret_arn\]',
+                      source.read_text(), re.S)
+    assert grant, "ParallelCluster no longer grants the head node its Slurm database secret"
+
+
+@pytest.mark.parametrize("layer, named", [
+    ({"cluster.slurm_accounting.uri": "slurmdb.example.internal:3306"},
+     "setting cluster.slurm_accounting.user_name: required when Slurm accounting is configured"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.uri": "mysql://slurmdb.example.internal:3306"},
+     "setting cluster.slurm_accounting.uri: expected host:port"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.uri": "slurmdb.example.internal"},
+     "setting cluster.slurm_accounting.uri: expected host:port"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.uri": "slurmdb.example.internal:70000"},
+     "setting cluster.slurm_accounting.uri: expected host:port"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.password_secret_arn": "slurmdb-password"},
+     "setting cluster.slurm_accounting.password_secret_arn: expected arn:<partition>:secretsmanager:"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.password_secret_arn": SECRET_ARN.replace("secretsmanager", "ssm")},
+     "setting cluster.slurm_accounting.password_secret_arn: expected arn:<partition>:secretsmanager:"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.password_secret_arn": SECRET_ARN.replace("us-east-1", "eu-west-1")},
+     "setting cluster.slurm_accounting.password_secret_arn: the secret is in eu-west-1, the cluster in us-east-1"),
+    ({**ACCOUNTING, "cluster.slurm_accounting.database_name": "Slurm-DB"},
+     "setting cluster.slurm_accounting.database_name: expected empty or 1..64"),
+    ({"cluster.slurm_accounting.database_name": "slurm_acct"},
+     "setting cluster.slurm_accounting.uri: required when Slurm accounting is configured"),
+])
+def test_accounting_settings_that_cannot_work_are_refused(layer, named):
+    with pytest.raises(SettingsError) as error:
+        build_settings(layer)
+    assert str(error.value).startswith(named), str(error.value)
+    assert "\n" not in str(error.value)
