@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 ranks_log = logging.getLogger("training.ranks")
-"""Logged by every rank, not only rank 0 (training/cli.py RANKS_LOGGER): which ranks joined, and where."""
+"""Logged by every rank, not only rank 0 (training/cli.py RANKS_LOGGER): which ranks joined, what each did."""
 
 NCCL_FAILURE_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 """Set (unless already set) before an NCCL group starts: a failed or timed-out collective aborts

@@ -36,7 +36,7 @@ from training.data.torch_loader import (
     EvalTransform,
     build_eval_loader,
 )
-from training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from training.distributed import DistContext, all_reduce_max, all_reduce_sum, ranks_log
 from training.errors import UserError
 from training.eval.linear_probe import ProbeResult
 from training.models.pretrained import load_backbone
@@ -236,7 +236,7 @@ def finetune(config: Config, ctx: DistContext, checkpoint: Path, data: FinetuneD
         bar.set_postfix(loss=f"{train_loss:.4f}", val_top1=f"{top1:.3f}")
         if ctx.is_main:
             log.info("epoch %d: train loss %.4f, validation top-1 %.3f", epoch + 1, train_loss, top1)
-    log.info("rank %d/%d took %d training steps", ctx.rank, ctx.world_size, state.step)
+    ranks_log.info("rank %d/%d took %d training steps", ctx.rank, ctx.world_size, state.step)
     result.state = model.full_state_dict()
     return result
 
