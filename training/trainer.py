@@ -259,7 +259,7 @@ def run_epoch(
                    initial=state.step_in_epoch)
     window = _Window()
     epoch_window = _Window()
-    tick = time.perf_counter()
+    tick, cpu_tick = time.perf_counter(), time.process_time()
     stop = 0.0
     while state.step_in_epoch < steps:
         crops, _labels = next(batches)
@@ -272,11 +272,11 @@ def run_epoch(
         update(state, loss, epoch)
         state.step_in_epoch += 1
         state.global_step += 1
-        step_time = time.perf_counter() - tick
-        tick = time.perf_counter()
+        step_time, cpu_time = time.perf_counter() - tick, time.process_time() - cpu_tick
+        tick, cpu_tick = time.perf_counter(), time.process_time()
         images = len(crops[0]) * ctx.world_size
         for w in (window, epoch_window):
-            w.add(loss_sum / ctx.world_size, images, data_wait, step_time)
+            w.add(loss_sum / ctx.world_size, images, data_wait, step_time, cpu_time)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
         if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps:
@@ -321,14 +321,15 @@ class _Window:
 
     def __init__(self) -> None:
         self.steps = 0
-        self.loss = self.images = self.data_wait = self.step_time = 0.0
+        self.loss = self.images = self.data_wait = self.step_time = self.cpu_time = 0.0
 
-    def add(self, loss: float, images: int, data_wait: float, step_time: float) -> None:
+    def add(self, loss: float, images: int, data_wait: float, step_time: float, cpu_time: float) -> None:
         self.steps += 1
         self.loss += loss
         self.images += images
         self.data_wait += data_wait
         self.step_time += step_time
+        self.cpu_time += cpu_time
 
     @property
     def mean_loss(self) -> float | None:
@@ -340,6 +341,10 @@ class _Window:
 
 
 def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoch: int | None = None) -> dict:
+    """One metrics line. `cpu_core_s` and `gpu_s` are the training compute of the window's steps
+    (all ranks; summing the "step" lines gives a run's total, resumed parts included, so runs of
+    different models compare by cost): rank 0's process CPU time (every thread; data-loader
+    workers not counted) times the world size, and on GPUs the steps' wall time times the world size."""
     lr, wd, momentum = state.schedules.at(max(state.global_step - 1, 0))
     steps = max(window.steps, 1)
     return {
@@ -347,6 +352,8 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
         "loss": window.mean_loss, "lr": lr, "wd": wd, "momentum": momentum,
         "images_per_s": round(window.images_per_s, 2), "data_wait_s": round(window.data_wait / steps, 5),
         "step_time_s": round(window.step_time / steps, 5), "gpu_mem_gb": gpu_memory_gb(ctx.device),
+        "cpu_core_s": round(window.cpu_time * ctx.world_size, 4),
+        "gpu_s": round(window.step_time * ctx.world_size, 4) if ctx.device.type == "cuda" else 0.0,
     }
 
 

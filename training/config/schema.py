@@ -144,6 +144,19 @@ class ModelConfig:
     crops, evaluation sizes): "dino" as facebookresearch/dino (bicubic with scale factor
     (grid + 0.1) / sqrt(N), no antialias), so that a DINO or scDINO checkpoint gives DINO's features
     at every size; "timm" as timm (antialiased, to the exact size), about 2 % away at 96 px."""
+    kind: Literal["vit", "channel_vit"] = "vit"
+    """"vit": scDINO's ViT, all channels stacked into one patch embedding (one model per channel
+    combination). "channel_vit": each channel embedded on its own by a shared single-channel patch
+    projection plus a learned embedding of its original channel id, the present channels' tokens
+    concatenated (ChannelViT): one model trained on data.channels encodes any subset of them, chosen
+    at evaluation by data.channels. About C times the tokens, so several times the compute per step
+    (training/models/channel_vit.py, docs/training.md)."""
+    channel_sampling: Literal["all", "hierarchical"] = "hierarchical"
+    """Channels each training step shows a "channel_vit" (ignored by "vit"). "hierarchical": per step,
+    a size k uniform in 1..C, then k channels uniform among the C (ChannelViT's hierarchical
+    sampling: every subset size equally often, so single channels are trained as much as the full
+    set), the same for every image, view and rank, teacher and student alike, drawn from
+    (run.seed, global step) so that a resumed run draws the same. "all": every channel every step."""
 
 
 @dataclass(frozen=True)

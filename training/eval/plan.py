@@ -204,9 +204,11 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            model = build_backbone(config.model, in_chans, img_size=config.eval.image_size)
+            model = build_backbone(config.model, in_chans, img_size=config.eval.image_size,
+                                   channel_ids=config.data.channel_indices)
     else:
         from training.models.pretrained import load_backbone
 
-        model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key)
+        model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key,
+                              channels=config.data.channel_indices)
     return model.to(device).eval()

@@ -6,14 +6,18 @@ Model code knows nothing about distribution or checkpoints; `training.parallel` 
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from training.config import Config, ModelConfig
+from training.models.channel_vit import ChannelVisionTransformer
 from training.models.head import DINOHead, MultiCropWrapper
 from training.models.vit import ARCHS, DinoVisionTransformer, vit
 
 __all__ = [
     "ARCHS",
+    "ChannelVisionTransformer",
     "DINOHead",
     "DinoVisionTransformer",
     "MultiCropWrapper",
@@ -23,15 +27,36 @@ __all__ = [
 
 
 def build_backbone(
-    model_config: ModelConfig, in_chans: int, img_size: int = 224, *, drop_path_rate: float = 0.0
+    model_config: ModelConfig, in_chans: int, img_size: int = 224, *, drop_path_rate: float = 0.0,
+    channel_ids: tuple[int, ...] | None = None,
 ) -> DinoVisionTransformer:
-    """A ViT for `in_chans` channels; forward(x) gives CLS features (B, embed_dim) for any crop size."""
+    """A ViT for `in_chans` channels; forward(x) gives CLS features (B, embed_dim) for any crop size.
+
+    Under model.kind "channel_vit", `channel_ids` are the original ids the model embeds (default
+    0..in_chans-1; the trainer passes data.channels) and `in_chans` is only their count.
+    """
+    if model_config.kind == "channel_vit":
+        ids = tuple(range(in_chans)) if channel_ids is None else tuple(channel_ids)
+        return channel_vit(model_config, ids, img_size, drop_path_rate=drop_path_rate)
     return vit(
         model_config.arch,
         patch_size=model_config.patch_size,
         in_chans=in_chans,
         img_size=img_size,
         drop_path_rate=drop_path_rate,
+        pos_embed_interpolation=model_config.pos_embed_interpolation,
+    )
+
+
+def channel_vit(model_config: ModelConfig, channel_ids: tuple[int, ...], img_size: int, *,
+                drop_path_rate: float = 0.0) -> ChannelVisionTransformer:
+    """The channel-adaptive ViT of `model_config.arch` for these original channel ids."""
+    embed_dim, depth, num_heads = ARCHS[model_config.arch]
+    return ChannelVisionTransformer(
+        channel_ids=channel_ids, img_size=img_size, patch_size=model_config.patch_size, num_classes=0,
+        global_pool="token", embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=4.0,
+        qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), drop_path_rate=drop_path_rate,
+        dynamic_img_size=True, dynamic_img_pad=False,
         pos_embed_interpolation=model_config.pos_embed_interpolation,
     )
 
@@ -46,9 +71,12 @@ def build_model(config: Config, in_chans: int) -> tuple[MultiCropWrapper, MultiC
             embed_dim, model.out_dim, use_bn=model.use_bn_in_head, norm_last_layer=model.norm_last_layer
         )
 
-    student_backbone = build_backbone(model, in_chans, img_size, drop_path_rate=model.drop_path_rate)
+    channel_ids = config.data.channel_indices
+    student_backbone = build_backbone(model, in_chans, img_size, drop_path_rate=model.drop_path_rate,
+                                      channel_ids=channel_ids)
     student = MultiCropWrapper(student_backbone, head(student_backbone.embed_dim))
-    teacher = MultiCropWrapper(build_backbone(model, in_chans, img_size), head(student_backbone.embed_dim))
+    teacher = MultiCropWrapper(build_backbone(model, in_chans, img_size, channel_ids=channel_ids),
+                               head(student_backbone.embed_dim))
     teacher.load_state_dict(student.state_dict())
     for param in teacher.parameters():
         param.requires_grad = False

@@ -70,6 +70,7 @@ class MultiCropWrapper(nn.Module):
     """Runs the backbone once per run of same-sized crops, then the head on all CLS features.
 
     Input: a list of crop batches (global crops first); output: (n_crops * B, out_dim), crop-major.
+    `channels`, for a channel-adaptive backbone only, are the original ids of the crops' channels.
     """
 
     def __init__(self, backbone: nn.Module, head: nn.Module) -> None:
@@ -77,13 +78,15 @@ class MultiCropWrapper(nn.Module):
         self.backbone = backbone
         self.head = head
 
-    def forward(self, crops: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    def forward(self, crops: list[torch.Tensor] | torch.Tensor,
+                channels: tuple[int, ...] | None = None) -> torch.Tensor:
         if isinstance(crops, torch.Tensor):
             crops = [crops]
+        extra = {} if channels is None else {"channels": channels}
         features = []
         start = 0
         for end in _same_size_runs(crops):
-            features.append(self.backbone(torch.cat(crops[start:end])))
+            features.append(self.backbone(torch.cat(crops[start:end]), **extra))
             start = end
         return self.head(torch.cat(features))
 

@@ -66,21 +66,55 @@ def adapt_patch_embedding(weight: torch.Tensor, in_chans: int, method: str = "me
     return adapted * (source / in_chans) if method == "mean_rescaled" else adapted
 
 
-def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: str = "teacher") -> nn.Module:
-    """Build the backbone for `model_config` and load the checkpoint's `which` weights into it."""
+def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: str = "teacher",
+                  channels: tuple[int, ...] | None = None) -> nn.Module:
+    """Build the backbone for `model_config` and load the checkpoint's `which` weights into it.
+
+    A channel-adaptive checkpoint (it holds `channel_embed`) gives the channel-adaptive ViT whatever
+    model.kind says, with the channels it was trained on; `channels` (data.channels of the evaluation,
+    original ids) then picks their embeddings, so one model serves every combination unretrained.
+    """
     path = Path(path)
     if not path.is_file():
         raise MissingInputError("checkpoint", path, "pretrain")
     state = backbone_state_dict(load_checkpoint(path), which)
     _check_arch(state, model_config, path)
     tokens = state["pos_embed"].shape[1] - 1
-    grid = math.isqrt(tokens)
-    backbone = build_backbone(model_config, in_chans, img_size=grid * model_config.patch_size)
+    img_size = math.isqrt(tokens) * model_config.patch_size
+    if "channel_embed" in state:
+        return _load_channel_vit(state, model_config, img_size, in_chans, channels, path)
+    if model_config.kind == "channel_vit":
+        raise UserError(f"model.kind=channel_vit but {path} holds a plain ViT (no channel_embed); "
+                        "set model.kind=vit to evaluate it")
+    backbone = build_backbone(model_config, in_chans, img_size=img_size)
     state["patch_embed.proj.weight"] = adapt_patch_embedding(state["patch_embed.proj.weight"], in_chans,
                                                              model_config.channel_adaptation)
     backbone.load_state_dict(state)
     log.info("loaded %s backbone (%s/%d, %d channels) from %s", which, model_config.arch,
              model_config.patch_size, in_chans, path)
+    return backbone
+
+
+def _load_channel_vit(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,
+                      channels: tuple[int, ...] | None, path: Path) -> nn.Module:
+    """The channel-adaptive ViT of a checkpoint, reading inputs that carry `channels` (default: the
+    channels it was trained on, which must then be `in_chans` many)."""
+    from training.models import channel_vit
+
+    trained = tuple(int(c) for c in state["channel_ids"].tolist())
+    if channels is None and in_chans != len(trained):
+        raise UserError(f"{path} is channel-adaptive, trained on channels {''.join(map(str, trained))!r}: "
+                        f"say which {in_chans} of them the images carry (data.channels)")
+    channels = trained if channels is None else tuple(channels)
+    backbone = channel_vit(model_config, trained, img_size)
+    backbone.load_state_dict(state)
+    try:
+        backbone.select_input_channels(channels)
+    except ValueError as exc:
+        raise UserError(f"data.channels={''.join(map(str, channels))!r} for {path}: {exc}") from None
+    log.info("loaded channel-adaptive backbone (%s/%d, trained on channels %s) from %s, reading channels %s",
+             model_config.arch, model_config.patch_size, "".join(map(str, trained)), path,
+             "".join(map(str, channels)))
     return backbone
 
 
@@ -95,6 +129,9 @@ def load_pretrained_into(backbone: nn.Module, path: Path, model_config: ModelCon
     state["patch_embed.proj.weight"] = adapt_patch_embedding(
         state["patch_embed.proj.weight"], backbone.patch_embed.proj.in_channels, model_config.channel_adaptation
     )
+    if hasattr(backbone, "channel_embed"):  # a plain ViT's weights start a channel-adaptive one
+        state.setdefault("channel_embed", backbone.channel_embed.detach().clone())
+        state.setdefault("channel_ids", backbone.channel_ids.clone())
     grid = backbone.patch_embed.grid_size
     state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=list(grid), num_prefix_tokens=1)
     backbone.load_state_dict(state)

@@ -98,7 +98,10 @@ class DinoVisionTransformer(VisionTransformer):
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                          is_causal: bool = False) -> torch.Tensor:
         """timm's forward_features, with the tokens built by `_tokens`."""
-        x = self._tokens(x)
+        return self._encode(self._tokens(x), attn_mask, is_causal)
+
+    def _encode(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """The transformer blocks and the final norm over a token sequence (B, tokens, D)."""
         if attn_mask is not None or is_causal:
             for block in self.blocks:
                 x = block(x, attn_mask=attn_mask, is_causal=is_causal)
@@ -111,7 +114,9 @@ class DinoVisionTransformer(VisionTransformer):
     @torch.no_grad()
     def get_last_selfattention(self, x: torch.Tensor) -> torch.Tensor:
         """Attention weights of the last block, shape (B, heads, N+1, N+1), the CLS token first."""
-        tokens = self._tokens(x)
+        return self._last_attention(self._tokens(x))
+
+    def _last_attention(self, tokens: torch.Tensor) -> torch.Tensor:
         for block in self.blocks[:-1]:
             tokens = block(tokens)
         last = self.blocks[-1]
