@@ -25,15 +25,20 @@ def read_json(path: Path, what: str, step: str) -> Any:
     """A JSON file an earlier step wrote; MissingInputError names that step when it is absent."""
     if not path.is_file():
         raise MissingInputError(what, path, step)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}): rerun `python -m training {step}`") from None
+    return _parse_json(path, f"rerun `python -m training {step}`")
 
 
 def read_optional_json(path: Path) -> Any:
-    """A JSON file, or None when its step has not run (yet)."""
-    return read_json(path, path.name, "?") if path.is_file() else None
+    """A JSON file, or None when its step has not run (yet). A damaged one is to be deleted: some
+    (timings.json, results.json) are read back by the steps that write them, so a rerun alone fails again."""
+    return _parse_json(path, "delete it and rerun the step that writes it") if path.is_file() else None
+
+
+def _parse_json(path: Path, remedy: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}): {remedy}") from None
 
 
 def load_labels(layout: RunLayout) -> dict[str, Any]:

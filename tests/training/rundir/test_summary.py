@@ -6,6 +6,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from training.cli import main
 from training.rundir import RunLayout
 
@@ -75,3 +77,17 @@ def test_a_rerun_without_new_jobs_keeps_the_previous_times(tmp_path):
 def test_summary_without_knn_results_names_the_step(tmp_path, capsys):
     assert main(["summary", "--set", f"run.output_dir={tmp_path}"]) == 2
     assert "python -m training knn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damaged", ["timings", "results"])
+def test_a_damaged_merged_file_says_to_delete_it(tmp_path, capsys, damaged):
+    """timings.json and results.json are read back by the steps that write them: rerunning cannot
+    mend them, so the message says to delete the file (and names no step it cannot know)."""
+    layout = RunLayout(tmp_path / "run")
+    layout.knn.mkdir(parents=True)
+    layout.knn_json.write_text(json.dumps(knn_payload()))
+    getattr(layout, damaged).write_text('{"pretrain": 12')
+    assert main(["summary", "--set", f"run.output_dir={layout.root}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{getattr(layout, damaged)} is not valid JSON" in err
+    assert err.rstrip().endswith(": delete it and rerun the step that writes it")
