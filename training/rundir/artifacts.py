@@ -54,10 +54,6 @@ def load_linear(layout: RunLayout) -> dict[str, Any]:
     return read_json(layout.linear_json, "linear-probe results", "linear")
 
 
-def load_comparison(layout: RunLayout) -> dict[str, Any]:
-    return read_json(layout.comparison_json, "channel-combination comparison", "compare")
-
-
 def checkpoint_world_size(layout: RunLayout) -> int | None:
     """How many ranks wrote the latest checkpoint (its "world_size"), None without a checkpoint.
     Memory-maps the file, so the weights are not read."""
