@@ -2,7 +2,8 @@
 
 Only rank 0 writes. Each metrics.jsonl line is one object:
 {"kind": "step"|"epoch", "epoch", "step", "loss", "lr", "wd", "momentum", "images_per_s",
- "data_wait_s", "step_time_s", "gpu_mem_gb" (GPU only), "time"}.
+ "data_wait_s", "step_time_s", "gpu_mem_gb" (GPU only), "cpu_core_s", "gpu_s", "time"}
+(the loop that fills them: training/trainer.py `record`).
 """
 
 from __future__ import annotations

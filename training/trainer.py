@@ -174,12 +174,11 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
     watchdog = ProgressWatchdog(config.train.hang_timeout_minutes * 60, rank=ctx.rank, on_fire=hang)
     with watchdog, failure_guard(layout, ctx.rank, lambda: watchdog.last_step):
         refuse_if_failed(layout, is_main=ctx.is_main)
-        return _train(config, ctx, loader_factory or default_loader_factory, watchdog)
+        return _train(config, ctx, layout, loader_factory or default_loader_factory, watchdog)
 
 
-def _train(config: Config, ctx: DistContext, loader_factory: LoaderFactory,
+def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: LoaderFactory,
            watchdog: ProgressWatchdog) -> TrainResult:
-    layout = RunLayout.from_config(config)
     checkpoints = CheckpointManager(layout, config.train)
     loader, sampler = loader_factory(config, ctx)
     steps = steps_in_epoch(config, loader)
@@ -268,12 +267,13 @@ def run_epoch(
         loss = forward_loss(state, crops, epoch)
         loss_sum, nonfinite, stop, save_now = all_reduce_sum(ctx, _step_flags(loss, hooks, ctx))
         if nonfinite:
-            raise diverged(state, ctx, loss_sum)
+            raise diverged(state, ctx, loss_sum, hooks.checkpoints.latest)
         update(state, loss, epoch)
         state.step_in_epoch += 1
         state.global_step += 1
-        step_time, cpu_time = time.perf_counter() - tick, time.process_time() - cpu_tick
-        tick, cpu_tick = time.perf_counter(), time.process_time()
+        now, cpu_now = time.perf_counter(), time.process_time()
+        step_time, cpu_time = now - tick, cpu_now - cpu_tick
+        tick, cpu_tick = now, cpu_now
         images = len(crops[0]) * ctx.world_size
         for w in (window, epoch_window):
             w.add(loss_sum / ctx.world_size, images, data_wait, step_time, cpu_time)
@@ -287,7 +287,7 @@ def run_epoch(
             break
         if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
             save_mid_epoch(state, ctx, hooks)
-            tick = time.perf_counter()  # the save is not the next step's data wait
+            tick, cpu_tick = time.perf_counter(), time.process_time()  # the save is no step's time
     bar.close()
     if state.step_in_epoch == steps:
         state.epoch += 1
@@ -357,8 +357,7 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
     }
 
 
-def diverged(state: TrainState, ctx: DistContext, loss_sum: float) -> TrainingDivergedError:
-    latest = RunLayout.from_config(state.config).latest_checkpoint
+def diverged(state: TrainState, ctx: DistContext, loss_sum: float, latest: Path) -> TrainingDivergedError:
     last_good = latest if latest.exists() else "none yet"
     return TrainingDivergedError(
         f"non-finite loss ({loss_sum / ctx.world_size}) at epoch {state.epoch + 1}, step "

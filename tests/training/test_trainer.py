@@ -87,8 +87,9 @@ def test_resume_after_preemption_continues_with_identical_losses(tmp_path):
 def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
     config = run_config(tmp_path)
     layout = RunLayout.from_config(config)
-    with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at epoch 2, step 2 of the epoch"):
+    with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at epoch 2, step 2 of the epoch") as error:
         train(config, CPU, loader_factory=factory(2, nan_at=(1, 1)))
+    assert f"last good checkpoint: {layout.latest_checkpoint}. Try" in str(error.value)
     saved = torch.load(layout.latest_checkpoint, weights_only=False)
     assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (1, 0, 2)
     assert all(torch.isfinite(v).all() for v in saved["student"].values())
