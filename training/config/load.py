@@ -12,7 +12,6 @@ The resolved configuration is written into every run directory (`dump_config`).
 
 from __future__ import annotations
 
-import copy
 import typing
 from pathlib import Path
 from typing import Any
@@ -63,18 +62,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(raw) if raw.strip() else ""
 
 
-def merge_overrides(tree: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `tree` with dotted-key overrides set in it (sections are created as needed)."""
-    merged = copy.deepcopy(tree)
-    for dotted, value in overrides.items():
-        set_dotted(merged, dotted, value, create=True)
-    return merged
-
-
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Defaults <- YAML file (scDINO YAMLs converted) <- `key=value` overrides, built once."""
     tree = file_layer(path) if path is not None else {}
-    tree = merge_overrides(tree, dict(parse_override(o) for o in overrides))
+    for dotted, value in map(parse_override, overrides):
+        set_dotted(tree, dotted, value)
     return from_dict(tree)
 
 

@@ -415,15 +415,15 @@ def flatten_dotted(tree: dict[str, Any], prefix: str = "", keep: tuple[str, ...]
     return flat
 
 
-def set_dotted(tree: dict[str, Any], dotted: str, value: Any, *, create: bool = False) -> None:
-    """Set tree["a"]["b"] = value for "a.b"; with `create`, missing sections are added (and an
-    unknown one is then reported by `from_dict`, with the allowed keys)."""
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set tree["a"]["b"] = value for "a.b", adding a missing section of the schema (a tree from a
+    YAML file need not have every section); an unknown section is an error naming the allowed ones."""
     *parents, leaf = dotted.split(".")
     node, hint = tree, Config
     for part in parents:
         fields = typing.get_type_hints(hint) if dataclasses.is_dataclass(hint) else {}
         hint = fields.get(part)
-        if create and node.get(part) is None and dataclasses.is_dataclass(hint):
+        if node.get(part) is None and dataclasses.is_dataclass(hint):
             node[part] = {}
         if not isinstance(node.get(part), dict):
             raise ConfigError(f"unknown config section {dotted!r}: {_suggest(part, fields or node)}")
