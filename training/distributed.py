@@ -36,9 +36,11 @@ from typing import Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from training.cli import RANKS_LOGGER
+
 log = logging.getLogger(__name__)
-ranks_log = logging.getLogger("training.ranks")
-"""Logged by every rank, not only rank 0 (training/cli.py RANKS_LOGGER): which ranks joined, what each did."""
+ranks_log = logging.getLogger(RANKS_LOGGER)
+"""Logged by every rank, not only rank 0 (training/cli.py configure_logging): which ranks joined, what each did."""
 
 NCCL_FAILURE_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 """Set (unless already set) before an NCCL group starts: a failed or timed-out collective aborts

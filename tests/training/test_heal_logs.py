@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from training.cli import configure_logging, main
+from training.distributed import ranks_log
 from training.errors import UserError
 from training.metrics import progress
 
@@ -79,7 +80,7 @@ def test_progress_bar_only_on_rank_zero(capsys):
 
 def test_every_rank_logs_that_it_joined(configure, capsys):
     configure({"RANK": "1"})
-    logging.getLogger("training.ranks").info("rank 1/2 joined (gloo, cpu, launcher torchrun)")
+    ranks_log.info("rank 1/2 joined (gloo, cpu, launcher torchrun)")  # the logger init_distributed uses
     logging.getLogger("training.trainer").info("epoch 1/2: loss 1.0")
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "rank 1/2 joined (gloo" in lines[0] and f"[rank 1 {socket.gethostname()}]" in lines[0]
