@@ -70,8 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank as torchrun (RANK) or Slurm (SLURM_PROCID) numbers it; 0 outside both."""
+    env = os.environ if environ is None else environ
+    return int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+
+
 def is_rank_zero() -> bool:
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+    return launcher_rank() == 0
 
 
 def record_timing(layout: RunLayout, step: str, seconds: float) -> None:
@@ -103,7 +109,7 @@ def configure_logging(environ: Mapping[str, str] | None = None) -> None:
     arose. The logger `training.ranks` (each rank joining) logs at LOGLEVEL on every rank.
     (Progress bars, too, are drawn by rank 0 only: training/metrics.py.)"""
     env = os.environ if environ is None else environ
-    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    rank = launcher_rank(env)
     level = logging.getLevelName(env.get("LOGLEVEL", "INFO").upper())
     if not isinstance(level, int):
         raise UserError(f"LOGLEVEL must be one of DEBUG, INFO, WARNING, ERROR, got {env['LOGLEVEL']!r}")

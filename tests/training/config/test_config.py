@@ -4,6 +4,7 @@ import pytest
 
 from training.cli import main
 from training.config import Config, ConfigError, load_config
+from training.rundir import RunLayout
 
 
 def test_defaults_follow_scdino_published_run():
@@ -77,3 +78,15 @@ def test_channels_keep_their_leading_zero():
     assert load_config(None, ["optim.epochs=12", "train.compile=true"]).train.compile is True  # others: YAML
     with pytest.raises(ConfigError, match=r'data.channels must be quoted, e.g. channels: "01234"'):
         Config().replace({"data.channels": 668})
+
+
+@pytest.mark.parametrize(("env", "written"), [({"SLURM_PROCID": "1"}, False), ({"RANK": "1", "SLURM_PROCID": "0"}, False),
+                                              ({"RANK": "0", "SLURM_PROCID": "3"}, True), ({}, True)])
+def test_only_rank_zero_writes_the_resolved_config(tmp_path, monkeypatch, env, written):
+    """torchrun's RANK wins over Slurm's SLURM_PROCID; other ranks leave config.yaml to rank 0."""
+    for name in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["report", "--set", f"run.output_dir={tmp_path / 'run'}"]) == 2  # nothing to report yet
+    assert RunLayout(tmp_path / "run").config.is_file() == written
