@@ -123,17 +123,29 @@ def failure_guard(layout: RunLayout, rank: int, last_step: Callable[[], int | No
         raise
 
 
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The failure marker's record, None without a marker, {} for one that cannot be read."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def marks_attempt(marker: dict[str, Any] | None, job: str | None, attempt: int) -> bool:
+    """Whether the marker was left by this job attempt (then it is not retried)."""
+    return marker is not None and (marker.get("job"), marker.get("attempt")) == (job, attempt)
+
+
 def refuse_if_failed(layout: RunLayout, *, is_main: bool) -> None:
     """Stop a worker that torchrun restarted after a deterministic failure in this job attempt;
     clear a marker left by an earlier attempt or job (the user fixed the cause and started again)."""
-    if not layout.failure_marker.exists():
+    marker = read_marker(layout.failure_marker)
+    if marker is None:
         return
-    try:
-        marker = json.loads(layout.failure_marker.read_text())
-    except (OSError, json.JSONDecodeError):
-        marker = {}
     now = where()
-    if now["job"] is not None and (marker.get("job"), marker.get("attempt")) == (now["job"], now["attempt"]):
+    if now["job"] is not None and marks_attempt(marker, now["job"], now["attempt"]):
         raise NotRetriedError(f"not retried: this job attempt already failed on rank {marker.get('rank')} "
                               f"({marker.get('host')}): {marker.get('error')}")
     if is_main:

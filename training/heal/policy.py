@@ -16,14 +16,13 @@ The records are those of training/heal/failures.py; only this Slurm job's are su
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from training.heal.exit_codes import DETERMINISTIC, HANG, OK
-from training.heal.failures import append_record, read_records, where
+from training.heal.failures import append_record, marks_attempt, read_marker, read_records, where
 
 _PRIORITY = {"hang": 0, "deterministic": 1, "transient": 2, "lost-peer": 3}
 """Which of several ranks' records of one incident names its cause: a hang or a deterministic error
@@ -39,8 +38,7 @@ SLURM_REQUEUE = ("the job was requeued by Slurm with no record from training (a 
 
 def is_deterministic(exit_code: int, marker: dict[str, Any] | None, job: str | None, attempt: int) -> bool:
     """Status 2 (a UserError where the launcher passes statuses through), or this attempt's marker."""
-    return exit_code == DETERMINISTIC or (
-        marker is not None and (marker.get("job"), marker.get("attempt")) == (job, attempt))
+    return exit_code == DETERMINISTIC or marks_attempt(marker, job, attempt)
 
 
 def requeues_so_far(records: list[dict[str, Any]], job: str | None) -> int:
@@ -127,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     now = where()
     records = read_records(args.failure_log)
-    deterministic = is_deterministic(args.exit_code, _read_json(args.failure_marker), now["job"], now["attempt"])
+    deterministic = is_deterministic(args.exit_code, read_marker(args.failure_marker), now["job"], now["attempt"])
     requeues = requeues_so_far(records, now["job"])
     decision = decide(args.exit_code, deterministic, requeues, args.max_requeues)
     launch = {"kind": "launch", "exit_code": args.exit_code, "decision": decision,
@@ -137,15 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"heal: {line}", file=sys.stderr)
     print(decision)
     return 0
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 if __name__ == "__main__":
