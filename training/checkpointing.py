@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from training.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.config import TrainConfig, flatten_dotted
+from training.distributed import DistContext, all_gather_object
 from training.errors import UserError
 from training.models.pretrained import load_checkpoint
 from training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
@@ -38,7 +39,6 @@ from training.rundir import RunLayout
 
 if TYPE_CHECKING:
     from training.dino.step import TrainState
-    from training.distributed import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,8 @@ class CheckpointManager:
 
 
 def snapshot(state: TrainState, ctx: DistContext) -> dict[str, Any]:
-    """The checkpoint payload; every rank takes part (FSDP gathers, RNG states are all-gathered)."""
+    """The checkpoint payload; every rank takes part (FSDP gathers; RNG states differ between ranks,
+    so each rank's is all-gathered)."""
     return {
         "student": model_state(state.models, "student"),
         "teacher": model_state(state.models, "teacher"),
@@ -186,7 +187,7 @@ def snapshot(state: TrainState, ctx: DistContext) -> dict[str, Any]:
         "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
         "config": state.config.to_dict(), "dino_loss": state.loss_fn.state_dict(),
         "scaler": state.scaler.state_dict(), "world_size": ctx.world_size,
-        "rng": _gather(ctx, capture_rng()), "epoch_rng": _gather(ctx, state.epoch_rng),
+        "rng": all_gather_object(ctx, capture_rng()), "epoch_rng": all_gather_object(ctx, state.epoch_rng),
     }
 
 
@@ -207,12 +208,3 @@ def restore(state: TrainState, saved: dict[str, Any], ctx: DistContext) -> None:
         log.warning("resuming with %d ranks instead of %s: random streams restart", ctx.world_size,
                     saved.get("world_size"))
         torch.manual_seed(state.config.run.seed + ctx.rank + state.global_step)
-
-
-def _gather(ctx: DistContext, value: Any) -> list[Any]:
-    """Every rank's value, in rank order (RNG states differ between ranks)."""
-    if not ctx.distributed:
-        return [value]
-    values: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(values, value)
-    return values

@@ -191,6 +191,15 @@ def all_reduce_max(ctx: DistContext, value: int) -> int:
     return int(box.item())
 
 
+def all_gather_object(ctx: DistContext, value: object) -> list[object]:
+    """Every rank's `value`, in rank order."""
+    if not ctx.distributed:
+        return [value]
+    values: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
 def broadcast_object(ctx: DistContext, value: object) -> object:
     """Rank 0's value on every rank."""
     if not ctx.distributed:
