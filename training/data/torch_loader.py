@@ -294,6 +294,7 @@ class EvalTransform:
 def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
                       std: Sequence[float]) -> RingLoader:
     """The ring loader over this rank's batches: finished crops, or raw batches under gpu_augment."""
+    check_stats(mean, std, config)
     raw = config.data.gpu_augment
     transform = (RawTransform if raw else PretrainTransform)(config, mean, std)
     dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform,
