@@ -288,8 +288,9 @@ def finetune_payload(config: Config, ctx: DistContext, checkpoint: Path, data: F
     }
 
 
-def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], state: dict[str, Any]) -> None:
-    """The fine-tuning results (JSON and Markdown) and weights, each written atomically."""
+def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], state: dict[str, Any]) -> str:
+    """The fine-tuning results (JSON and Markdown) and weights, each written atomically; returns the
+    summary table for the caller to show."""
     from training.eval.tables import finetune_history_rows, finetune_rows, markdown_table
 
     save_torch_atomic({"model": state, "class_names": payload["class_names"], "config": config.to_dict()},
@@ -300,4 +301,4 @@ def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], s
     write_text_atomic(layout.finetune_md, f"# Fine-tuned backbone (validation top-1, %)\n\n{summary}\n\n"
                                           f"## Per epoch\n\n{history}\n")
     log.info("wrote %s", layout.finetune_json)
-    print(summary)
+    return summary
