@@ -81,8 +81,7 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         if n_chans != len(channels):
             raise ValueError(f"the input has {n_chans} channels but {len(channels)} channel ids {channels}")
         rows = torch.tensor(self.embedding_rows(channels), device=x.device)
-        patch_h, patch_w = self.patch_embed.patch_size
-        x = x[..., : height - height % patch_h, : width - width % patch_w]
+        x = self._whole_patches(x)
         patches = self.patch_embed(x.reshape(batch * n_chans, 1, *x.shape[-2:]))  # (B*C, rows, cols, D)
         _, grid_h, grid_w, dim = patches.shape
         pos = self._position_embedding((grid_h, grid_w), square_image=height == width)
