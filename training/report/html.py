@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.eval.compare import comparison_rows
+from training.eval.compare import PER_COMBINATION, comparison_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout, tags
@@ -161,7 +161,7 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
     if not comparison:
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
-                      for c in comparison["models"]["per_combination"]["combinations"])
+                      for c in comparison["models"][PER_COMBINATION]["combinations"])
     return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>",
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
             html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]
