@@ -35,6 +35,7 @@ from training.data.torch_loader import (
     CheckedLoader,
     EvalTransform,
     build_eval_loader,
+    checked_loader,
 )
 from training.distributed import DistContext, all_reduce_max, all_reduce_sum, ranks_log
 from training.errors import UserError
@@ -140,10 +141,7 @@ def build_train_loader(config: Config, data: FinetuneData,
     transform = EvalTransform(settings.image_size, data.mean, data.std)
     dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
                            RandomFlips(transform) if settings.finetune_flips else transform, substitute=True)
-    workers = config.data.num_workers
-    loader = CheckedLoader(dataset, sampler=sampler, batch_size=None, num_workers=workers,
-                           pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
-    return loader, sampler
+    return checked_loader(dataset, sampler, config), sampler
 
 
 @dataclass
