@@ -16,8 +16,9 @@ from typing import Any
 from training.eval.compare import PER_COMBINATION, comparison_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
-from training.rundir import RunLayout, tags
+from training.rundir import RunLayout
 from training.rundir.artifacts import read_optional_json, read_timings
+from training.rundir.summary import knn_headline
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -91,11 +92,7 @@ def headline(knn: dict[str, Any] | None) -> str:
     """One sentence: trained top-1 at its best k against both baselines."""
     if not knn:
         return ""
-    parts = []
-    for tag in tags.HEADLINE:
-        entry = knn["tags"].get(tag)
-        if entry:
-            parts.append(f"{tags.label(tag)} {100 * entry['top1'][str(entry['best_k'])]:.1f}% (k={entry['best_k']})")
+    parts = [f"{m['label']} {100 * m['top1']:.1f}% (k={m['best_k']})" for m in knn_headline(knn).values()]
     return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
 
 
