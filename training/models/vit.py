@@ -15,6 +15,7 @@ from functools import partial
 from typing import Literal
 
 import torch
+from timm.layers import resample_abs_pos_embed
 from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
@@ -75,12 +76,20 @@ class DinoVisionTransformer(VisionTransformer):
         `square_image` (the pixel shape, for DINO's rule) defaults to a square grid meaning a
         square image, for timm's own callers that only pass the tokens.
         """
-        if self.pos_embed_interpolation == "timm" or x.ndim != 4:
+        if x.ndim != 4:
             return super()._pos_embed(x)
         batch, rows, cols, dim = x.shape
         square = rows == cols if square_image is None else square_image
         tokens = torch.cat([self.cls_token.expand(batch, -1, -1), x.reshape(batch, rows * cols, dim)], dim=1)
-        return self.pos_drop(tokens + dino_resample_pos_embed(self.pos_embed, (rows, cols), square))
+        return self.pos_drop(tokens + self._position_embedding((rows, cols), square))
+
+    def _position_embedding(self, grid: tuple[int, int], square_image: bool) -> torch.Tensor:
+        """(1, 1 + rows x cols, D) for a patch grid: DINO's resampling, or timm's (as timm's own
+        `_pos_embed` calls it), as pos_embed_interpolation says."""
+        if self.pos_embed_interpolation == "dino":
+            return dino_resample_pos_embed(self.pos_embed, grid, square_image)
+        return resample_abs_pos_embed(self.pos_embed, new_size=grid, old_size=self.patch_embed.grid_size,
+                                      num_prefix_tokens=1)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
         """CLS and patch tokens with position embeddings, as DINO's `prepare_tokens`.
