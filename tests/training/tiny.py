@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from training.config import Config
@@ -41,3 +42,13 @@ def tiny_config(overrides: dict[str, Any] | None = None, **keywords: Any) -> Con
     values = {**TINY_MODEL, **(overrides or {})}
     values.update({key.replace("__", "."): value for key, value in keywords.items()})
     return Config().replace(values)
+
+
+def run_cli(config: Config, step: str, *extra: str) -> int:
+    """Run a step through the real command line, with `config` written as YAML beside its run folder."""
+    from training.cli import main
+    from training.config import dump_config
+
+    path = Path(config.run.output_dir).parent / f"{step}.yaml"
+    dump_config(config, path)
+    return main([step, "--config", str(path), *extra])

@@ -2,8 +2,8 @@
 
 DALI cannot decode 5-channel TIFF (its decoders stop at 4 channels), so the images come from the
 packed memory map through `fn.external_source`: the selected channels of each image as an
-(H, W, C) uint16 array. Every later op takes any channel count in HWC layout, so no channel
-is split off (checked on 5 channels by tests/training/test_dali_loader.py): cast, per-image
+(H, W, C) array of the packed pixel type (usually uint16). Every later op takes any channel count
+in HWC layout, so no channel is split off (checked on 5 channels by tests/training/data/test_dali.py): cast, per-image
 per-channel min-max scaling (`fn.reductions` + broadcasting arithmetic), `fn.random_resized_crop`
 (bicubic, antialiased), `fn.flip`, per-channel brightness and solarisation (arithmetic),
 `fn.gaussian_blur` and `fn.crop_mirror_normalize` (mean/std, HWC -> CHW, and the horizontal flip:
@@ -98,7 +98,7 @@ class PackedFeed:
         return self.read(self.last)
 
     def read(self, indices: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """(H, W, C) uint16 images of the selected channels, and (1,) int64 labels."""
+        """(H, W, C) images of the selected channels (the packed pixel type), and (1,) int64 labels."""
         if self.images.uniform_shape is not None:
             raw = self.images.read_batch(indices)[:, self.channel_indices].transpose(0, 2, 3, 1)
             images = list(np.ascontiguousarray(raw))

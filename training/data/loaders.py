@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from training.config import Config
 from training.data.dataset import open_images
-from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
+from training.data.sampler import DistributedBatchSampler, pretrain_sampler
 from training.data.split import load_split
 from training.data.torch_loader import crops_on_device, torch_pretrain_loader
 
@@ -21,8 +21,8 @@ __all__ = ["build_pretrain_loader", "crops_on_device"]
 
 def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: Sequence[float],
                           std: Sequence[float], device: str | None = None) -> tuple[Any, DistributedBatchSampler]:
-    """(loader, sampler) of this rank's training batches; `device` only matters for DALI."""
-    check_stats(mean, std, config)
+    """(loader, sampler) of this rank's training batches; `device` only matters for DALI.
+    Each path checks mean/std against the channels itself (check_stats)."""
     if config.data.loader == "dali":
         from training.data.dali import build_dali_pretrain_loader  # an optional extra: imported when chosen
 

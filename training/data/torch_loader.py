@@ -209,7 +209,9 @@ class RingLoader:
                 pool.shutdown(wait=True)
 
 
-def _loader(dataset: Dataset, sampler: Sampler, config: Config) -> CheckedLoader:
+def checked_loader(dataset: Dataset, sampler: Sampler, config: Config) -> CheckedLoader:
+    """A DataLoader of whole batches (the sampler yields each batch's indices) with
+    data.num_workers worker processes, pinned memory where a GPU exists."""
     workers = config.data.num_workers
     return CheckedLoader(
         dataset, sampler=sampler, batch_size=None, collate_fn=_keep, num_workers=workers,
@@ -294,6 +296,7 @@ class EvalTransform:
 def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
                       std: Sequence[float]) -> RingLoader:
     """The ring loader over this rank's batches: finished crops, or raw batches under gpu_augment."""
+    check_stats(mean, std, config)
     raw = config.data.gpu_augment
     transform = (RawTransform if raw else PretrainTransform)(config, mean, std)
     dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform,
@@ -316,7 +319,7 @@ def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, 
                                       drop_last=False, pad=False)
     transform = EvalTransform(config.eval.image_size, mean, std, config.eval.resize)
     dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform, substitute=False)
-    return _loader(dataset, sampler, config)
+    return checked_loader(dataset, sampler, config)
 
 
 def eval_batch_size(config: Config, images, wanted: int) -> int:

@@ -35,6 +35,7 @@ from training.data.torch_loader import (
     CheckedLoader,
     EvalTransform,
     build_eval_loader,
+    checked_loader,
 )
 from training.distributed import DistContext, all_reduce_max, all_reduce_sum, ranks_log
 from training.errors import UserError
@@ -140,10 +141,7 @@ def build_train_loader(config: Config, data: FinetuneData,
     transform = EvalTransform(settings.image_size, data.mean, data.std)
     dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
                            RandomFlips(transform) if settings.finetune_flips else transform, substitute=True)
-    workers = config.data.num_workers
-    loader = CheckedLoader(dataset, sampler=sampler, batch_size=None, num_workers=workers,
-                           pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
-    return loader, sampler
+    return checked_loader(dataset, sampler, config), sampler
 
 
 @dataclass
@@ -288,8 +286,9 @@ def finetune_payload(config: Config, ctx: DistContext, checkpoint: Path, data: F
     }
 
 
-def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], state: dict[str, Any]) -> None:
-    """The fine-tuning results (JSON and Markdown) and weights, each written atomically."""
+def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], state: dict[str, Any]) -> str:
+    """The fine-tuning results (JSON and Markdown) and weights, each written atomically; returns the
+    summary table for the caller to show."""
     from training.eval.tables import finetune_history_rows, finetune_rows, markdown_table
 
     save_torch_atomic({"model": state, "class_names": payload["class_names"], "config": config.to_dict()},
@@ -300,4 +299,4 @@ def write_finetune(config: Config, layout: RunLayout, payload: dict[str, Any], s
     write_text_atomic(layout.finetune_md, f"# Fine-tuned backbone (validation top-1, %)\n\n{summary}\n\n"
                                           f"## Per epoch\n\n{history}\n")
     log.info("wrote %s", layout.finetune_json)
-    print(summary)
+    return summary

@@ -23,6 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.config import Config
+from training.eval.knn import reference_query
 from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,6 @@ def train_linear_probe(
 
 def probe_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], config: Config) -> dict[str, Any]:
     """The linear-probe results: one probe per feature set, on the kNN step's reference/query split."""
-    from training.eval.knn import reference_query
-
     y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
     result = {"seed": config.run.seed, "epochs": config.eval.linear_epochs, "lr": config.eval.linear_lr,
               "n_train": int(len(ref)), "n_val": int(len(query)), "class_names": labels["class_names"], "tags": {}}

@@ -6,14 +6,12 @@ Model code knows nothing about distribution or checkpoints; `training.parallel` 
 
 from __future__ import annotations
 
-from functools import partial
-
 from torch import nn
 
 from training.config import Config, ModelConfig
 from training.models.channel_vit import ChannelVisionTransformer
 from training.models.head import DINOHead, MultiCropWrapper
-from training.models.vit import ARCHS, DinoVisionTransformer, vit
+from training.models.vit import ARCHS, DinoVisionTransformer, vit, vit_kwargs
 
 __all__ = [
     "ARCHS",
@@ -51,14 +49,9 @@ def build_backbone(
 def channel_vit(model_config: ModelConfig, channel_ids: tuple[int, ...], img_size: int, *,
                 drop_path_rate: float = 0.0) -> ChannelVisionTransformer:
     """The channel-adaptive ViT of `model_config.arch` for these original channel ids."""
-    embed_dim, depth, num_heads = ARCHS[model_config.arch]
-    return ChannelVisionTransformer(
-        channel_ids=channel_ids, img_size=img_size, patch_size=model_config.patch_size, num_classes=0,
-        global_pool="token", embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=4.0,
-        qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), drop_path_rate=drop_path_rate,
-        dynamic_img_size=True, dynamic_img_pad=False,
-        pos_embed_interpolation=model_config.pos_embed_interpolation,
-    )
+    return ChannelVisionTransformer(channel_ids=channel_ids, **vit_kwargs(
+        model_config.arch, patch_size=model_config.patch_size, img_size=img_size, drop_path_rate=drop_path_rate,
+        pos_embed_interpolation=model_config.pos_embed_interpolation))
 
 
 def build_model(config: Config, in_chans: int) -> tuple[MultiCropWrapper, MultiCropWrapper]:

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from training.models.vit import DinoVisionTransformer, dino_resample_pos_embed
+from training.models.vit import DinoVisionTransformer
 
 
 class ChannelVisionTransformer(DinoVisionTransformer):
@@ -81,8 +81,7 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         if n_chans != len(channels):
             raise ValueError(f"the input has {n_chans} channels but {len(channels)} channel ids {channels}")
         rows = torch.tensor(self.embedding_rows(channels), device=x.device)
-        patch_h, patch_w = self.patch_embed.patch_size
-        x = x[..., : height - height % patch_h, : width - width % patch_w]
+        x = self._whole_patches(x)
         patches = self.patch_embed(x.reshape(batch * n_chans, 1, *x.shape[-2:]))  # (B*C, rows, cols, D)
         _, grid_h, grid_w, dim = patches.shape
         pos = self._position_embedding((grid_h, grid_w), square_image=height == width)
@@ -91,14 +90,6 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         cls = (self.cls_token + pos[:, :1]).expand(batch, -1, -1)
         tokens = torch.cat([cls, patches.reshape(batch, n_chans * grid_h * grid_w, dim)], dim=1)
         return self.norm_pre(self.patch_drop(self.pos_drop(tokens)))
-
-    def _position_embedding(self, grid: tuple[int, int], square_image: bool) -> torch.Tensor:
-        """(1, 1 + rows x cols, D): DINO's or timm's resampling, as model.pos_embed_interpolation says."""
-        if self.pos_embed_interpolation == "dino":
-            return dino_resample_pos_embed(self.pos_embed, grid, square_image)
-        from timm.layers import resample_abs_pos_embed
-
-        return resample_abs_pos_embed(self.pos_embed, new_size=list(grid), num_prefix_tokens=1)
 
     @torch.no_grad()
     def get_last_selfattention(self, x: torch.Tensor, channels: Sequence[int] | None = None) -> torch.Tensor:

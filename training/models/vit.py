@@ -15,6 +15,7 @@ from functools import partial
 from typing import Literal
 
 import torch
+from timm.layers import resample_abs_pos_embed
 from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
@@ -75,12 +76,20 @@ class DinoVisionTransformer(VisionTransformer):
         `square_image` (the pixel shape, for DINO's rule) defaults to a square grid meaning a
         square image, for timm's own callers that only pass the tokens.
         """
-        if self.pos_embed_interpolation == "timm" or x.ndim != 4:
+        if x.ndim != 4:
             return super()._pos_embed(x)
         batch, rows, cols, dim = x.shape
         square = rows == cols if square_image is None else square_image
         tokens = torch.cat([self.cls_token.expand(batch, -1, -1), x.reshape(batch, rows * cols, dim)], dim=1)
-        return self.pos_drop(tokens + dino_resample_pos_embed(self.pos_embed, (rows, cols), square))
+        return self.pos_drop(tokens + self._position_embedding((rows, cols), square))
+
+    def _position_embedding(self, grid: tuple[int, int], square_image: bool) -> torch.Tensor:
+        """(1, 1 + rows x cols, D) for a patch grid: DINO's resampling, or timm's (as timm's own
+        `_pos_embed` calls it), as pos_embed_interpolation says."""
+        if self.pos_embed_interpolation == "dino":
+            return dino_resample_pos_embed(self.pos_embed, grid, square_image)
+        return resample_abs_pos_embed(self.pos_embed, new_size=grid, old_size=self.patch_embed.grid_size,
+                                      num_prefix_tokens=1)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
         """CLS and patch tokens with position embeddings, as DINO's `prepare_tokens`.
@@ -89,11 +98,15 @@ class DinoVisionTransformer(VisionTransformer):
         whole patch (timm would refuse such a size), e.g. the last 4 of a 100 px image at patch 16.
         """
         height, width = x.shape[-2:]
-        patch_h, patch_w = self.patch_embed.patch_size
-        x = x[..., : height - height % patch_h, : width - width % patch_w]
-        x = self._pos_embed(self.patch_embed(x), square_image=height == width)
+        x = self._pos_embed(self.patch_embed(self._whole_patches(x)), square_image=height == width)
         x = self.patch_drop(x)
         return self.norm_pre(x)
+
+    def _whole_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """x without the rows and columns beyond its last whole patch."""
+        height, width = x.shape[-2:]
+        patch_h, patch_w = self.patch_embed.patch_size
+        return x[..., : height - height % patch_h, : width - width % patch_w]
 
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                          is_causal: bool = False) -> torch.Tensor:
@@ -131,16 +144,15 @@ def attention_weights(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
 
 
-def vit(arch: str, *, patch_size: int, in_chans: int, img_size: int, drop_path_rate: float = 0.0,
-        pos_embed_interpolation: PosEmbedInterpolation = "dino") -> DinoVisionTransformer:
-    """Build a DINO-compatible ViT; `img_size` only sets the stored position-embedding grid."""
+def vit_kwargs(arch: str, *, patch_size: int, img_size: int, drop_path_rate: float = 0.0,
+               pos_embed_interpolation: PosEmbedInterpolation = "dino") -> dict:
+    """The constructor arguments of a DINO-compatible ViT of `arch` (shared by the channel-adaptive one)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
     embed_dim, depth, num_heads = ARCHS[arch]
-    return DinoVisionTransformer(
+    return dict(
         img_size=img_size,
         patch_size=patch_size,
-        in_chans=in_chans,
         num_classes=0,
         global_pool="token",
         embed_dim=embed_dim,
@@ -154,3 +166,11 @@ def vit(arch: str, *, patch_size: int, in_chans: int, img_size: int, drop_path_r
         dynamic_img_pad=False,
         pos_embed_interpolation=pos_embed_interpolation,
     )
+
+
+def vit(arch: str, *, patch_size: int, in_chans: int, img_size: int, drop_path_rate: float = 0.0,
+        pos_embed_interpolation: PosEmbedInterpolation = "dino") -> DinoVisionTransformer:
+    """Build a DINO-compatible ViT; `img_size` only sets the stored position-embedding grid."""
+    return DinoVisionTransformer(in_chans=in_chans, **vit_kwargs(
+        arch, patch_size=patch_size, img_size=img_size, drop_path_rate=drop_path_rate,
+        pos_embed_interpolation=pos_embed_interpolation))

@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from training.eval.compare import PER_COMBINATION
 from training.plots.common import new_figure
 from training.rundir import tags
 
 
-def plot_combinations(comparison: dict[str, Any], model: str = "per_combination"):
+def plot_combinations(comparison: dict[str, Any], model: str = PER_COMBINATION):
     """Grouped bars of kNN top-1 per combination for the trained model and both baselines, with
     the all-channels model as a dashed line, so a single channel's or a left-out channel's share
     reads off against it."""

@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.eval.compare import comparison_rows
+from training.eval.compare import PER_COMBINATION, comparison_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
-from training.rundir import RunLayout, tags
+from training.rundir import RunLayout
 from training.rundir.artifacts import read_optional_json, read_timings
+from training.rundir.summary import knn_headline
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -91,11 +92,7 @@ def headline(knn: dict[str, Any] | None) -> str:
     """One sentence: trained top-1 at its best k against both baselines."""
     if not knn:
         return ""
-    parts = []
-    for tag in tags.HEADLINE:
-        entry = knn["tags"].get(tag)
-        if entry:
-            parts.append(f"{tags.label(tag)} {100 * entry['top1'][str(entry['best_k'])]:.1f}% (k={entry['best_k']})")
+    parts = [f"{m['label']} {100 * m['top1']:.1f}% (k={m['best_k']})" for m in knn_headline(knn).values()]
     return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
 
 
@@ -161,7 +158,7 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
     if not comparison:
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
-                      for c in comparison["models"]["per_combination"]["combinations"])
+                      for c in comparison["models"][PER_COMBINATION]["combinations"])
     return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>",
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
             html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]

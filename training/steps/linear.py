@@ -69,6 +69,6 @@ def run_finetune(config: Config, layout: RunLayout) -> int:
         result = finetune(config, ctx, checkpoint, data)
         if ctx.is_main:
             payload = finetune_payload(config, ctx, checkpoint, data, result)
-            write_finetune(config, layout, {**payload, "seconds": round(time.perf_counter() - start, 3)},
-                           result.state)
+            print(write_finetune(config, layout, {**payload, "seconds": round(time.perf_counter() - start, 3)},
+                                 result.state))
     return 0

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
+from tiny import run_cli
 
-from training.cli import main
-from training.config import dump_config
 from training.data.packed import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import UserError
@@ -35,11 +34,6 @@ def write(path: Path, image: np.ndarray, compression: str, predictor: bool = Fal
                      compression=compression, predictor=predictor)
     return path
 
-
-def _cli(config, step):
-    path = Path(config.run.output_dir).parent / f"{step}.yaml"
-    dump_config(config, path)
-    return main([step, "--config", str(path)])
 
 
 @pytest.mark.parametrize("predictor", [False, True], ids=["plain", "predictor"])
@@ -65,7 +59,7 @@ def test_prepare_packs_every_compression_pixel_exact(make_config, tmp_path, dtyp
             sources[rel] = source_image(dtype, seed=10 * i + predictor)
             write(root / rel, sources[rel], compression, predictor)
     config = make_config({"data.source": str(root)})
-    assert _cli(config, "prepare") == 0
+    assert run_cli(config, "prepare") == 0
     layout = RunLayout.from_config(config)
     assert not layout.bad_images.exists()
     packed = PackedImages(layout.packed)
@@ -126,7 +120,7 @@ def test_missing_codec_stops_prepare_even_when_skipping_bad_images(make_config, 
     write(root / "a" / "zlib.tif", source_image("uint16", 1), "zlib")
     write(root / "a" / "lzw.tif", source_image("uint16", 2), "lzw")
     config = make_config({"data.source": str(root), "data.on_bad_image": "skip"})
-    assert _cli(config, "prepare") == 2
+    assert run_cli(config, "prepare") == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "lzw.tif" in message and "LZW compression" in message and "imagecodecs" in message
     assert not RunLayout.from_config(config).packed.exists()

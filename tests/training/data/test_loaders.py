@@ -16,6 +16,7 @@ from training.data.sampler import DistributedBatchSampler
 from training.data.split import load_split
 from training.data.synthetic import write_corrupt_files
 from training.data.torch_loader import build_eval_loader
+from training.errors import UserError
 
 MEAN, STD = [0.3] * 5, [0.2] * 5
 
@@ -29,6 +30,11 @@ def test_pretrain_batches_have_the_contracted_shapes(make_config):
     train = set(load_split(config).train.tolist())
     assert len(loader) == len(train) // 8
     assert hasattr(sampler, "set_epoch")
+
+
+def test_pretrain_loader_refuses_stats_of_another_channel_count(make_config):
+    with pytest.raises(UserError, match="mean/std have 4/4 values for 5 channels"):
+        build_pretrain_loader(make_config(), rank=0, world_size=1, mean=MEAN[:4], std=STD[:4])
 
 
 def test_uneven_data_gives_every_rank_the_same_number_of_full_batches():

@@ -4,14 +4,14 @@ split is deterministic; `synth-data` is deterministic; `mean-std` matches a dire
 import json
 import shutil
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tifffile
+from tiny import run_cli
 
 from training.cli import main
-from training.config import Config, dump_config
+from training.config import Config
 from training.data.dataset import load_index, open_dataset, open_images, resolve_source
 from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
@@ -20,13 +20,6 @@ from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_
 from training.data.tiff import read_image
 from training.errors import MissingInputError
 from training.rundir import RunLayout
-
-
-def _cli(config, step, *extra):
-    """Run a step through the real command line with this config written as YAML."""
-    path = Path(config.run.output_dir).parent / f"{step}.yaml"
-    dump_config(config, path)
-    return main([step, "--config", str(path), *extra])
 
 
 @pytest.fixture
@@ -39,7 +32,7 @@ def dirty_root(synth_root, tmp_path):
 
 def test_packed_equals_tiff_and_bad_images_are_reported(make_config, dirty_root):
     config = make_config({"data.source": str(dirty_root)})
-    assert _cli(config, "prepare") == 0
+    assert run_cli(config, "prepare") == 0
     layout = RunLayout.from_config(config)
     packed = PackedImages(layout.packed)
     assert len(packed) == 4 * 24 and packed.uniform_shape == (5, 50, 50)
@@ -58,7 +51,7 @@ def test_packed_equals_tiff_and_bad_images_are_reported(make_config, dirty_root)
 
 def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
     config = make_config({"data.source": str(dirty_root), "data.on_bad_image": "fail"})
-    assert _cli(config, "prepare") == 2
+    assert run_cli(config, "prepare") == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith("error: bad image ") and "corrupt_blank.tif: blank image" in message
     assert "data.on_bad_image=skip" in message
@@ -103,7 +96,7 @@ def test_tiff_and_packed_datasets_give_identical_tensors(make_config):
     config = make_config()
     tiff = open_dataset(config)
     assert resolve_source(config)[0] == "tiff"
-    assert _cli(config, "prepare") == 0
+    assert run_cli(config, "prepare") == 0
     assert resolve_source(config)[0] == "packed"
     packed = open_dataset(config)
     assert packed.paths == tiff.paths and packed.class_names == tiff.class_names
@@ -143,7 +136,7 @@ def test_split_is_deterministic_stratified_and_saved(make_config):
     np.testing.assert_array_equal(np.sort(np.concatenate([first.train, first.holdout])), np.arange(80))
     config = make_config()
     on_the_fly = load_split(config)
-    assert _cli(config, "prepare") == 0
+    assert run_cli(config, "prepare") == 0
     saved = load_split(config)
     np.testing.assert_array_equal(saved.holdout, on_the_fly.holdout)
 
@@ -152,7 +145,7 @@ def test_mean_std_matches_numpy(make_config):
     config = make_config({"data.mean_std_fraction": 0.5, "data.channels": "31"})
     with pytest.raises(MissingInputError, match="mean-std"):
         load_mean_std(config)
-    assert _cli(config, "mean-std") == 0
+    assert run_cli(config, "mean-std") == 0
     stats = json.loads(RunLayout.from_config(config).mean_std.read_text())
     images = open_images(config)
     chosen = sample_for_stats(load_split(config).train, 0.5, config.run.seed)
@@ -174,7 +167,7 @@ def test_images_of_different_sizes_pack_and_read_back(make_config, tmp_path):
         pixels = rng.integers(0, 60000, (3, h, w), dtype=np.uint16)
         write_tiff(tmp_path / "mixed" / f"c{k % 2}" / f"{k}.tif", pixels, "first")
     config = make_config({"data.source": str(tmp_path / "mixed"), "data.channels": "012"})
-    assert _cli(config, "prepare") == 0
+    assert run_cli(config, "prepare") == 0
     packed = PackedImages(RunLayout.from_config(config).packed)
     assert packed.uniform_shape is None
     for i, rel in enumerate(packed.paths):
@@ -195,7 +188,7 @@ def test_synth_data_is_deterministic_and_in_scdino_layout(tmp_path):
     assert tifffile.imread(tmp_path / "c" / files[0]).tobytes() != image.tobytes()
 
 
-def test_synth_data_cli(tmp_path):
+def test_synth_datarun_cli(tmp_path):
     out = tmp_path / "cli"
     assert main(["synth-data", "--out", str(out), "--classes", "2", "--per-class", "3", "--channels", "7",
                  "--size", "32", "--corrupt"]) == 0

@@ -53,6 +53,9 @@ def test_raw_pixel_baseline_pools_to_a_modest_dimension():
     rows = shard.features["raw_pixels"]
     assert rows.shape == (4, 5 * 8 * 8)
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
+    # each row: the means of the 5 x 5 pixel blocks, channel by channel, row-major, scaled to unit length
+    blocks = images.double().numpy().reshape(4, 5, 8, 5, 8, 5).mean(axis=(3, 5)).reshape(4, -1)
+    np.testing.assert_allclose(rows, blocks / np.linalg.norm(blocks, axis=1, keepdims=True), atol=1e-6)
 
 
 def _images(n=11):

@@ -120,3 +120,34 @@ def test_per_class_accuracy_and_confusion_matrix():
     predicted = np.array([0, 1, 1, 1, 0])
     assert per_class_accuracy(truth, predicted, 3) == [0.5, pytest.approx(2 / 3), None]
     np.testing.assert_array_equal(confusion_matrix(truth, predicted, 3), [[1, 1, 0], [1, 2, 0], [0, 0, 0]])
+
+
+def test_knn_json_scores_every_feature_set_on_one_shared_split():
+    """evaluate_feature_sets: each tag's top-1/top-2, per-class accuracy and confusion at the best k
+    are the brute-force vote's on the seeded reference/query rows of labels.json."""
+    from training.config import EvalConfig
+    from training.eval.knn import evaluate_feature_sets
+    from training.rundir.features import FeatureSet
+
+    rng = np.random.default_rng(4)
+    y = np.repeat(np.arange(3), 12)
+    labels = {"class_names": ["a", "b", "c"], "labels": y.tolist()}
+    sets = {tag: FeatureSet(features=_normalised(rng, 36, 6), labels=y, paths=[f"{i}.tif" for i in range(36)],
+                            indices=np.arange(36), meta={"epoch": epoch, "kind": "checkpoint"})
+            for tag, epoch in (("final", 3), ("raw_pixels", None))}
+    settings = EvalConfig(knn_k=(1, 5), knn_temperature=0.1, knn_train_fraction=0.75)
+    payload = evaluate_feature_sets(sets, labels, settings, seed=11)
+    ref, query = split_reference_query(y, 0.75, seed=11)
+    assert (payload["n_reference"], payload["n_query"], payload["ks"]) == (len(ref), len(query), [1, 5])
+    assert list(payload["tags"]) == ["final", "raw_pixels"]
+    for tag, fs in sets.items():
+        entry, x = payload["tags"][tag], fs.features
+        scores = {k: brute_force(x[ref], y[ref], x[query], y[query], k, 0.1, 3) for k in (1, 5)}
+        assert entry["top1"] == {str(k): pytest.approx(s[0]) for k, s in scores.items()}
+        assert entry["top2"] == {str(k): pytest.approx(s[1]) for k, s in scores.items()}
+        best = max((1, 5), key=lambda k: (scores[k][0], -k))
+        assert entry["best_k"] == best and entry["epoch"] == fs.meta["epoch"] and entry["dim"] == 6
+        predicted, truth = scores[best][2], y[query]
+        expected_confusion = [[int(np.sum((truth == t) & (predicted == p))) for p in range(3)] for t in range(3)]
+        assert entry["confusion"] == expected_confusion
+        assert entry["per_class_top1"] == [pytest.approx(np.mean(predicted[truth == c] == c)) for c in range(3)]

@@ -13,7 +13,7 @@ from tiny import tiny_config
 from training.errors import UserError
 from training.models import ChannelVisionTransformer, DinoVisionTransformer, build_backbone, build_model
 from training.models.pretrained import load_backbone
-from training.models.vit import dino_resample_pos_embed
+from training.models.vit import attention_weights, dino_resample_pos_embed
 
 PATCH = 8
 
@@ -73,6 +73,10 @@ def test_a_subset_meets_the_embeddings_of_its_original_channel_ids():
         assert (subset - model(x[:, [0, 2]], channels=(0, 1))).abs().max() > 1e-3
         full = model(x)
         torch.testing.assert_close(full, reference_cls(model, x, rows=[0, 1, 2, 3, 4]), atol=1e-5, rtol=1e-5)
+        # pixels beyond the last whole patch are ignored, as by the strided convolution (a 5 x 4 grid)
+        ragged = torch.randn(2, 2, 43, 37)
+        torch.testing.assert_close(model(ragged, channels=(1, 3)), reference_cls(model, ragged, rows=[1, 3]),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_ids_need_not_be_contiguous_and_order_of_channels_does_not_matter():
@@ -111,9 +115,29 @@ def test_unknown_or_mismatched_channels_are_refused_with_the_allowed_ones():
 
 def test_attention_folds_to_patch_positions_and_rows_sum_to_one():
     model = channel_model((0, 1, 2))
-    attention = model.get_last_selfattention(torch.randn(2, 3, 32, 24))
+    x = torch.randn(2, 3, 32, 24)
+    attention = model.get_last_selfattention(x)
     assert attention.shape == (2, model.blocks[-1].attn.num_heads, 1 + 4 * 3, 1 + 4 * 3)
     torch.testing.assert_close(attention.sum(-1), torch.ones(attention.shape[:-1]))
+    # Against the unfolded attention over CLS + 3 channels x 12 positions, folded element by element:
+    # a key position sums its 3 channel tokens, a query position averages its 3 channel tokens.
+    with torch.no_grad():
+        tokens = model._tokens(x)
+        for block in model.blocks[:-1]:
+            tokens = block(tokens)
+        last = model.blocks[-1]
+        full = attention_weights(last.attn, last.norm1(tokens))
+    positions, n_chans = 12, 3
+
+    def key(row: torch.Tensor, p: int) -> torch.Tensor:  # row (..., 1 + C x P) -> weight of position p
+        return sum(row[..., 1 + c * positions + p] for c in range(n_chans))
+
+    for p in range(positions):
+        torch.testing.assert_close(attention[:, :, 0, 1 + p], key(full[:, :, 0], p))
+        for q in (0, 5, 11):
+            expected = sum(key(full[:, :, 1 + c * positions + q], p) for c in range(n_chans)) / n_chans
+            torch.testing.assert_close(attention[:, :, 1 + q, 1 + p], expected)
+    torch.testing.assert_close(attention[:, :, 0, 0], full[:, :, 0, 0])
 
 
 def test_the_dino_pair_embeds_the_configured_channel_ids():
