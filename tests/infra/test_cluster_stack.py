@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import cluster_config, one, resources
+from infra.synth_helpers import cluster_config, exported, one, resources
 
 pytestmark = pytest.mark.slow
 
@@ -24,12 +24,36 @@ def test_cluster_resource_properties(synth):
     assert set(cluster) == {"ServiceToken", "ClusterName", "ClusterConfiguration", "DeletionPolicy"}
 
 
+def _imported(synth, value) -> tuple[str, str]:
+    """(stack, logical id) of the resource a cross-stack reference names (Ref or GetAtt of an export)."""
+    stack, output = exported(synth, value)
+    return stack, output["Ref"] if "Ref" in output else output["Fn::GetAtt"][0]
+
+
+def _logical_id(stack, construct) -> tuple[str, str]:
+    """(stack, logical id) of a construct of the app, from the stack object (not from the cluster config)."""
+    return stack.stack_name.rsplit("-", 1)[1], stack.get_logical_id(construct.node.default_child)
+
+
 def test_configuration_references_other_stacks(synth):
     config = cluster_config(synth)
-    assert "Fn::ImportValue" in config["HeadNode"]["Networking"]["SubnetId"]
+    network, storage = synth.stacks.network, synth.stacks.storage
+    head = config["HeadNode"]
+    assert "Fn::ImportValue" in head["Networking"]["SubnetId"]
     fsx = config["SharedStorage"][0]
     assert fsx["MountDir"] == "/fsx" and "DataFileSystem" in str(fsx["FsxLustreSettings"]["FileSystemId"])
-    assert "ClusterDataAccessPolicy" in str(config["HeadNode"]["Iam"]["AdditionalIamPolicies"][0]["Policy"])
+    assert "ClusterDataAccessPolicy" in str(head["Iam"]["AdditionalIamPolicies"][0]["Policy"])
+    # Each reference names the right resource: the private subnet, the cluster's (not FSx's) group.
+    private_subnet = _logical_id(network, network.private_subnet)
+    cluster_group = _logical_id(network, network.cluster_security_group)
+    queue = config["Scheduling"]["SlurmQueues"][0]
+    assert _imported(synth, head["Networking"]["SubnetId"]) == private_subnet
+    assert [_imported(synth, subnet) for subnet in queue["Networking"]["SubnetIds"]] == [private_subnet]
+    for networking in (head["Networking"], queue["Networking"]):
+        assert [_imported(synth, group) for group in networking["AdditionalSecurityGroups"]] == [cluster_group]
+    assert _imported(synth, fsx["FsxLustreSettings"]["FileSystemId"]) == _logical_id(storage, storage.file_system)
+    assert _imported(synth, head["Iam"]["AdditionalIamPolicies"][0]["Policy"]) == _logical_id(
+        storage, storage.data_policy)
 
 
 def test_default_queue_has_efa_placement_group_and_scratch(synth):
@@ -131,11 +155,15 @@ def test_every_preset_becomes_a_queue_in_the_demo(demo_synth):
 
 def test_cluster_stack_owns_the_nat_route_and_waits_for_it(synth):
     template = synth.json["cluster"]
+    network = synth.stacks.network
     gateway = one(template, "AWS::EC2::NatGateway")["Properties"]
     assert "VpcPublicSubnet" in str(gateway["SubnetId"])
+    assert _imported(synth, gateway["SubnetId"]) == _logical_id(network, network.public_subnet)
     (route_id,) = resources(template, "AWS::EC2::Route")
     route = template["Resources"][route_id]["Properties"]
     assert route["DestinationCidrBlock"] == "0.0.0.0/0" and "VpcPrivateSubnet" in str(route["RouteTableId"])
+    private_route_table = network.private_subnet.node.find_child("RouteTable")
+    assert _imported(synth, route["RouteTableId"]) == ("network", network.get_logical_id(private_route_table))
     assert route_id in one(template, "Custom::PclusterCluster")["DependsOn"]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.synth_helpers import cluster_config, one, run_pcluster
+from infra.synth_helpers import cluster_config, exported, one, run_pcluster
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import PRESETS
 from stacks.settings import (
@@ -59,9 +59,7 @@ def _render(value, synth):
     if isinstance(value, str):
         return value
     if "Fn::ImportValue" in value:
-        (output,) = [o for o in synth.json["storage"]["Outputs"].values()
-                     if o.get("Export", {}).get("Name") == value["Fn::ImportValue"]]
-        return _render(output["Value"], synth)
+        return _render(exported(synth, value)[1], synth)
     if "Ref" in value:
         ((stack, policy),) = [(name, template["Resources"][value["Ref"]]) for name, template in synth.json.items()
                               if value["Ref"] in template["Resources"] and value.get("Ref")]
