@@ -67,14 +67,18 @@ def test_default_queue_has_efa_placement_group_and_scratch(synth):
 
 
 def test_official_ami_by_default_and_pipeline_ami_when_asked(synth, demo_synth):
+    """The pipeline's AMI goes to the queues (updatable), never to the cluster-wide Image (not)."""
     config = cluster_config(synth)
     assert config["Image"] == {"Os": "alinux2023"}
     assert not [queue for queue in config["Scheduling"]["SlurmQueues"] if "Image" in queue]
     parameters = demo_synth.json["cluster"]["Parameters"]
     (name,) = [key for key, value in parameters.items() if value.get("Default") == "/scdino-demo/ami/gpu"]
-    for queue in cluster_config(demo_synth)["Scheduling"]["SlurmQueues"]:
+    demo = cluster_config(demo_synth)
+    assert set(demo["Image"]) == {"Os"} and len(demo["Scheduling"]["SlurmQueues"]) == 3
+    for queue in demo["Scheduling"]["SlurmQueues"]:
         assert queue["Image"] == {"CustomAmi": {"Ref": name}}
     assert parameters[name]["Type"] == "AWS::SSM::Parameter::Value<String>"
+    assert parameters[name]["Default"] == one(demo_synth.json["image"], "AWS::SSM::Parameter")["Properties"]["Name"]
 
 
 def _s3_uri(value) -> tuple[str, str]:
@@ -112,24 +116,16 @@ def test_deploy_writes_the_script_and_a_pointer_to_the_bundle_it_copies(synth):
     (marker,) = [m for m in bootstrap["SourceMarkers"] if m]
     uri = next(iter(marker.values()))["Fn::Join"][1]
     assert uri[1]["Ref"].startswith("NodeBundleBucket")
-    assert uri[3] == {"Fn::Select": [0, {"Fn::GetAtt": [_bundle_deployment_id(synth), "SourceObjectKeys"]}]}
+    assert uri[3] == {"Fn::Select": [0, {"Fn::GetAtt": [_deployment_id(synth, "bundles/"), "SourceObjectKeys"]}]}
     bundle_id = cluster_config(synth)["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][2]
     assert bundles["SourceObjectKeys"] == [f"{bundle_id}.zip"]
-    assert _bootstrap_deployment_id(synth) in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
+    assert _deployment_id(synth, "bootstrap/") in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
 
 
 def _deployment_id(synth, prefix: str) -> str:
     (logical_id,) = [key for key, value in resources(synth.json["cluster"], "Custom::CDKBucketDeployment").items()
                      if value["Properties"]["DestinationBucketKeyPrefix"] == prefix]
     return logical_id
-
-
-def _bundle_deployment_id(synth) -> str:
-    return _deployment_id(synth, "bundles/")
-
-
-def _bootstrap_deployment_id(synth) -> str:
-    return _deployment_id(synth, "bootstrap/")
 
 
 def test_nodes_read_only_the_deploy_bucket(synth):

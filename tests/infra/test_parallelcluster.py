@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.synth_helpers import cluster_config, exported, one, run_pcluster
+from infra.synth_helpers import cluster_config, exported, run_pcluster
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.presets import PRESETS
 from stacks.settings import (
@@ -225,16 +225,6 @@ def test_the_longest_cluster_name_settings_allow_passes_parallelcluster(image_va
     assert image_validation["cluster_names"][name] == []
     with pytest.raises(SettingsError, match="^setting cluster.name: the cluster name .* longer than 60"):
         build_settings({"prefix": "a" * 31, "cluster.name": "b" * 29})
-
-
-def test_the_pipeline_ami_goes_to_the_queues_not_the_cluster(demo_synth):
-    config = cluster_config(demo_synth)
-    assert set(config["Image"]) == {"Os"}
-    amis = [queue["Image"]["CustomAmi"] for queue in config["Scheduling"]["SlurmQueues"]]
-    assert len(amis) == 3 and all(ami == amis[0] for ami in amis)
-    parameter = demo_synth.json["cluster"]["Parameters"][amis[0]["Ref"]]
-    assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
-    assert parameter["Default"] == one(demo_synth.json["image"], "AWS::SSM::Parameter")["Properties"]["Name"]
 
 
 # --- capacity and queue options (off by default) --------------------------------------------------
