@@ -217,6 +217,11 @@ def test_every_allowed_os_has_an_official_ami_and_the_refused_ones_do_not(image_
         assert os_name in pcluster_constants["SUPPORTED_OSES"]
         assert image_validation["os_ami"][f"{os_name}-official"] == []
     assert [level for level, _ in image_validation["os_ami"]["rocky9-official"]] == ["ERROR"]
+    assert "rocky9" in pcluster_constants["PRIVATE_OSES"]
+    # The refused oses are ones ParallelCluster accepts (settings.REFUSED_OSES); ubuntu2404 even has an
+    # official AMI: it is refused for this project's reason (no python3.11), not ParallelCluster's.
+    assert set(REFUSED_OSES) <= set(pcluster_constants["SUPPORTED_OSES"])
+    assert image_validation["os_ami"]["ubuntu2404-official"] == []
 
 
 def test_the_longest_cluster_name_settings_allow_passes_parallelcluster(image_validation, pcluster_constants):
