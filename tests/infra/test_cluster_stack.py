@@ -170,3 +170,21 @@ def test_bundle_asset_holds_the_code_and_nothing_else(synth):
     assert {"training", "slurm", "requirements.txt", "requirements-dali.txt", "pyproject.toml"} <= top_level
     assert top_level <= {"training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"}
     assert not list(staged[0].rglob("__pycache__"))
+
+
+def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
+    """Login pools take no S3Access, so the managed read policy is what lets them fetch the bootstrap files."""
+    config = cluster_config(demo_synth)
+    bucket = config["HeadNode"]["Iam"]["S3Access"][0]["BucketName"]["Ref"]
+    (pool,) = config["LoginNodes"]["Pools"]
+    assert "S3Access" not in pool["Iam"]
+    # The compute nodes' policies, plus one: the deploy bucket's read policy.
+    compute = config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+    (reference,) = [entry["Policy"] for entry in pool["Iam"]["AdditionalIamPolicies"] if entry not in compute]
+    assert [entry for entry in pool["Iam"]["AdditionalIamPolicies"] if entry in compute] == compute
+    policy = demo_synth.json["cluster"]["Resources"][reference["Ref"]]
+    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert [(s["Effect"], s["Action"], s["Resource"]) for s in statements] == [
+        ("Allow", "s3:GetObject", {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/*"]]}),
+        ("Allow", "s3:ListBucket", {"Fn::GetAtt": [bucket, "Arn"]})]
