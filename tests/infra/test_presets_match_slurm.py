@@ -109,6 +109,14 @@ def test_the_image_environment_is_the_one_bootstrap_links():
     assert _readonly(REPO_ROOT / "bootstrap" / "on-node-configured.sh", "IMAGE_VENV") == IMAGE_VENV
 
 
+def test_bootstrap_uses_the_cluster_mount_points():
+    bootstrap = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
+    assert _readonly(bootstrap, "SCRATCH_DIR") == SCRATCH_DIR
+    assert _readonly(bootstrap, "SHARED_VENVS").startswith(FSX_MOUNT_DIR + "/")
+    (install_dir,) = re.findall(r"install_dir=\$\{2:-([^}]+)\}", bootstrap.read_text())
+    assert install_dir == BUNDLE_DIR
+
+
 def test_one_pinned_environment_with_dali_is_built_in_the_image():
     script = (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text()
     (install,) = re.findall(r'"\$\{VENV\}/bin/pip" install [^\n]*\\\n([^\n]*)', script)
