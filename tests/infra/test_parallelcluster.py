@@ -44,7 +44,7 @@ ATTACHABLE_POLICY_PATTERNS = [
 REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
     file_system_id="fs-0123456789abcdef0", data_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/data",
-    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64, vpc_cidr="10.0.0.0/16",
+    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64,
     deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read",
     custom_ami="ami-0123456789abcdef0")
 
