@@ -23,6 +23,7 @@ set -euo pipefail
 readonly LOG_FILE=${SCDINO_BOOTSTRAP_LOG:-/var/log/scdino-bootstrap.log}
 readonly IMAGE_VENV=${SCDINO_IMAGE_VENV:-/opt/scdino-venv}
 readonly SHARED_VENVS=${SCDINO_SHARED_VENVS:-/fsx/.scdino/venvs}
+readonly SCRATCH_DIR=/scratch
 readonly PYTHON_VERSION=3.11
 readonly CLUSTER_CONFIG=/etc/parallelcluster/cfnconfig
 readonly LOCK_WAIT_SECONDS=1500
@@ -159,8 +160,8 @@ activate() {
 
 prepare_scratch() {
   # Local NVMe scratch (ParallelCluster mounts it on compute nodes): writable by every job user.
-  if [[ -d /scratch ]]; then
-    chmod 1777 /scratch
+  if [[ -d "${SCRATCH_DIR}" ]]; then
+    chmod 1777 "${SCRATCH_DIR}"
   fi
 }
 

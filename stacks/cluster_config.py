@@ -45,7 +45,6 @@ class ClusterRefs:
     """Bucket holding the bootstrap script, the bundle pointer and the bundles, at fixed keys."""
     bundle_id: str
     """Id (content hash) of the bundle this rendering deploys; only the head node's OnNodeUpdated names it."""
-    vpc_cidr: str
     deploy_read_policy_arn: str = ""
     """Managed policy reading the deploy bucket, for login nodes (their Iam has no S3Access)."""
     partition: str = "aws"
@@ -79,7 +78,7 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
         "InstanceType": cluster.head_node_instance_type,
         "Networking": {"SubnetId": refs.subnet_id, "AdditionalSecurityGroups": [refs.security_group_id]},
         # No key pair: people connect through SSM Session Manager; SSH stays inside the VPC.
-        "Ssh": {"AllowedIps": refs.vpc_cidr},
+        "Ssh": {"AllowedIps": settings.network.vpc_cidr},
         "LocalStorage": {"RootVolume": _root_volume(settings)},
         "SharedStorageType": "Ebs",
         "Imds": {"Secured": True},

@@ -27,7 +27,7 @@ class ClusterStack(cdk.Stack):
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
-            bundle_id=node_bundle.bundle_id, vpc_cidr=settings.network.vpc_cidr,
+            bundle_id=node_bundle.bundle_id,
             deploy_read_policy_arn=node_bundle.read_policy.managed_policy_arn, partition=self.partition,
             custom_ami=self._ami(settings))
         self.provider = cdk.CfnStack(

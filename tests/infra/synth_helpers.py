@@ -58,6 +58,14 @@ def one(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
     return next(iter(found.values()))
 
 
+def exported(synth_result: Synth, value: dict[str, Any]) -> tuple[str, Any]:
+    """(exporting stack, output value) that a cross-stack `{"Fn::ImportValue": name}` reads."""
+    (found,) = [(stack, output["Value"]) for stack, template in synth_result.json.items()
+                for output in template.get("Outputs", {}).values()
+                if output.get("Export", {}).get("Name") == value["Fn::ImportValue"]]
+    return found
+
+
 def cluster_config(synth_result: Synth) -> dict[str, Any]:
     return one(synth_result.json["cluster"], "Custom::PclusterCluster")["Properties"]["ClusterConfiguration"]
 

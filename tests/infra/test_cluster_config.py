@@ -24,7 +24,7 @@ REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
     file_system_id="fs-0123456789abcdef0",
     data_policy_arn="arn:aws:iam::111122223333:policy/parallelcluster/scdino-data",
-    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="0a1b2c3d", vpc_cidr="10.0.0.0/16")
+    deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="0a1b2c3d")
 CUSTOM_AMI = "ami-0123456789abcdef0"
 
 
@@ -126,9 +126,11 @@ def test_head_node_is_reached_through_ssm_not_ssh(configs):
     for config in configs.values():
         head = config["HeadNode"]
         assert "KeyName" not in head.get("Ssh", {})
-        assert head["Ssh"]["AllowedIps"] == REFS.vpc_cidr
+        assert head["Ssh"]["AllowedIps"] == "10.0.0.0/16"
         assert head["Imds"] == {"Secured": True}
     assert configs[DEFAULT_PRESET]["Imds"] == {"ImdsSupport": "v2.0"}
+    other_vpc = build_cluster_config(build_settings({"network.vpc_cidr": "10.1.0.0/16"}), REFS)
+    assert other_vpc["HeadNode"]["Ssh"]["AllowedIps"] == "10.1.0.0/16"
 
 
 def test_shared_storage_fsx_by_id_and_apps_volume(configs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import cluster_config, one, resources
+from infra.synth_helpers import cluster_config, exported, one, resources
 
 pytestmark = pytest.mark.slow
 
@@ -24,12 +24,36 @@ def test_cluster_resource_properties(synth):
     assert set(cluster) == {"ServiceToken", "ClusterName", "ClusterConfiguration", "DeletionPolicy"}
 
 
+def _imported(synth, value) -> tuple[str, str]:
+    """(stack, logical id) of the resource a cross-stack reference names (Ref or GetAtt of an export)."""
+    stack, output = exported(synth, value)
+    return stack, output["Ref"] if "Ref" in output else output["Fn::GetAtt"][0]
+
+
+def _logical_id(stack, construct) -> tuple[str, str]:
+    """(stack, logical id) of a construct of the app, from the stack object (not from the cluster config)."""
+    return stack.stack_name.rsplit("-", 1)[1], stack.get_logical_id(construct.node.default_child)
+
+
 def test_configuration_references_other_stacks(synth):
     config = cluster_config(synth)
-    assert "Fn::ImportValue" in config["HeadNode"]["Networking"]["SubnetId"]
+    network, storage = synth.stacks.network, synth.stacks.storage
+    head = config["HeadNode"]
+    assert "Fn::ImportValue" in head["Networking"]["SubnetId"]
     fsx = config["SharedStorage"][0]
     assert fsx["MountDir"] == "/fsx" and "DataFileSystem" in str(fsx["FsxLustreSettings"]["FileSystemId"])
-    assert "ClusterDataAccessPolicy" in str(config["HeadNode"]["Iam"]["AdditionalIamPolicies"][0]["Policy"])
+    assert "ClusterDataAccessPolicy" in str(head["Iam"]["AdditionalIamPolicies"][0]["Policy"])
+    # Each reference names the right resource: the private subnet, the cluster's (not FSx's) group.
+    private_subnet = _logical_id(network, network.private_subnet)
+    cluster_group = _logical_id(network, network.cluster_security_group)
+    queue = config["Scheduling"]["SlurmQueues"][0]
+    assert _imported(synth, head["Networking"]["SubnetId"]) == private_subnet
+    assert [_imported(synth, subnet) for subnet in queue["Networking"]["SubnetIds"]] == [private_subnet]
+    for networking in (head["Networking"], queue["Networking"]):
+        assert [_imported(synth, group) for group in networking["AdditionalSecurityGroups"]] == [cluster_group]
+    assert _imported(synth, fsx["FsxLustreSettings"]["FileSystemId"]) == _logical_id(storage, storage.file_system)
+    assert _imported(synth, head["Iam"]["AdditionalIamPolicies"][0]["Policy"]) == _logical_id(
+        storage, storage.data_policy)
 
 
 def test_default_queue_has_efa_placement_group_and_scratch(synth):
@@ -43,14 +67,18 @@ def test_default_queue_has_efa_placement_group_and_scratch(synth):
 
 
 def test_official_ami_by_default_and_pipeline_ami_when_asked(synth, demo_synth):
+    """The pipeline's AMI goes to the queues (updatable), never to the cluster-wide Image (not)."""
     config = cluster_config(synth)
     assert config["Image"] == {"Os": "alinux2023"}
     assert not [queue for queue in config["Scheduling"]["SlurmQueues"] if "Image" in queue]
     parameters = demo_synth.json["cluster"]["Parameters"]
     (name,) = [key for key, value in parameters.items() if value.get("Default") == "/scdino-demo/ami/gpu"]
-    for queue in cluster_config(demo_synth)["Scheduling"]["SlurmQueues"]:
+    demo = cluster_config(demo_synth)
+    assert set(demo["Image"]) == {"Os"} and len(demo["Scheduling"]["SlurmQueues"]) == 3
+    for queue in demo["Scheduling"]["SlurmQueues"]:
         assert queue["Image"] == {"CustomAmi": {"Ref": name}}
     assert parameters[name]["Type"] == "AWS::SSM::Parameter::Value<String>"
+    assert parameters[name]["Default"] == one(demo_synth.json["image"], "AWS::SSM::Parameter")["Properties"]["Name"]
 
 
 def _s3_uri(value) -> tuple[str, str]:
@@ -88,24 +116,16 @@ def test_deploy_writes_the_script_and_a_pointer_to_the_bundle_it_copies(synth):
     (marker,) = [m for m in bootstrap["SourceMarkers"] if m]
     uri = next(iter(marker.values()))["Fn::Join"][1]
     assert uri[1]["Ref"].startswith("NodeBundleBucket")
-    assert uri[3] == {"Fn::Select": [0, {"Fn::GetAtt": [_bundle_deployment_id(synth), "SourceObjectKeys"]}]}
+    assert uri[3] == {"Fn::Select": [0, {"Fn::GetAtt": [_deployment_id(synth, "bundles/"), "SourceObjectKeys"]}]}
     bundle_id = cluster_config(synth)["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][2]
     assert bundles["SourceObjectKeys"] == [f"{bundle_id}.zip"]
-    assert _bootstrap_deployment_id(synth) in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
+    assert _deployment_id(synth, "bootstrap/") in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
 
 
 def _deployment_id(synth, prefix: str) -> str:
     (logical_id,) = [key for key, value in resources(synth.json["cluster"], "Custom::CDKBucketDeployment").items()
                      if value["Properties"]["DestinationBucketKeyPrefix"] == prefix]
     return logical_id
-
-
-def _bundle_deployment_id(synth) -> str:
-    return _deployment_id(synth, "bundles/")
-
-
-def _bootstrap_deployment_id(synth) -> str:
-    return _deployment_id(synth, "bootstrap/")
 
 
 def test_nodes_read_only_the_deploy_bucket(synth):
@@ -131,11 +151,15 @@ def test_every_preset_becomes_a_queue_in_the_demo(demo_synth):
 
 def test_cluster_stack_owns_the_nat_route_and_waits_for_it(synth):
     template = synth.json["cluster"]
+    network = synth.stacks.network
     gateway = one(template, "AWS::EC2::NatGateway")["Properties"]
     assert "VpcPublicSubnet" in str(gateway["SubnetId"])
+    assert _imported(synth, gateway["SubnetId"]) == _logical_id(network, network.public_subnet)
     (route_id,) = resources(template, "AWS::EC2::Route")
     route = template["Resources"][route_id]["Properties"]
     assert route["DestinationCidrBlock"] == "0.0.0.0/0" and "VpcPrivateSubnet" in str(route["RouteTableId"])
+    private_route_table = network.private_subnet.node.find_child("RouteTable")
+    assert _imported(synth, route["RouteTableId"]) == ("network", network.get_logical_id(private_route_table))
     assert route_id in one(template, "Custom::PclusterCluster")["DependsOn"]
 
 
@@ -146,3 +170,21 @@ def test_bundle_asset_holds_the_code_and_nothing_else(synth):
     assert {"training", "slurm", "requirements.txt", "requirements-dali.txt", "pyproject.toml"} <= top_level
     assert top_level <= {"training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"}
     assert not list(staged[0].rglob("__pycache__"))
+
+
+def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
+    """Login pools take no S3Access, so the managed read policy is what lets them fetch the bootstrap files."""
+    config = cluster_config(demo_synth)
+    bucket = config["HeadNode"]["Iam"]["S3Access"][0]["BucketName"]["Ref"]
+    (pool,) = config["LoginNodes"]["Pools"]
+    assert "S3Access" not in pool["Iam"]
+    # The compute nodes' policies, plus one: the deploy bucket's read policy.
+    compute = config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+    (reference,) = [entry["Policy"] for entry in pool["Iam"]["AdditionalIamPolicies"] if entry not in compute]
+    assert [entry for entry in pool["Iam"]["AdditionalIamPolicies"] if entry in compute] == compute
+    policy = demo_synth.json["cluster"]["Resources"][reference["Ref"]]
+    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert [(s["Effect"], s["Action"], s["Resource"]) for s in statements] == [
+        ("Allow", "s3:GetObject", {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/*"]]}),
+        ("Allow", "s3:ListBucket", {"Fn::GetAtt": [bucket, "Arn"]})]

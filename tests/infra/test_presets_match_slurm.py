@@ -109,6 +109,14 @@ def test_the_image_environment_is_the_one_bootstrap_links():
     assert _readonly(REPO_ROOT / "bootstrap" / "on-node-configured.sh", "IMAGE_VENV") == IMAGE_VENV
 
 
+def test_bootstrap_uses_the_cluster_mount_points():
+    bootstrap = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
+    assert _readonly(bootstrap, "SCRATCH_DIR") == SCRATCH_DIR
+    assert _readonly(bootstrap, "SHARED_VENVS").startswith(FSX_MOUNT_DIR + "/")
+    (install_dir,) = re.findall(r"install_dir=\$\{2:-([^}]+)\}", bootstrap.read_text())
+    assert install_dir == BUNDLE_DIR
+
+
 def test_one_pinned_environment_with_dali_is_built_in_the_image():
     script = (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text()
     (install,) = re.findall(r'"\$\{VENV\}/bin/pip" install [^\n]*\\\n([^\n]*)', script)
@@ -117,3 +125,23 @@ def test_one_pinned_environment_with_dali_is_built_in_the_image():
     for name in ("requirements.txt", "requirements-dali.txt"):
         lines = [line.split("#")[0].strip() for line in (REPO_ROOT / name).read_text().splitlines()]
         assert all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][^\s]*", line) for line in lines if line), name
+
+
+def test_the_image_records_the_requirement_files_bootstrap_compares():
+    """Bootstrap uses the image's environment only when the files it hashes (REQUIREMENT_FILES) are the
+    ones the image recorded: a file missing on one side silently sends every node to FSx-built venvs."""
+    node_files = ["requirements.txt", "requirements-dali.txt"]
+    (compared,) = re.findall(r"^readonly REQUIREMENT_FILES=\(([^)]*)\)$",
+                             (REPO_ROOT / "bootstrap" / "on-node-configured.sh").read_text(), flags=re.M)
+    assert compared.split() == node_files
+    (recorded,) = re.findall(r'^cp ((?:"\$\{REQUIREMENTS_DIR\}/[^"]+" )+)"\$\{RECORD_DIR\}/"$',
+                             (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text(), flags=re.M)
+    assert re.findall(r'/([^/"]+)"', recorded) == node_files
+    (uploaded,) = re.findall(r'sources\s+= \[("\$\{path\.root\}/\.\./[^\]]*)\]',
+                             (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text())
+    assert re.findall(r'/\.\./([^"]+)"', uploaded) == node_files
+    from stacks.image_stack import BUILD_SOURCES
+    from stacks.node_bundle import BUNDLE_CONTENTS
+
+    for shipped in (BUILD_SOURCES, BUNDLE_CONTENTS):
+        assert [name for name in shipped if name.startswith("requirements")] == node_files
