@@ -71,11 +71,13 @@ torchrun_all_nodes() {
 }
 
 # Paths of a run, asked from the package (training/rundir/layout.py owns every file name):
-# `run_path NAME CONFIG [--set key=value ...]` prints one, e.g. root, packed, preempted_marker.
-# Only the --set overrides among the step's arguments matter. Exits non-zero on a bad config,
-# with the package's one-line error.
+# `run_path NAME[,NAME...] CONFIG [--set key=value ...]` prints one path per name, in order, e.g.
+# root, packed, preempted_marker; one interpreter start however many names. Only the --set
+# overrides among the step's arguments matter. Exits non-zero on a bad config, with the package's
+# one-line error.
 run_path() {
-  local name=$1 config=$2 overrides=()
+  local names config=$2 overrides=()
+  IFS=, read -ra names <<<"$1"
   shift 2
   while (($#)); do
     if [ "$1" = --set ] && (($# > 1)); then
@@ -85,11 +87,10 @@ run_path() {
       shift
     fi
   done
-  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" "$name"
+  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" "${names[@]}"
 }
 
 run_dir() { run_path root "$@"; }
-packed_dir() { run_path packed "$@"; }
 
 # Copies directory SRC to DEST on the node-local NVMe of every node of the allocation (DEST is the
 # same path on each); an existing copy is only brought up to date.
