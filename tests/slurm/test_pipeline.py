@@ -187,9 +187,18 @@ def test_a_killed_worker_is_restarted_in_the_job_and_loses_no_epoch(cluster, pip
     log = log_of(workdir, info)
     assert info["JobState"] == "COMPLETED", log
     assert info["Restarts"] == "0", f"an in-job restart, not a requeue: {log}"
-    assert re.search(r"heal: failure 1: .* -> ", log), log
+    assert re.search(r"heal: failure 1: .* -> resumed from \S*checkpoint\.pth at epoch \d+, step \d+ of the epoch "
+                     r"\(torchrun restart \d+, job attempt 0\)", log), log
     assert "restarted after a failure" in log, log
     assert epoch_records(run) == list(range(epochs)), "every epoch exactly once"
+    # Rank 0's own note of where it started again: an in-job (torchrun) restart that loaded the
+    # checkpoint, not a fresh start from step 0 (which would also end with every epoch once).
+    records = [json.loads(line) for line in (run / "checkpoints" / "failures.jsonl").read_text().splitlines()]
+    resumes = [r for r in records if r["kind"] == "resume"]
+    assert resumes, records
+    assert all(r["restart"] >= 1 and r["attempt"] == 0 for r in resumes), records
+    assert resumes[0]["checkpoint"] == str(run / "checkpoints" / "checkpoint.pth"), records
+    assert resumes[0]["global_step"] > 0, f"resumed from step 0, i.e. from scratch: {records}"
 
 
 @pytest.mark.slow
@@ -203,3 +212,9 @@ def test_a_deterministic_failure_is_not_retried(cluster, pipeline, workdir):
     log = log_of(workdir, info)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", log
     assert "not retried" in log and "python -m training mean-std" in log, log
+    # Not retried because it was classed deterministic (exit 2), not because the restarts ran out
+    # (whose line also says "not retried").
+    assert info["ExitCode"] == "2:0", log
+    assert "deterministic failure: not retried" in log and "after every restart allowed" not in log, log
+    assert re.search(r"heal: failure 1: rank \d+ on \S+, deterministic: .* -> launch ended with .*: not retried "
+                     r"\(a deterministic failure", log), log
