@@ -99,6 +99,17 @@ def test_knn_result_has_the_model_and_both_baselines(pipeline, workdir):
         assert all(0 <= value <= 100 for value in entry["top1"].values())
 
 
+def copy_prepared(workdir: Path, name: str) -> Path:
+    """A fresh run directory `name` holding the pipeline run's prepared inputs (packed images, split,
+    mean/std), so that pretraining can start there at once."""
+    run = workdir / name
+    run.mkdir()
+    for item in ("packed", "split.json", "mean_std.json"):
+        source = workdir / "run" / item
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
+    return run
+
+
 def epoch_records(run: Path) -> list[int]:
     if not (run / "metrics.jsonl").exists():
         return []
@@ -109,11 +120,7 @@ def epoch_records(run: Path) -> list[int]:
 def test_preempted_pretraining_requeues_and_loses_no_finished_epoch(cluster, pipeline, workdir):
     """USR1 to the batch shell (as Slurm sends before the time limit) mid-run: the workers save and
     stop, the job requeues itself, and the second attempt resumes where the first stopped."""
-    run = workdir / "preempt"
-    run.mkdir()
-    for name in ("packed", "split.json", "mean_std.json"):
-        source = workdir / "run" / name
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / name)
+    run = copy_prepared(workdir, "preempt")
     epochs = 3
     job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", "--set",
                          f"optim.epochs={epochs}", cwd=workdir)
@@ -158,15 +165,6 @@ def step_records(run: Path) -> list[dict]:
         return []
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip() and json.loads(line)["kind"] == "step"]
-
-
-def copy_prepared(workdir: Path, name: str) -> Path:
-    run = workdir / name
-    run.mkdir()
-    for item in ("packed", "split.json", "mean_std.json"):
-        source = workdir / "run" / item
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
-    return run
 
 
 @pytest.mark.slow
