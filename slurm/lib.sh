@@ -92,6 +92,10 @@ run_path() {
 
 run_dir() { run_path root "$@"; }
 
+# Where a run's packed dataset goes on each node's NVMe (`scratch_packed_dir RUN_DIR`): one place
+# for pretrain.slurm (SCDINO_STAGE_TO_SCRATCH=1) and stage_nvme.slurm, so either reuses the other's copy.
+scratch_packed_dir() { echo "$SCDINO_SCRATCH/scdino/$(basename "$1")/packed"; }
+
 # Copies directory SRC to DEST on the node-local NVMe of every node of the allocation (DEST is the
 # same path on each); an existing copy is only brought up to date.
 stage_to_scratch() {
