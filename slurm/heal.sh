@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Self-healing launch of pretraining; sourced by slurm/lib.sh (it uses log, run_path and
-# run_preemptible from there). docs/slurm.md, "Recovery", tells the whole story.
+# Self-healing launch of pretraining; sourced by slurm/lib.sh (it uses log, run_path,
+# run_preemptible and requeue_self from there). docs/slurm.md, "Recovery", tells the whole story.
 #
 # How a failure is retried, and why this way:
 #  - In-job restarts by torchrun's elastic agent, up to SCDINO_MAX_RESTARTS (default 3) per job
@@ -75,12 +75,7 @@ heal_act() {
     done) return 0 ;;
     requeue)
       log "transient failure (status $rc): requeueing, attempt $((${SLURM_RESTART_COUNT:-0} + 2)) resumes from the last checkpoint"
-      scontrol requeue "$SLURM_JOB_ID" || {
-        log "error: scontrol requeue failed; resubmit the job to resume from the last checkpoint"
-        return "$rc"
-      }
-      # Slurm now ends this batch script; do not let it finish first and look like a success.
-      sleep 300
+      requeue_self || return "$rc"
       return "$rc"
       ;;
     not-retried)

@@ -136,11 +136,20 @@ run_preemptible() {
   trap - USR1
   if ((rc == 0)) && [ -e "$marker" ]; then
     log "pre-empted ($(cat "$marker")); requeueing, restart $((${SLURM_RESTART_COUNT:-0} + 1))"
-    scontrol requeue "$SLURM_JOB_ID"
-    # Slurm now ends this batch script; do not let it finish first and look like a success.
-    sleep 300
+    requeue_self || return 1
   fi
   return "$rc"
+}
+
+# Requeues this job, then waits for Slurm to end this batch script rather than finish first and
+# look like a success. A refused requeue returns 1 with the fix: the caller may run where `set -e`
+# does not apply (run_healing), and must not carry on as if training had finished.
+requeue_self() {
+  scontrol requeue "$SLURM_JOB_ID" || {
+    log "error: scontrol requeue failed; resubmit the job to resume from the last checkpoint"
+    return 1
+  }
+  sleep 300
 }
 
 # lfs, via sudo where not root (HSM requests need it on FSx clients), in the array LFS; fails with
