@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Self-healing launch of pretraining; sourced by slurm/lib.sh (it uses log, run_path and
-# run_preemptible from there). docs/slurm.md, "Recovery", tells the whole story.
+# Self-healing launch of pretraining; sourced by slurm/lib.sh (it uses log, run_path,
+# run_preemptible and requeue_self from there). docs/slurm.md, "Recovery", tells the whole story.
 #
 # How a failure is retried, and why this way:
 #  - In-job restarts by torchrun's elastic agent, up to SCDINO_MAX_RESTARTS (default 3) per job
@@ -39,7 +39,7 @@ heal_check_settings() {
 # with torchrun's in-job restarts, then asks the package what to do with how it ended: return 0
 # (done), requeue the job, return 2 (deterministic failure) or return the launch's status.
 run_healing() {
-  local config_args=() rc=0 decision preempted failure_log failure_marker
+  local config_args=() rc=0 decision paths preempted failure_log failure_marker
   while (($#)) && [ "$1" != -- ]; do
     config_args+=("$1")
     shift
@@ -50,9 +50,8 @@ run_healing() {
   fi
   shift
   heal_check_settings || return 2
-  preempted=$(run_path preempted_marker "${config_args[@]}")
-  failure_log=$(run_path failure_log "${config_args[@]}")
-  failure_marker=$(run_path failure_marker "${config_args[@]}")
+  paths=$(run_path preempted_marker,failure_log,failure_marker "${config_args[@]}") || return 2
+  { read -r preempted; read -r failure_log; read -r failure_marker; } <<<"$paths"
   # torchrun takes any option it was not given from PET_<OPTION>; srun passes it to every agent.
   export PET_MAX_RESTARTS=$SCDINO_MAX_RESTARTS
   # By default the workers' process group shares the rendezvous TCP store, which keeps the previous
@@ -76,12 +75,7 @@ heal_act() {
     done) return 0 ;;
     requeue)
       log "transient failure (status $rc): requeueing, attempt $((${SLURM_RESTART_COUNT:-0} + 2)) resumes from the last checkpoint"
-      scontrol requeue "$SLURM_JOB_ID" || {
-        log "error: scontrol requeue failed; resubmit the job to resume from the last checkpoint"
-        return "$rc"
-      }
-      # Slurm now ends this batch script; do not let it finish first and look like a success.
-      sleep 300
+      requeue_self || return "$rc"
       return "$rc"
       ;;
     not-retried)

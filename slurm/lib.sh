@@ -71,11 +71,13 @@ torchrun_all_nodes() {
 }
 
 # Paths of a run, asked from the package (training/rundir/layout.py owns every file name):
-# `run_path NAME CONFIG [--set key=value ...]` prints one, e.g. root, packed, preempted_marker.
-# Only the --set overrides among the step's arguments matter. Exits non-zero on a bad config,
-# with the package's one-line error.
+# `run_path NAME[,NAME...] CONFIG [--set key=value ...]` prints one path per name, in order, e.g.
+# root, packed, preempted_marker; one interpreter start however many names. Only the --set
+# overrides among the step's arguments matter. Exits non-zero on a bad config, with the package's
+# one-line error.
 run_path() {
-  local name=$1 config=$2 overrides=()
+  local names config=$2 overrides=()
+  IFS=, read -ra names <<<"$1"
   shift 2
   while (($#)); do
     if [ "$1" = --set ] && (($# > 1)); then
@@ -85,11 +87,14 @@ run_path() {
       shift
     fi
   done
-  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" "$name"
+  "$SCDINO_PYTHON" -m training paths --config "$config" "${overrides[@]}" "${names[@]}"
 }
 
 run_dir() { run_path root "$@"; }
-packed_dir() { run_path packed "$@"; }
+
+# Where a run's packed dataset goes on each node's NVMe (`scratch_packed_dir RUN_DIR`): one place
+# for pretrain.slurm (SCDINO_STAGE_TO_SCRATCH=1) and stage_nvme.slurm, so either reuses the other's copy.
+scratch_packed_dir() { echo "$SCDINO_SCRATCH/scdino/$(basename "$1")/packed"; }
 
 # Copies directory SRC to DEST on the node-local NVMe of every node of the allocation (DEST is the
 # same path on each); an existing copy is only brought up to date.
@@ -131,11 +136,20 @@ run_preemptible() {
   trap - USR1
   if ((rc == 0)) && [ -e "$marker" ]; then
     log "pre-empted ($(cat "$marker")); requeueing, restart $((${SLURM_RESTART_COUNT:-0} + 1))"
-    scontrol requeue "$SLURM_JOB_ID"
-    # Slurm now ends this batch script; do not let it finish first and look like a success.
-    sleep 300
+    requeue_self || return 1
   fi
   return "$rc"
+}
+
+# Requeues this job, then waits for Slurm to end this batch script rather than finish first and
+# look like a success. A refused requeue returns 1 with the fix: the caller may run where `set -e`
+# does not apply (run_healing), and must not carry on as if training had finished.
+requeue_self() {
+  scontrol requeue "$SLURM_JOB_ID" || {
+    log "error: scontrol requeue failed; resubmit the job to resume from the last checkpoint"
+    return 1
+  }
+  sleep 300
 }
 
 # lfs, via sudo where not root (HSM requests need it on FSx clients), in the array LFS; fails with

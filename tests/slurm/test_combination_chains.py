@@ -125,3 +125,23 @@ def test_resubmission_reruns_only_the_comparison(cluster, chains, workdir):
     assert list(jobs) == ["compare"], "prepare, mean-std and both finished chains are skipped"
     assert cluster.wait(jobs["compare"], timeout=300)["JobState"] == "COMPLETED"
     assert (workdir / "run" / "channels_0" / "timings.json").read_text() == before
+
+
+def test_dry_run_skips_what_is_finished(tmp_path):
+    """Without a cluster: with split.json and mean_std.json there and combination 0's report written,
+    a resubmission asks only for combination 01's chain (straight away) and then compare."""
+    write_config(tmp_path, tmp_path / "images")
+    run = tmp_path / "run"
+    (run / "channels_0").mkdir(parents=True)
+    for finished in (run / "split.json", run / "mean_std.json", run / "channels_0" / "report.html"):
+        finished.write_text("{}")
+    env = {"PATH": "/usr/bin:/bin", "SCDINO_HOME": str(REPO), "SCDINO_VENV": str(REPO / ".venv")}
+    done = subprocess.run([SUBMIT, "run.yaml", "--dry-run", "--nodes", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True)
+    out = done.stdout.splitlines()
+    scripts = [line.split(".slurm")[0].rsplit("/", 1)[1] for line in out]
+    assert scripts == [*CHAIN, "compare"]
+    assert "--dependency" not in out[0] and out[0].endswith("--set run.combination=01")
+    assert "--dependency=afterok:<report:01> " in out[-1]
+    assert "prepare: skipped" in done.stderr and "mean-std: skipped" in done.stderr
+    assert "channels 0: finished (its report exists), skipped" in done.stderr

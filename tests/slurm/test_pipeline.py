@@ -99,6 +99,17 @@ def test_knn_result_has_the_model_and_both_baselines(pipeline, workdir):
         assert all(0 <= value <= 100 for value in entry["top1"].values())
 
 
+def copy_prepared(workdir: Path, name: str) -> Path:
+    """A fresh run directory `name` holding the pipeline run's prepared inputs (packed images, split,
+    mean/std), so that pretraining can start there at once."""
+    run = workdir / name
+    run.mkdir()
+    for item in ("packed", "split.json", "mean_std.json"):
+        source = workdir / "run" / item
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
+    return run
+
+
 def epoch_records(run: Path) -> list[int]:
     if not (run / "metrics.jsonl").exists():
         return []
@@ -109,11 +120,7 @@ def epoch_records(run: Path) -> list[int]:
 def test_preempted_pretraining_requeues_and_loses_no_finished_epoch(cluster, pipeline, workdir):
     """USR1 to the batch shell (as Slurm sends before the time limit) mid-run: the workers save and
     stop, the job requeues itself, and the second attempt resumes where the first stopped."""
-    run = workdir / "preempt"
-    run.mkdir()
-    for name in ("packed", "split.json", "mean_std.json"):
-        source = workdir / "run" / name
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / name)
+    run = copy_prepared(workdir, "preempt")
     epochs = 3
     job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", "--set",
                          f"optim.epochs={epochs}", cwd=workdir)
@@ -160,15 +167,6 @@ def step_records(run: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip() and json.loads(line)["kind"] == "step"]
 
 
-def copy_prepared(workdir: Path, name: str) -> Path:
-    run = workdir / name
-    run.mkdir()
-    for item in ("packed", "split.json", "mean_std.json"):
-        source = workdir / "run" / item
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
-    return run
-
-
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_in_the_job_and_loses_no_epoch(cluster, pipeline, workdir):
     """kill -9 of one training worker mid-epoch: torchrun restarts the workers in the same job, they
@@ -187,9 +185,18 @@ def test_a_killed_worker_is_restarted_in_the_job_and_loses_no_epoch(cluster, pip
     log = log_of(workdir, info)
     assert info["JobState"] == "COMPLETED", log
     assert info["Restarts"] == "0", f"an in-job restart, not a requeue: {log}"
-    assert re.search(r"heal: failure 1: .* -> ", log), log
+    assert re.search(r"heal: failure 1: .* -> resumed from \S*checkpoint\.pth at epoch \d+, step \d+ of the epoch "
+                     r"\(torchrun restart \d+, job attempt 0\)", log), log
     assert "restarted after a failure" in log, log
     assert epoch_records(run) == list(range(epochs)), "every epoch exactly once"
+    # Rank 0's own note of where it started again: an in-job (torchrun) restart that loaded the
+    # checkpoint, not a fresh start from step 0 (which would also end with every epoch once).
+    records = [json.loads(line) for line in (run / "checkpoints" / "failures.jsonl").read_text().splitlines()]
+    resumes = [r for r in records if r["kind"] == "resume"]
+    assert resumes, records
+    assert all(r["restart"] >= 1 and r["attempt"] == 0 for r in resumes), records
+    assert resumes[0]["checkpoint"] == str(run / "checkpoints" / "checkpoint.pth"), records
+    assert resumes[0]["global_step"] > 0, f"resumed from step 0, i.e. from scratch: {records}"
 
 
 @pytest.mark.slow
@@ -203,3 +210,9 @@ def test_a_deterministic_failure_is_not_retried(cluster, pipeline, workdir):
     log = log_of(workdir, info)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", log
     assert "not retried" in log and "python -m training mean-std" in log, log
+    # Not retried because it was classed deterministic (exit 2), not because the restarts ran out
+    # (whose line also says "not retried").
+    assert info["ExitCode"] == "2:0", log
+    assert "deterministic failure: not retried" in log and "after every restart allowed" not in log, log
+    assert re.search(r"heal: failure 1: rank \d+ on \S+, deterministic: .* -> launch ended with .*: not retried "
+                     r"\(a deterministic failure", log), log

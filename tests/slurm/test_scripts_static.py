@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 from slurm_helpers import REPO
@@ -124,3 +125,35 @@ def test_cpu_allocation_runs_gloo_workers_without_a_gpu_request():
 def test_cuda_visible_devices_counts_when_slurm_does_not_say():
     args = launch_args(CUDA_VISIBLE_DEVICES="0,1")
     assert "--nproc_per_node=2" in args and not any(a.startswith("--gres") for a in args)
+
+
+def preempted_launch(tmp_path, requeue_refused: bool) -> subprocess.CompletedProcess:
+    """run_healing around a launch that was pre-empted (it leaves the PREEMPTED marker and exits 0),
+    with scontrol and sleep replaced by functions that print what they were asked."""
+    (tmp_path / "run.yaml").write_text(f"run:\n  output_dir: {tmp_path / 'run'}\n")
+    script = """
+        set -euo pipefail
+        source slurm/env.sh && source slurm/lib.sh
+        scontrol() { echo "scontrol $*"; [ -z "$REFUSE" ]; }
+        sleep() { echo "sleep $*"; }
+        preempted() { mkdir -p "$RUN/checkpoints" && echo USR1 >"$RUN/checkpoints/PREEMPTED"; }
+        rc=0
+        run_healing "$CONFIG" -- preempted || rc=$?
+        echo "rc=$rc"
+    """
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SCDINO_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
+           "CONFIG": str(tmp_path / "run.yaml"), "RUN": str(tmp_path / "run"), "REFUSE": "1" if requeue_refused else ""}
+    return subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_preempted_launch_requeues_the_job_and_waits_for_slurm(tmp_path):
+    done = preempted_launch(tmp_path, requeue_refused=False)
+    assert done.stdout.splitlines() == ["scontrol requeue 7", "sleep 300", "rc=0"], done.stderr
+
+
+def test_a_refused_requeue_after_preemption_fails_the_job_instead_of_completing_it(tmp_path):
+    """Training stopped early: if scontrol will not requeue, the job must not end as a success."""
+    done = preempted_launch(tmp_path, requeue_refused=True)
+    assert done.stdout.splitlines()[-1] != "rc=0", done.stdout + done.stderr
+    assert "sleep 300" not in done.stdout
+    assert "scontrol requeue failed; resubmit the job" in done.stderr

@@ -13,14 +13,13 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from tiny import TINY_RUN
+from tiny import TINY_RUN, tiny_config
 
 from training.config import Config
 from training.data.synthetic import write_dataset
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 24
-
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,9 +38,7 @@ def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_config(synth_root: Path, tmp_path: Path) -> Callable[..., Config]:
     def make(overrides: dict[str, Any] | None = None, **keywords: Any) -> Config:
-        values = {"run.output_dir": str(tmp_path / "run"), "data.source": str(synth_root), **TINY_RUN}
-        values.update(overrides or {})
-        values.update({key.replace("__", "."): value for key, value in keywords.items()})
-        return Config().replace(values)
+        base = {"run.output_dir": str(tmp_path / "run"), "data.source": str(synth_root), **TINY_RUN}
+        return tiny_config({**base, **(overrides or {})}, **keywords)
 
     return make
