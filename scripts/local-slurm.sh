@@ -7,6 +7,9 @@
 #   scripts/local-slurm.sh status           daemons and nodes; exit 0 when the cluster is up
 #   scripts/local-slurm.sh stop [--purge]   stop the daemons this script started (by PID file);
 #                                           --purge also removes namespaces, bridge, hosts block, state
+#   scripts/local-slurm.sh kill-node NODE   lose a node as if its instance vanished (netns mode): every
+#                                           process on it ends at once (SIGKILL), then it is marked down
+#                                           as ParallelCluster does; `start` brings it back
 #
 # Settings (environment):
 #   SLURM_LOCAL_MODE         netns: each node in its own network namespace with its own host name and
@@ -378,6 +381,31 @@ cmd_stop() {
   log "stopped"
 }
 
+# What ParallelCluster does when an instance fails its EC2 health check or a Spot instance is
+# reclaimed: the instance is gone with everything on it, and clustermgtd sets its Slurm node down,
+# which makes Slurm requeue the node's requeueable batch jobs (NODE_FAIL). Without the `scontrol
+# update`, slurmctld would notice the silent node only after SlurmdTimeout (300 s by default).
+cmd_kill_node() {
+  local name=${1:-} pids count i
+  require_root kill-node
+  MODE=$(cat "$BASE/mode" 2>/dev/null || echo "$MODE")
+  if ! [[ $name =~ ^node([0-9]+)$ ]] || ((BASH_REMATCH[1] < 1 || BASH_REMATCH[1] > NODES)); then
+    die "usage: $0 kill-node NODE, NODE one of $(node_list) (got '${name}')"
+  fi
+  [ "$MODE" = netns ] ||
+    die "kill-node needs netns mode, where each node's processes are those of its network namespace (mode is $MODE)"
+  pids=$(ip netns pids "slurm-$name")
+  count=$(wc -w <<<"$pids")
+  # shellcheck disable=SC2086  # one PID per word
+  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+  for i in $(seq 50); do
+    [ -z "$(ip netns pids "slurm-$name")" ] && break
+    sleep 0.1
+  done
+  scontrol update nodename="$name" state=down reason="instance lost (local-slurm.sh kill-node)"
+  log "killed $count process(es) on $name and marked it down; bring it back with: $0 start"
+}
+
 cmd_status() {
   local up=0 pidfile
   MODE=$(cat "$BASE/mode" 2>/dev/null || echo "$MODE")
@@ -404,5 +432,6 @@ case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop "${2:-}" ;;
   status) cmd_status ;;
-  *) die "usage: $0 start|stop [--purge]|status" ;;
+  kill-node) cmd_kill_node "${2:-}" ;;
+  *) die "usage: $0 start|stop [--purge]|status|kill-node NODE" ;;
 esac

@@ -12,6 +12,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SLURM = REPO / "scripts" / "local-slurm.sh"
 SLURM_DIR = REPO / "slurm"
+PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+TINY_PIPELINE = {
+    "run": {"name": "slurm-test", "seed": 0},
+    "data": {"num_workers": 0, "holdout_fraction": 0.3},
+    "model": {"arch": "vit_tiny", "patch_size": 8, "out_dim": 256},
+    "dino": {"global_crop_size": 32, "local_crop_size": 16, "local_crops_number": 2},
+    "optim": {"epochs": 2, "batch_size_per_gpu": 16, "warmup_epochs": 0},
+    "train": {"precision": "fp32", "saveckp_freq": 1, "log_every": 1, "tensorboard": False},
+    "eval": {"batch_size": 64, "image_size": 32, "knn_k": [5, 10], "linear_epochs": 5, "umap_neighbors": 10},
+}
+"""A tiny run (ViT-tiny, 32 px crops, 160 synthetic images, 2 epochs): the whole chain in a few
+minutes on 2 cores. What the Slurm tests check is the Slurm side, not the model's quality."""
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 

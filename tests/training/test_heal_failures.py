@@ -11,7 +11,7 @@ import torch
 from heal_run import CPU, scripted, tiny_config
 
 from training.heal import failures, policy
-from training.heal.failures import NotRetriedError, read_records
+from training.heal.failures import NotRetriedError, read_records, record_failure, record_resume
 from training.rundir import RunLayout
 from training.trainer import TrainingDivergedError, train
 
@@ -95,6 +95,27 @@ def test_transient_failure_is_recorded_and_the_restart_notes_where_it_resumed(tm
     assert policy.summary(read_records(layout.failure_log), "4242", 1) == [
         f"failure 1: rank 0 on {HOST}, transient: {failure['error']} (after global step 5) -> resumed from "
         f"{layout.latest_checkpoint} at epoch 2, step 0 of the epoch (torchrun restart 1, job attempt 0)"]
+
+
+def test_restarts_are_counted_over_the_job_attempt_when_rank_zeros_agent_did_not_count(tmp_path, job):
+    """Rank 0's agent restarts its still-healthy workers when another node's agent restarts first,
+    without counting: TORCHELASTIC_RESTART_COUNT stays 0 there. The resume record still says which
+    in-job restart it is; the first start of a requeued attempt is no in-job restart."""
+    layout = RunLayout.from_config(tiny_config(tmp_path))
+
+    def fail_then_resume(step: int) -> dict:
+        record_failure(layout, 0, "lost-peer", "RuntimeError: Connection reset by peer", step)
+        record_resume(layout, str(layout.latest_checkpoint), 0, step, step, preempted=False)
+        return read_records(layout.failure_log)[-1]
+
+    assert [fail_then_resume(1)["restart"], fail_then_resume(2)["restart"]] == [1, 2]  # env count: 0
+    job.setenv("TORCHELASTIC_RESTART_COUNT", "3")  # the agent's own count wins when it is higher
+    assert fail_then_resume(3)["restart"] == 3
+    job.setenv("SLURM_RESTART_COUNT", "1")  # Slurm requeued the job after a lost node: a new attempt
+    job.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    record_resume(layout, str(layout.latest_checkpoint), 0, 3, 3, preempted=False)
+    assert (read_records(layout.failure_log)[-1]["attempt"], read_records(layout.failure_log)[-1]["restart"]) == (1, 0)
+    assert fail_then_resume(4)["restart"] == 1  # the count starts again in the new attempt
 
 
 def test_a_clean_start_writes_no_records(tmp_path, job):

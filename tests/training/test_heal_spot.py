@@ -3,12 +3,11 @@ CPU training run stops after the step in flight, saves a checkpoint and leaves t
 as for Slurm's SIGUSR1. The watcher asks for a token first and sends it on every request."""
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from fake_imds import TOKEN, FakeMetadata
 from heal_run import CPU, final_checkpoint, scripted, tiny_config
 
 from training.errors import UserError
@@ -18,63 +17,13 @@ from training.trainer import train
 
 torch.set_num_threads(1)
 
-TOKEN = "fake-token-123"
-
-
-class FakeMetadata(ThreadingHTTPServer):
-    """IMDSv2 on 127.0.0.1: tokens on PUT, 401 without one, 404 until `notice` is set."""
-
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.notice: dict | None = None
-        self.requests: list[tuple[str, str, str | None]] = []
-        self.served_notice = threading.Event()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_PUT(self):
-        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-        self.server.requests.append(("PUT", self.path, ttl))
-        self._reply(200 if self.path == spot.TOKEN_PATH and ttl else 400, TOKEN)
-
-    def do_GET(self):
-        token = self.headers.get("X-aws-ec2-metadata-token")
-        self.server.requests.append(("GET", self.path, token))
-        if token != TOKEN:
-            return self._reply(401, "")
-        if self.path != spot.NOTICE_PATH or self.server.notice is None:
-            return self._reply(404, "Not Found")
-        self._reply(200, json.dumps(self.server.notice))
-        self.server.served_notice.set()
-
-    def _reply(self, code: int, body: str) -> None:
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 @pytest.fixture
 def metadata(monkeypatch):
-    server = FakeMetadata()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("SCDINO_IMDS_ENDPOINT", server.endpoint)
-    monkeypatch.setenv("SCDINO_SPOT_POLL_SECONDS", "0.05")
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with FakeMetadata() as server:
+        monkeypatch.setenv("SCDINO_IMDS_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("SCDINO_SPOT_POLL_SECONDS", "0.05")
+        yield server
 
 
 def test_a_spot_notice_saves_and_leaves_the_preempted_marker(tmp_path, metadata):

@@ -164,15 +164,29 @@ def unresolved(records: list[dict[str, Any]]) -> bool:
     return False
 
 
+def restart_number(records: list[dict[str, Any]], now: dict[str, Any]) -> int:
+    """The in-job (torchrun) restart this start is, counted over the job attempt: this agent's
+    TORCHELASTIC_RESTART_COUNT, unless it is lower than that. An agent whose own workers were still
+    healthy when another node's agent restarted restarts them without counting, so rank 0's count
+    can stay 0 after a restart the failed worker's agent counted. 0 when this start is no in-job
+    restart (the first start of a requeued attempt)."""
+    attempt = [r for r in records if r.get("job") == now["job"] and r.get("attempt") == now["attempt"]]
+    if now["restart"] == 0 and not unresolved(attempt):
+        return 0
+    earlier = sum(1 for r in attempt if r.get("kind") == "resume" and r.get("restart", 0) > 0)
+    return max(now["restart"], earlier + 1)
+
+
 def record_resume(layout: RunLayout, checkpoint: str | None, epoch: int, step_in_epoch: int,
                   global_step: int, *, preempted: bool) -> None:
     """Rank 0, as training starts: note where it resumes if this start follows a failure: a recorded
     one, a torchrun restart (a worker that died without a record), or a requeue that no pre-emption
     asked for (Slurm's after a lost node, NODE_FAIL)."""
-    now = where()
+    now, records = where(), read_records(layout.failure_log)
     requeued_by_slurm = now["attempt"] > 0 and not preempted
-    if now["restart"] == 0 and not requeued_by_slurm and not unresolved(read_records(layout.failure_log)):
+    if now["restart"] == 0 and not requeued_by_slurm and not unresolved(records):
         return
+    now["restart"] = restart_number(records, now)
     append_record(layout.failure_log, {"kind": "resume", "checkpoint": checkpoint, "epoch": epoch,
                            "step_in_epoch": step_in_epoch, "global_step": global_step, **now})
     log.warning("restarted after a failure (torchrun restart %d, job attempt %d): resuming from %s at "
