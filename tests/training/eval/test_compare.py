@@ -242,3 +242,10 @@ def test_a_missing_evaluation_names_its_file_and_the_step_to_run(adaptive_runs, 
     error = capsys.readouterr().err
     assert str(missing) in error
     assert "python -m training linear --set run.channel_adaptive=true --set run.combination=1" in error
+
+
+def test_compare_refuses_the_channel_adaptive_models_run(adaptive_runs, capsys):
+    parent, args = adaptive_runs
+    assert main(["compare", *args, "--set", "run.channel_adaptive=true"]) == 2
+    assert "runs on the whole run (run.combination empty, run.channel_adaptive false)" in capsys.readouterr().err
+    assert not parent.comparison_json.exists()
