@@ -90,7 +90,8 @@ if [ -x "$SCDINO_PYTHON" ]; then
   RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
   echo "run directory: $RUN_DIR" >&2
   mapfile -t COMBINATIONS < <(run_combinations "$CONFIG" "${STEP_ARGS[@]}")
-  mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
+  ((${#COMBINATIONS[@]} == 0)) ||
+    mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
 else
   echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
 fi
