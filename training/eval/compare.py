@@ -88,6 +88,9 @@ def channel_adaptive_model(config: Config, layout: RunLayout) -> dict[str, Any]:
     """The channel-adaptive model: its figures on every combination (its evaluations' files) and the
     compute of its one pretraining."""
     model = layout.channel_adaptive()
+    if not model.latest_checkpoint.is_file():
+        raise MissingInputError("the channel-adaptive model's checkpoint", model.latest_checkpoint,
+                                "pretrain --set run.channel_adaptive=true")
     selector = "--set run.channel_adaptive=true --set run.combination="
     entries = {combo: scores_entry(config, layout, model.evaluation(combo), combo, selector + combo)
                for combo in config.data.channel_combinations}

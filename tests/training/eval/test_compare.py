@@ -242,6 +242,11 @@ def test_a_missing_evaluation_names_its_file_and_the_step_to_run(adaptive_runs, 
     error = capsys.readouterr().err
     assert str(missing) in error
     assert "python -m training linear --set run.channel_adaptive=true --set run.combination=1" in error
+    parent.channel_adaptive().latest_checkpoint.unlink()
+    assert main(["compare", *args]) == 2
+    error = capsys.readouterr().err
+    assert str(parent.channel_adaptive().latest_checkpoint) in error
+    assert "python -m training pretrain --set run.channel_adaptive=true" in error
 
 
 def test_compare_refuses_the_channel_adaptive_models_run(adaptive_runs, capsys):
