@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from slurm_helpers import REPO, log_of
+from slurm_helpers import FINAL_STATES, REPO, log_of
 
 from training.rundir import RunLayout
 
@@ -116,11 +117,26 @@ def chains(cluster, workdir):
     jobs = submit(cluster, workdir)
     per_combination = [f"{s}:{c}" for c in COMBINATIONS for s in CHAIN]
     assert list(jobs) == ["prepare", "mean-std", *per_combination, *ADAPTIVE_JOBS, "compare"]
-    infos = {}
-    for label, job in jobs.items():
-        infos[label] = cluster.wait(job, timeout=600)
-        assert infos[label]["JobState"] == "COMPLETED", f"{label}: {log_of(workdir, infos[label])}"
+    infos = wait_all(cluster, jobs, timeout=2400)
+    for label, info in infos.items():
+        assert info["JobState"] == "COMPLETED", f"{label}: {log_of(workdir, info)}"
     return infos
+
+
+def wait_all(cluster, jobs: dict[str, str], timeout: float) -> dict[str, dict[str, str]]:
+    """Each job's record, read as soon as it ends: Slurm forgets a job MinJobAge (600 s) after its
+    end, and the channel-adaptive jobs, submitted last, may end long before a combination's chain."""
+    infos: dict[str, dict[str, str]] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for label in [label for label in jobs if label not in infos]:
+            info = cluster.job(jobs[label])
+            if info.get("JobState") in FINAL_STATES:
+                infos[label] = info
+        if len(infos) == len(jobs):
+            return {label: infos[label] for label in jobs}
+        assert time.monotonic() < deadline, f"not finished after {timeout} s: {sorted(set(jobs) - set(infos))}"
+        time.sleep(2)
 
 
 @pytest.mark.slurm
