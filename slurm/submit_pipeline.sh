@@ -109,7 +109,8 @@ step_options() {
 
 # Submits STEP after job AFTER (may be empty) with extra step arguments and prints "LABEL JOBID";
 # under --dry-run prints the sbatch command instead and uses "<LABEL>" as the job id. Leaves the
-# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION.
+# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, the channel-adaptive
+# model's scdino-STEP-adaptive and scdino-STEP-adaptive-COMBINATION.
 submit() {
   local step=$1 after=$2 label=$3 options command
   shift 3
@@ -161,9 +162,9 @@ submit_chain() {
   CHAIN_END=$after
 }
 
-# The channel-adaptive model after job AFTER: its pretraining (if selected), then per combination
-# not yet evaluated, its evaluation (the EVALUATION steps among PER_COMBINATION_STEPS...); adds each
-# evaluation's last job id to ENDS.
+# The channel-adaptive model after job AFTER, given the selected per-combination steps STEPS...: its
+# pretraining if among them, then for each combination not yet evaluated the EVALUATION steps among
+# them; adds each evaluation's last job id to ENDS. Nothing once every combination is evaluated.
 submit_channel_adaptive() {
   local after=$1 step combination steps=() pending=()
   shift
