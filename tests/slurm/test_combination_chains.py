@@ -285,3 +285,13 @@ def test_dry_run_without_the_option_submits_no_channel_adaptive_job(tmp_path):
     out = dry_run(tmp_path, "--set", "data.compare_channel_adaptive=false").stdout
     assert scripts_of(out.splitlines()) == ["prepare", "mean-std", *CHAIN, *CHAIN, "compare"]
     assert "run.channel_adaptive" not in out and "--dependency=afterok:<report:0>:<report:01> " in out
+
+
+def test_dry_run_refuses_a_combination_the_channel_adaptive_model_cannot_read(tmp_path):
+    write_config(tmp_path, tmp_path / "images")
+    env = {"PATH": "/usr/bin:/bin", "SCDINO_HOME": str(REPO), "SCDINO_VENV": str(REPO / ".venv")}
+    done = subprocess.run([SUBMIT, "run.yaml", "--dry-run", "--set", "data.channel_combinations=0,2"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "trains on data.channels='01', so it cannot be evaluated on '2'" in done.stderr
+    assert "submit_pipeline: error: bad configuration" in done.stderr

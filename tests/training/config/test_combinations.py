@@ -166,3 +166,11 @@ def test_pretrain_refuses_to_train_an_evaluation_of_the_channel_adaptive_model(t
     assert main(["pretrain", *adaptive, "--set", "run.combination=0"]) == 2
     assert "run pretrain with run.channel_adaptive=true and without run.combination" in capsys.readouterr().err
     assert not (tmp_path / "channel_adaptive" / "checkpoints").exists()
+
+
+def test_a_channel_adaptive_comparison_without_combinations_is_one_line_from_the_cli(tmp_path, capsys):
+    assert main(["paths", "--set", f"run.output_dir={tmp_path}", "--set", "data.compare_channel_adaptive=true",
+                 "root"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["error: data.compare_channel_adaptive needs data.channel_combinations: the channel-adaptive "
+                     "model is evaluated on each of them (e.g. --set data.channel_combinations=01234,0,3)"]
