@@ -15,6 +15,9 @@
 # With data.channel_combinations: prepare and mean-std once (skipped when their files exist), then
 # one chain pretrain..report per combination ("STEP:COMBINATION JOBID"; a combination whose report
 # exists is finished and skipped), then `compare` after all chains (when --to is report).
+# With data.compare_channel_adaptive as well: one channel-adaptive pretraining ("pretrain:adaptive")
+# after mean-std, then per combination its evaluation features..linear ("STEP:adaptive-COMBINATION";
+# one whose linear probe exists is skipped, and the pretraining too when all are), before `compare`.
 set -euo pipefail
 
 STEPS=(prepare mean-std pretrain features labels knn linear plots report)
@@ -22,6 +25,9 @@ STEPS=(prepare mean-std pretrain features labels knn linear plots report)
 declare -A SHARED_OUTPUT=([prepare]=split [mean-std]=mean_std)
 # Steps that start their own processes on whole nodes; the others run one process on a CPU share.
 MULTI_NODE=" pretrain features "
+# Steps that evaluate the channel-adaptive model on one combination: no plots or report, whose
+# attention maps take no channel subset of a channel-adaptive checkpoint.
+EVALUATION=" features labels knn linear "
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/env.sh
@@ -30,7 +36,7 @@ source "$HERE/env.sh"
 source "$HERE/lib.sh"
 
 usage() {
-  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -78,12 +84,14 @@ LOG_DIR=${SCDINO_LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
-COMBINATIONS=()
+COMBINATIONS=() ADAPTIVE_COMBINATIONS=()
 if [ -x "$SCDINO_PYTHON" ]; then
   # Checks the config (and --set keys) now, rather than in the first job.
   RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
   echo "run directory: $RUN_DIR" >&2
   mapfile -t COMBINATIONS < <(run_combinations "$CONFIG" "${STEP_ARGS[@]}")
+  ((${#COMBINATIONS[@]} == 0)) ||
+    mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
 else
   echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
 fi
@@ -101,7 +109,8 @@ step_options() {
 
 # Submits STEP after job AFTER (may be empty) with extra step arguments and prints "LABEL JOBID";
 # under --dry-run prints the sbatch command instead and uses "<LABEL>" as the job id. Leaves the
-# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION.
+# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, the channel-adaptive
+# model's scdino-STEP-adaptive and scdino-STEP-adaptive-COMBINATION.
 submit() {
   local step=$1 after=$2 label=$3 options command
   shift 3
@@ -119,19 +128,66 @@ submit() {
   echo "$label $JOB_ID"
 }
 
-# Submits STEPS... as an afterok chain after job AFTER, in the run directory of COMBINATION
-# (run.combination; empty: the run itself); leaves the last job id (else AFTER) in CHAIN_END.
+# The --set arguments that pick one run by the name its job labels carry, one a line: "" the run
+# itself, COMBINATION that combination's own run, "adaptive" the channel-adaptive model,
+# "adaptive-COMBINATION" that model evaluated on COMBINATION.
+run_selector() {
+  case "$1" in
+    "") ;;
+    adaptive) printf '%s\n' --set run.channel_adaptive=true ;;
+    adaptive-*) printf '%s\n' --set run.channel_adaptive=true --set "run.combination=${1#adaptive-}" ;;
+    *) printf '%s\n' --set "run.combination=$1" ;;
+  esac
+}
+
+# Path NAME (training/rundir/layout.py) of the run called RUN (as in run_selector).
+path_of() {
+  local selector
+  mapfile -t selector < <(run_selector "$2")
+  run_path "$1" "$CONFIG" "${STEP_ARGS[@]}" "${selector[@]}"
+}
+
+# Submits STEPS... as an afterok chain after job AFTER, in the run called RUN (run_selector; empty:
+# the run itself), labelled STEP:RUN; leaves the last job id (else AFTER) in CHAIN_END.
 submit_chain() {
-  local after=$1 combination=$2 step label extra=()
+  local after=$1 run=$2 step label extra
   shift 2
-  [ -z "$combination" ] || extra=(--set "run.combination=$combination")
+  mapfile -t extra < <(run_selector "$run")
   for step in "$@"; do
     label=$step
-    [ -z "$combination" ] || label=$step:$combination
+    [ -z "$run" ] || label=$step:$run
     submit "$step" "$after" "$label" "${extra[@]}"
     after=$JOB_ID
   done
   CHAIN_END=$after
+}
+
+# The channel-adaptive model after job AFTER, given the selected per-combination steps STEPS...: its
+# pretraining if among them, then for each combination not yet evaluated the EVALUATION steps among
+# them; adds each evaluation's last job id to ENDS. Nothing once every combination is evaluated.
+submit_channel_adaptive() {
+  local after=$1 step combination steps=() pending=()
+  shift
+  for combination in "${ADAPTIVE_COMBINATIONS[@]}"; do
+    if [ -e "$(path_of linear_json "adaptive-$combination")" ]; then
+      echo "channel-adaptive model on $combination: evaluated (its linear probe exists), skipped" >&2
+    else
+      pending+=("$combination")
+    fi
+  done
+  ((${#pending[@]})) || return 0
+  for step in "$@"; do
+    [[ "$EVALUATION" == *" $step "* ]] && steps+=("$step")
+  done
+  if [[ " $* " == *" pretrain "* ]]; then
+    submit_chain "$after" adaptive pretrain
+    after=$CHAIN_END
+  fi
+  ((${#steps[@]})) || return 0
+  for combination in "${pending[@]}"; do
+    submit_chain "$after" "adaptive-$combination" "${steps[@]}"
+    [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
+  done
 }
 
 CHAIN_END=""
@@ -154,16 +210,17 @@ for step in "${SELECTED[@]}"; do
 done
 submit_chain "$AFTER" "" "${shared[@]}"
 shared_end=${CHAIN_END:-$AFTER}
-ends=()
+ENDS=()
 for combination in "${COMBINATIONS[@]}"; do
-  if [ -e "$(run_path report "$CONFIG" "${STEP_ARGS[@]}" --set "run.combination=$combination")" ]; then
+  if [ -e "$(path_of report "$combination")" ]; then
     echo "channels $combination: finished (its report exists), skipped" >&2
     continue
   fi
   submit_chain "$shared_end" "$combination" "${per_combination[@]}"
-  [ -z "$CHAIN_END" ] || ends+=("$CHAIN_END")
+  [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
 done
+((${#ADAPTIVE_COMBINATIONS[@]} == 0)) || submit_channel_adaptive "$shared_end" "${per_combination[@]}"
 if [ "$TO" = report ]; then
-  dependency=$(IFS=:; echo "${ends[*]}")
+  dependency=$(IFS=:; echo "${ENDS[*]}")
   submit compare "${dependency:-$shared_end}" compare
 fi

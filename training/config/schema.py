@@ -33,6 +33,13 @@ class RunConfig:
     for each combination's chain: the step then reads and writes <output_dir>/channels_<combination>/
     (training/rundir/layout.py), shares the packed data, split and mean/std of <output_dir>, and uses
     these channels as data.channels. Empty: the run itself, on data.channels."""
+    channel_adaptive: bool = False
+    """This step works on the one channel-adaptive model of data.compare_channel_adaptive, set by
+    slurm/submit_pipeline.sh: <output_dir>/channel_adaptive/, trained with model.kind channel_vit on
+    every channel of data.channels. With run.combination as well: that model evaluated on the
+    combination's channels without retraining (features, labels, knn, linear), in
+    channel_adaptive/channels_<combination>/, reading the model's checkpoints. Both share the packed
+    data, split and mean/std of <output_dir> (training/rundir/layout.py)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,12 @@ class DataConfig:
     """Channel subsets to compare, scDINO's selected_channel_combination_per_run, e.g. ["01234", "0",
     "1"]: slurm/submit_pipeline.sh runs one pretraining and downstream chain per entry and then
     `compare`, to show what each channel contributes. Empty: one run on data.channels."""
+    compare_channel_adaptive: bool = False
+    """Besides one model per entry of data.channel_combinations, train ONE channel-adaptive model
+    (model.kind channel_vit, on every channel of data.channels) and evaluate it on each combination
+    without retraining: `compare` then puts both ways side by side, each with its training compute,
+    which answers whether one model serves every combination as well as scDINO's per-combination
+    models and at what cost. Needs data.channel_combinations, each a subset of data.channels."""
     folder_depth_for_labels: int = 0
     """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
     channel_axis: Literal["auto", "first", "last"] = "auto"
@@ -99,6 +112,20 @@ class DataConfig:
                                   f"'01234' or '2', got {combination!r}")
         if len(set(self.channel_combinations)) != len(self.channel_combinations):
             raise ConfigError(f"data.channel_combinations lists a combination twice: {list(self.channel_combinations)}")
+        if self.compare_channel_adaptive and not self.channel_combinations:
+            raise ConfigError("data.compare_channel_adaptive needs data.channel_combinations: the channel-adaptive "
+                              "model is evaluated on each of them (e.g. --set data.channel_combinations=01234,0,3)")
+
+    def check_channel_adaptive(self) -> None:
+        """The channel-adaptive model trains on data.channels, so it can be evaluated only on subsets
+        of them (checked on the whole run's config: a combination's step has its channels as data.channels)."""
+        if not self.compare_channel_adaptive:
+            return
+        outside = [c for c in self.channel_combinations if not set(c) <= set(self.channels)]
+        if outside:
+            raise ConfigError(f"data.compare_channel_adaptive: the channel-adaptive model trains on data.channels="
+                              f"{self.channels!r}, so it cannot be evaluated on {', '.join(map(repr, outside))} "
+                              "(data.channel_combinations): add those channels to data.channels or drop the combinations")
 
     def for_combination(self, combination: str) -> "DataConfig":
         """This data config training on `combination`: its channels, named as data.channel_names
@@ -365,9 +392,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
-        """A combination's step trains on the combination's channels (see run.combination)."""
+        """A combination's step trains (or, under run.channel_adaptive, evaluates) on the combination's
+        channels (see run.combination); the channel-adaptive model is a channel_vit."""
+        self._select_channel_adaptive()
         combination = self.run.combination
         if not combination:
+            self.data.check_channel_adaptive()
             return
         if combination not in self.data.channel_combinations:
             listed = self.data.channel_combinations
@@ -376,6 +406,15 @@ class Config:
                               f"allowed: {allowed}")
         if self.data.channels != combination:
             object.__setattr__(self, "data", self.data.for_combination(combination))
+
+    def _select_channel_adaptive(self) -> None:
+        if not self.run.channel_adaptive:
+            return
+        if not self.data.compare_channel_adaptive:
+            raise ConfigError("run.channel_adaptive=true picks the channel-adaptive model of "
+                              "data.compare_channel_adaptive, which is false: set data.compare_channel_adaptive=true")
+        if self.model.kind != "channel_vit":
+            object.__setattr__(self, "model", dataclasses.replace(self.model, kind="channel_vit"))
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))

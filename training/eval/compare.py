@@ -5,8 +5,10 @@ combination's run (RunLayout.combination) wrote knn/knn.json and linear/linear.j
 model and both baselines on the same images; this module gathers, per combination, kNN top-1/top-2
 at the best k and the linear probe's final top-1 of each, and the pretraining compute, into one
 comparison (JSON for tools, Markdown for people). "models" holds one entry per way of getting a
-model for each combination ("per_combination": one pretraining each), so that another approach (a
-single channel-adaptive model evaluated on every combination) sits beside it with the same fields.
+model for each combination: "per_combination" (one pretraining each) and, with
+data.compare_channel_adaptive, "channel_adaptive" (one channel_vit pretrained once on data.channels,
+evaluated on every combination without retraining, RunLayout.channel_adaptive().evaluation), with
+the same fields per combination and each model's total training compute.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import Config
+from training.errors import MissingInputError
 from training.eval.tables import markdown_table
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
@@ -27,6 +30,10 @@ from training.rundir.summary import knn_headline
 
 PER_COMBINATION = "per_combination"
 """The "models" key of scDINO's way: one pretraining per channel combination."""
+CHANNEL_ADAPTIVE = "channel_adaptive"
+"""The "models" key of one channel-adaptive model trained once and evaluated on every combination."""
+MODEL_NAMES = {PER_COMBINATION: "one model per combination", CHANNEL_ADAPTIVE: "channel-adaptive model"}
+"""How tables name each way."""
 
 
 def knn_scores(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -53,13 +60,46 @@ def pretrain_compute(layout: RunLayout) -> dict[str, Any]:
             "unit": "gpu_s" if on_gpu else "cpu_rank_s", "value": value}
 
 
+def run_results(run: RunLayout, selector: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """knn.json and linear.json of one run; a missing one names the step to run, with `selector`
+    (the --set arguments that pick that run)."""
+    for path, step in ((run.knn_json, "knn"), (run.linear_json, "linear")):
+        if not path.is_file():
+            raise MissingInputError(f"{step} results", path, f"{step} {selector}")
+    return load_knn(run), load_linear(run)
+
+
+def scores_entry(config: Config, parent: RunLayout, run: RunLayout, combination: str, selector: str) -> dict[str, Any]:
+    """One combination's kNN and linear-probe figures of one model, read from the files `run` wrote."""
+    names = config.data.for_combination(combination).channel_names or tuple(f"ch{c}" for c in combination)
+    knn, linear = run_results(run, selector)
+    return {"run": run.root.relative_to(parent.root).as_posix(), "channels": combination,
+            "channel_names": list(names), "knn": knn_scores(knn), "linear": linear_scores(linear)}
+
+
 def combination_entry(config: Config, layout: RunLayout, combination: str) -> dict[str, Any]:
     """One combination's figures, read from the files its run wrote."""
     run = layout.combination(combination)
-    names = config.data.for_combination(combination).channel_names or tuple(f"ch{c}" for c in combination)
-    return {"run": run.root.name, "channels": combination, "channel_names": list(names),
-            "knn": knn_scores(load_knn(run)), "linear": linear_scores(load_linear(run)),
-            "compute": pretrain_compute(run)}
+    entry = scores_entry(config, layout, run, combination, f"--set run.combination={combination}")
+    return {**entry, "compute": pretrain_compute(run)}
+
+
+def channel_adaptive_model(config: Config, layout: RunLayout) -> dict[str, Any]:
+    """The channel-adaptive model: its figures on every combination (its evaluations' files) and the
+    compute of its one pretraining."""
+    model = layout.channel_adaptive()
+    if not model.latest_checkpoint.is_file():
+        raise MissingInputError("the channel-adaptive model's checkpoint", model.latest_checkpoint,
+                                "pretrain --set run.channel_adaptive=true")
+    selector = "--set run.channel_adaptive=true --set run.combination="
+    entries = {combo: scores_entry(config, layout, model.evaluation(combo), combo, selector + combo)
+               for combo in config.data.channel_combinations}
+    compute = pretrain_compute(model)
+    return {"description": f"one channel-adaptive model (channel_vit) pretrained once on channels "
+                           f"{config.data.channels}, evaluated on every combination without retraining",
+            "run": model.root.name, "channels": config.data.channels, "combinations": entries,
+            "compute": compute, "compute_total": {"value": compute["value"], "unit": compute["unit"]},
+            "contribution": contribution(entries)}
 
 
 def contribution(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -76,47 +116,103 @@ def contribution(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_comparison(config: Config, layout: RunLayout) -> dict[str, Any]:
-    """The comparison of every combination in data.channel_combinations (run on their own)."""
+    """The comparison of every combination in data.channel_combinations: run on their own, and
+    evaluated with the channel-adaptive model when data.compare_channel_adaptive."""
     combinations = config.data.channel_combinations
     entries = {combo: combination_entry(config, layout, combo) for combo in combinations}
     values = [e["compute"]["value"] for e in entries.values()]
     units = sorted({e["compute"]["unit"] for e in entries.values()})
     total = round(sum(values), 3) if values and None not in values else None
-    return {"combinations": list(combinations),
-            "models": {PER_COMBINATION: {"description": "one pretraining per combination (scDINO)",
-                                         "combinations": entries,
-                                         "compute_total": {"value": total, "unit": "+".join(units)}}},
-            "contribution": contribution(entries)}
+    models = {PER_COMBINATION: {"description": "one pretraining per combination (scDINO)", "combinations": entries,
+                                "compute_total": {"value": total, "unit": "+".join(units)}}}
+    if config.data.compare_channel_adaptive:
+        models[CHANNEL_ADAPTIVE] = channel_adaptive_model(config, layout)
+    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries)}
 
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _knn_cell(entry: dict[str, Any], tag: str) -> str:
+    knn = entry["knn"].get(tag)
+    return "-" if knn is None else f"{_pct(knn['top1'])} / {_pct(knn['top2'])}"
+
+
+def _linear_cell(entry: dict[str, Any], tag: str) -> str:
+    return _pct(entry["linear"][tag]["final_top1"]) if tag in entry["linear"] else "-"
+
+
+def _cost(compute: dict[str, Any]) -> str:
+    return "-" if compute["value"] is None else f"{compute['value']:.0f} {compute['unit']}"
+
+
+def _channels_cell(combo: str, entry: dict[str, Any]) -> str:
+    return f"{combo} ({', '.join(entry['channel_names'])})"
+
+
 def comparison_rows(comparison: dict[str, Any], model: str = PER_COMBINATION) -> tuple[list[str], list[list[str]]]:
     """Header and one row per combination: kNN top-1 / top-2 and linear top-1 of the trained model
-    and of both baselines, and the pretraining compute."""
+    and of both baselines, and the pretraining compute where each combination has its own."""
+    entries = comparison["models"][model]["combinations"]
+    own_compute = all("compute" in entry for entry in entries.values())
     header = ["channels", *[f"kNN {tags.LABELS[t]}" for t in tags.HEADLINE],
-              *[f"linear {tags.LABELS[t]}" for t in tags.HEADLINE], "pretrain compute"]
+              *[f"linear {tags.LABELS[t]}" for t in tags.HEADLINE], *(["pretrain compute"] if own_compute else [])]
     rows = []
-    for combo, entry in comparison["models"][model]["combinations"].items():
-        knn = [f"{_pct(entry['knn'][t]['top1'])} / {_pct(entry['knn'][t]['top2'])}" if t in entry["knn"] else "-"
-               for t in tags.HEADLINE]
-        linear = [_pct(entry["linear"][t]["final_top1"]) if t in entry["linear"] else "-" for t in tags.HEADLINE]
-        compute = entry["compute"]
-        cost = "-" if compute["value"] is None else f"{compute['value']:.0f} {compute['unit']}"
-        rows.append([f"{combo} ({', '.join(entry['channel_names'])})", *knn, *linear, cost])
+    for combo, entry in entries.items():
+        knn = [_knn_cell(entry, t) for t in tags.HEADLINE]
+        linear = [_linear_cell(entry, t) for t in tags.HEADLINE]
+        rows.append([_channels_cell(combo, entry), *knn, *linear, *([_cost(entry["compute"])] if own_compute else [])])
     return header, rows
 
 
-def comparison_markdown(comparison: dict[str, Any]) -> str:
-    """comparison.md: the table, then what each channel adds."""
-    header, rows = comparison_rows(comparison)
-    parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", "",
-             markdown_table(header, rows), ""]
+def side_by_side_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row per combination with each model's trained kNN top-1 / top-2 and linear
+    top-1, then one row with each model's total training compute."""
+    models = comparison["models"]
+    header = ["channels", *[f"{what}, {MODEL_NAMES[m]}" for m in models for what in ("kNN", "linear")]]
+    rows = []
+    for combo in comparison["combinations"]:
+        cells = [cell for m in models for cell in (_knn_cell(models[m]["combinations"][combo], tags.FINAL),
+                                                   _linear_cell(models[m]["combinations"][combo], tags.FINAL))]
+        rows.append([_channels_cell(combo, models[PER_COMBINATION]["combinations"][combo]), *cells])
+    pretrainings = {PER_COMBINATION: len(comparison["combinations"]), CHANNEL_ADAPTIVE: 1}
+    totals = [cell for m in models for cell in (f"{_cost(models[m]['compute_total'])} "
+                                                f"({pretrainings[m]} pretraining{'s' if pretrainings[m] > 1 else ''})",
+                                                "")]
+    rows.append(["total training compute", *totals])
+    return header, rows
+
+
+def contribution_lines(comparison: dict[str, Any]) -> list[str]:
+    """What each channel adds (trained kNN top-1 alone and all but it), for each model."""
     share = comparison["contribution"]
-    if share["all_channels"]:
-        parts.append(f"All channels ({share['all_channels']}): trained kNN top-1 {_pct(share['all_top1'])} %.")
-        rows = [[c, _pct(v["alone"]), _pct(v["all_but"])] for c, v in share["per_channel"].items()]
-        parts += ["", markdown_table(["channel", "alone", "all but it"], rows)]
-    return "\n".join(parts) + "\n"
+    if not share["all_channels"]:
+        return []
+    line = f"All channels ({share['all_channels']}): trained kNN top-1 {_pct(share['all_top1'])} %"
+    header = ["channel", "alone", "all but it"]
+    rows = [[c, _pct(v["alone"]), _pct(v["all_but"])] for c, v in share["per_channel"].items()]
+    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    if adaptive:
+        other = adaptive["contribution"]
+        line += f" ({MODEL_NAMES[PER_COMBINATION]}), {_pct(other['all_top1'])} % ({MODEL_NAMES[CHANNEL_ADAPTIVE]})"
+        header += [f"alone, {MODEL_NAMES[CHANNEL_ADAPTIVE]}", f"all but it, {MODEL_NAMES[CHANNEL_ADAPTIVE]}"]
+        for row, channel in zip(rows, share["per_channel"]):
+            row += [_pct(other["per_channel"][channel]["alone"]), _pct(other["per_channel"][channel]["all_but"])]
+    return [line + ".", "", markdown_table(header, rows)]
+
+
+def comparison_markdown(comparison: dict[str, Any]) -> str:
+    """comparison.md: both models side by side (with the channel-adaptive one), each model's table
+    against its baselines, then what each channel adds."""
+    parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
+    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    if adaptive:
+        parts += [f"## {MODEL_NAMES[PER_COMBINATION].capitalize()} against one {MODEL_NAMES[CHANNEL_ADAPTIVE]}",
+                  "", markdown_table(*side_by_side_rows(comparison)), "",
+                  f"## {MODEL_NAMES[PER_COMBINATION].capitalize()} (scDINO), against its baselines", ""]
+    parts += [markdown_table(*comparison_rows(comparison)), ""]
+    if adaptive:
+        parts += [f"## The {MODEL_NAMES[CHANNEL_ADAPTIVE]}, trained once on channels {adaptive['channels']}, "
+                  "against its baselines", "", markdown_table(*comparison_rows(comparison, CHANNEL_ADAPTIVE)), ""]
+    return "\n".join(parts + contribution_lines(comparison)) + "\n"

@@ -6,25 +6,34 @@ from typing import Any
 
 import numpy as np
 
-from training.eval.compare import PER_COMBINATION
+from training.eval.compare import CHANNEL_ADAPTIVE, MODEL_NAMES, PER_COMBINATION
 from training.plots.common import new_figure
 from training.rundir import tags
 
 
+def _top1(entry: dict[str, Any], tag: str) -> float:
+    return 100 * entry["knn"][tag]["top1"] if tag in entry["knn"] else np.nan
+
+
 def plot_combinations(comparison: dict[str, Any], model: str = PER_COMBINATION):
-    """Grouped bars of kNN top-1 per combination for the trained model and both baselines, with
-    the all-channels model as a dashed line, so a single channel's or a left-out channel's share
-    reads off against it."""
+    """Grouped bars of kNN top-1 per combination for the trained model and both baselines (and,
+    where it ran, the channel-adaptive model beside the trained one), with the all-channels model as
+    a dashed line, so a single channel's or a left-out channel's share reads off against it."""
     entries = comparison["models"][model]["combinations"]
     combos = sorted(entries, key=lambda c: (-len(c), c))
     shown = [t for t in tags.HEADLINE if any(t in entries[c]["knn"] for c in combos)]
+    series = [(tags.label(t), [_top1(entries[c], t) for c in combos], t == tags.FINAL) for t in shown]
+    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE) if model == PER_COMBINATION else None
+    if adaptive:
+        series[0] = (f"{tags.label(tags.FINAL)}, {MODEL_NAMES[PER_COMBINATION]}", *series[0][1:])
+        series.insert(1, (f"{tags.label(tags.FINAL)}, {MODEL_NAMES[CHANNEL_ADAPTIVE]}",
+                          [_top1(adaptive["combinations"][c], tags.FINAL) for c in combos], True))
     fig, ax = new_figure(max(4.0, 1.1 * len(combos) + 2), 4.0)
-    width = 0.8 / max(len(shown), 1)
+    width = 0.8 / max(len(series), 1)
     x = np.arange(len(combos))
-    for i, tag in enumerate(shown):
-        values = [100 * entries[c]["knn"][tag]["top1"] if tag in entries[c]["knn"] else np.nan for c in combos]
-        ax.bar(x + (i - (len(shown) - 1) / 2) * width, values, width, label=tags.label(tag),
-               hatch=None if tag == tags.FINAL else "//", alpha=1.0 if tag == tags.FINAL else 0.6)
+    for i, (label, values, trained) in enumerate(series):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label,
+               hatch=None if trained else "//", alpha=1.0 if trained else 0.6)
     share = comparison["contribution"]
     if share.get("all_top1") is not None:
         ax.axhline(100 * share["all_top1"], linestyle="--", color="k", linewidth=1,

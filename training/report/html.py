@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.eval.compare import PER_COMBINATION, comparison_rows
+from training.eval.compare import CHANNEL_ADAPTIVE, PER_COMBINATION, comparison_rows, side_by_side_rows
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
@@ -160,8 +160,23 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
                       for c in comparison["models"][PER_COMBINATION]["combinations"])
     return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>",
+            *channel_adaptive_lines(comparison),
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
             html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]
+
+
+def channel_adaptive_lines(comparison: dict[str, Any]) -> list[str]:
+    """With data.compare_channel_adaptive: both models side by side, then the channel-adaptive
+    model against its baselines; nothing otherwise."""
+    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    if not adaptive:
+        return []
+    return ["<p>One model per combination against one channel-adaptive model, trained once on channels "
+            f"{esc(adaptive['channels'])} and evaluated on each combination without retraining (trained "
+            "models; the last row is each side's total training compute):</p>",
+            html_table(*side_by_side_rows(comparison)),
+            "<p>The channel-adaptive model against its baselines on each combination:</p>",
+            html_table(*comparison_rows(comparison, CHANNEL_ADAPTIVE))]
 
 
 def build_report(layout: RunLayout, title: str) -> str:

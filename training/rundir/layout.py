@@ -32,8 +32,14 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       channels_<combination>/     one run per entry of data.channel_combinations (run.combination):
                                   the files above from pretrain on, sharing packed/, split.json,
                                   bad_images.json and mean_std.json with <output_dir>
+      channel_adaptive/           data.compare_channel_adaptive (run.channel_adaptive): the one
+                                  channel-adaptive model, trained on data.channels (pretrain's files)
+        channels_<combination>/   that model evaluated on one combination without retraining
+                                  (run.combination too): features/, labels.json, knn/, linear/,
+                                  reading channel_adaptive/checkpoints/
       comparison.json, .md        `compare`: every combination's kNN and linear probe against its
-                                  baselines, and its training compute; figure in plots/
+                                  baselines (per model: one per combination, and the channel-adaptive
+                                  one where it ran), and the training compute; figure in plots/
 """
 
 from __future__ import annotations
@@ -57,27 +63,46 @@ class RunLayout:
     shared: Path | None = None
     """Where the data files every combination shares lie (split, bad images, mean/std): the run
     itself, or for a combination's run (channels_<combination>/) the parent run."""
+    trained: Path | None = None
+    """The run whose checkpoints these are: the run itself, or for the channel-adaptive model's
+    evaluation on one combination (`evaluation`), that model's run."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
         object.__setattr__(self, "packed", Path(self.packed) if self.packed else self.root / "packed")
         object.__setattr__(self, "shared", Path(self.shared) if self.shared else self.root)
+        object.__setattr__(self, "trained", Path(self.trained) if self.trained else self.root)
 
     @classmethod
     def from_config(cls, config: Config) -> RunLayout:
-        """The run's layout; with run.combination set, that combination's run inside it."""
+        """The run's layout; with run.combination set, that combination's run inside it; with
+        run.channel_adaptive, the channel-adaptive model's run, or its evaluation on run.combination."""
         layout = cls(Path(config.run.output_dir), Path(config.data.packed_dir) if config.data.packed_dir else None)
-        return layout.combination(config.run.combination) if config.run.combination else layout
+        combination = config.run.combination
+        if config.run.channel_adaptive:
+            adaptive = layout.channel_adaptive()
+            return adaptive.evaluation(combination) if combination else adaptive
+        return layout.combination(combination) if combination else layout
 
     def combination(self, combination: str) -> RunLayout:
         """The run of one channel combination: its own directory, this run's data files."""
         return RunLayout(self.root / f"channels_{combination}", self.packed, self.shared)
 
+    def channel_adaptive(self) -> RunLayout:
+        """The one channel-adaptive model's run (data.compare_channel_adaptive): its own directory,
+        this run's data files."""
+        return RunLayout(self.root / "channel_adaptive", self.packed, self.shared)
+
+    def evaluation(self, combination: str) -> RunLayout:
+        """This run's model evaluated on one combination without retraining: its own directory for
+        features, labels, kNN and linear probe; this run's checkpoints and data files."""
+        return RunLayout(self.root / f"channels_{combination}", self.packed, self.shared, self.trained)
+
     config = property(lambda self: self.root / "config.yaml")
     split = property(lambda self: self.shared / "split.json")
     bad_images = property(lambda self: self.shared / "bad_images.json")
     mean_std = property(lambda self: self.shared / "mean_std.json")
-    checkpoints = property(lambda self: self.root / "checkpoints")
+    checkpoints = property(lambda self: self.trained / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
     failure_log = property(lambda self: self.checkpoints / "failures.jsonl")

@@ -4,7 +4,9 @@
 
 Run after each entry of data.channel_combinations has had its chain (slurm/submit_pipeline.sh does
 both). Reads channels_<combination>/knn/knn.json, linear/linear.json, timings.json and the checkpoint
-of each; writes <run>/comparison.json and comparison.md and the figure plots/channel_combinations.png
+of each; with data.compare_channel_adaptive also channel_adaptive/'s timings.json and checkpoint and
+the knn.json and linear.json of its evaluation on each combination (channel_adaptive/channels_<c>/).
+Writes <run>/comparison.json and comparison.md and the figure plots/channel_combinations.png
 (listed in the plots manifest, so `report` on the run shows it).
 """
 
@@ -26,10 +28,11 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.eval.compare import build_comparison, comparison_markdown
     from training.plots.figures import comparison_plots
 
-    if config.run.combination or not config.data.channel_combinations:
+    if config.run.combination or config.run.channel_adaptive or not config.data.channel_combinations:
         raise UserError("compare needs data.channel_combinations and runs on the whole run "
-                        f"(run.combination empty), got {list(config.data.channel_combinations)} and "
-                        f"run.combination={config.run.combination!r}")
+                        f"(run.combination empty, run.channel_adaptive false), got "
+                        f"{list(config.data.channel_combinations)}, run.combination={config.run.combination!r} "
+                        f"and run.channel_adaptive={config.run.channel_adaptive}")
     comparison = build_comparison(config, layout)
     write_json_atomic(layout.comparison_json, comparison, indent=2)
     text = comparison_markdown(comparison)

@@ -4,6 +4,8 @@
     python -m training paths --config run.yaml --all      # every name, "name<TAB>path" per line
     python -m training paths --config run.yaml --combinations   # data.channel_combinations, one a line
     python -m training paths --config run.yaml --set run.combination=01 root   # a combination's run
+    python -m training paths --config run.yaml --channel-adaptive   # combinations the channel-adaptive model is evaluated on
+    python -m training paths --config run.yaml --set run.channel_adaptive=true --set run.combination=01 knn_json
 
 One path per requested name, in order (names: training/rundir/layout.py, e.g. root, packed,
 preempted_marker, results, report). An unknown name is an error that lists the known ones.
@@ -23,12 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true", help="print every name and path")
     parser.add_argument("--combinations", action="store_true",
                         help="print data.channel_combinations, one a line (nothing when empty)")
+    parser.add_argument("--channel-adaptive", action="store_true",
+                        help="print the combinations the channel-adaptive model is evaluated on, one a line "
+                             "(nothing unless data.compare_channel_adaptive)")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
-    if args.combinations:
-        if config.data.channel_combinations:
-            print("\n".join(config.data.channel_combinations))
+    if args.combinations or args.channel_adaptive:
+        listed = config.data.channel_combinations
+        if listed and (args.combinations or config.data.compare_channel_adaptive):
+            print("\n".join(listed))
         return 0
     known = layout.named_paths()
     if args.all:

@@ -107,3 +107,70 @@ def test_scdino_list_becomes_every_combination(tmp_path, caplog):
     single = tmp_path / "single.yaml"
     single.write_text("meta:\n  selected_channel_combination_per_run: ['2']\n")
     assert load_config(single).data.channel_combinations == () and load_config(single).data.channels == "2"
+
+
+ADAPTIVE = {**COMBINATIONS, "data.compare_channel_adaptive": True}
+
+
+def test_channel_adaptive_comparison_needs_combinations_within_data_channels():
+    with pytest.raises(ConfigError, match="data.compare_channel_adaptive needs data.channel_combinations"):
+        Config().replace({"data.compare_channel_adaptive": True})
+    with pytest.raises(ConfigError, match=r"trains on data.channels='012', so it cannot be evaluated on '13'"):
+        Config().replace({**ADAPTIVE, "data.channels": "012", "data.channel_combinations": ["012", "0", "13"]})
+
+
+def test_channel_adaptive_run_needs_the_comparison_and_is_a_channel_vit():
+    with pytest.raises(ConfigError, match="run.channel_adaptive=true .* set data.compare_channel_adaptive=true"):
+        Config().replace({**COMBINATIONS, "run.channel_adaptive": True})
+    model = Config().replace({**ADAPTIVE, "run.channel_adaptive": True})
+    assert model.model.kind == "channel_vit" and model.data.channels == "01234", "trained on every channel"
+    evaluation = Config().replace({**ADAPTIVE, "run.channel_adaptive": True, "run.combination": "13"})
+    assert evaluation.model.kind == "channel_vit" and evaluation.data.channels == "13"
+    assert Config().replace(evaluation.to_dict()) == evaluation, "its config.yaml reloads the same"
+    assert Config().replace(ADAPTIVE).model.kind == "vit", "the per-combination runs keep model.kind"
+
+
+def test_channel_adaptive_layout_evaluates_the_models_checkpoints(tmp_path):
+    parent = RunLayout(tmp_path / "run")
+    model = parent.channel_adaptive()
+    evaluation = model.evaluation("13")
+    assert model.root == tmp_path / "run" / "channel_adaptive"
+    assert model.latest_checkpoint == tmp_path / "run" / "channel_adaptive" / "checkpoints" / "checkpoint.pth"
+    assert evaluation.root == tmp_path / "run" / "channel_adaptive" / "channels_13"
+    assert evaluation.knn_json == evaluation.root / "knn" / "knn.json"
+    assert evaluation.latest_checkpoint == model.latest_checkpoint
+    assert evaluation.numbered_checkpoints() == [] and evaluation.checkpoints == model.checkpoints
+    for name in ("split", "mean_std", "bad_images", "packed"):
+        assert getattr(model, name) == getattr(parent, name) == getattr(evaluation, name), name
+    base = {**ADAPTIVE, "run.output_dir": str(tmp_path / "run"), "run.channel_adaptive": True}
+    assert RunLayout.from_config(Config().replace(base)).root == model.root
+    assert RunLayout.from_config(Config().replace({**base, "run.combination": "13"})) == evaluation
+
+
+def test_paths_lists_the_channel_adaptive_combinations_only_when_asked(tmp_path, capsys):
+    base = ["paths", "--set", f"run.output_dir={tmp_path}", "--set", "data.channel_combinations=0,01"]
+    assert main([*base, "--channel-adaptive"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main([*base, "--set", "data.compare_channel_adaptive=true", "--channel-adaptive"]) == 0
+    assert capsys.readouterr().out.split() == ["0", "01"]
+    adaptive = ["--set", "data.compare_channel_adaptive=true", "--set", "run.channel_adaptive=true"]
+    assert main([*base, *adaptive, "--set", "run.combination=01", "linear_json", "latest_checkpoint"]) == 0
+    assert capsys.readouterr().out.split() == [
+        str(tmp_path / "channel_adaptive" / "channels_01" / "linear" / "linear.json"),
+        str(tmp_path / "channel_adaptive" / "checkpoints" / "checkpoint.pth")]
+
+
+def test_pretrain_refuses_to_train_an_evaluation_of_the_channel_adaptive_model(tmp_path, capsys):
+    adaptive = ["--set", "data.channel_combinations=0,01", "--set", "data.compare_channel_adaptive=true",
+                "--set", "run.channel_adaptive=true", "--set", f"run.output_dir={tmp_path}"]
+    assert main(["pretrain", *adaptive, "--set", "run.combination=0"]) == 2
+    assert "run pretrain with run.channel_adaptive=true and without run.combination" in capsys.readouterr().err
+    assert not (tmp_path / "channel_adaptive" / "checkpoints").exists()
+
+
+def test_a_channel_adaptive_comparison_without_combinations_is_one_line_from_the_cli(tmp_path, capsys):
+    assert main(["paths", "--set", f"run.output_dir={tmp_path}", "--set", "data.compare_channel_adaptive=true",
+                 "root"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["error: data.compare_channel_adaptive needs data.channel_combinations: the channel-adaptive "
+                     "model is evaluated on each of them (e.g. --set data.channel_combinations=01234,0,3)"]

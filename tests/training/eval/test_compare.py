@@ -135,3 +135,122 @@ def test_a_missing_result_names_the_step_and_no_list_is_an_error(runs, tmp_path)
         from training.steps import compare
 
         compare.run(load_config(None, ["data.channel_combinations=0", "run.combination=0"]), parent, None)
+
+
+ADAPTIVE_WALL_S, ADAPTIVE_RANKS = 7.5, 4
+
+
+@pytest.fixture
+def adaptive_runs(runs):
+    """The per-combination runs plus the channel-adaptive model (trained on 4 GPUs) and its
+    evaluation on every combination, with figures of their own."""
+    parent, args = runs
+    model = parent.channel_adaptive()
+    model.checkpoints.mkdir(parents=True)
+    model.timings.write_text(json.dumps({"pretrain": ADAPTIVE_WALL_S}))
+    model.metrics.write_text(json.dumps({"kind": "epoch", "epoch": 0, "gpu_mem_gb": 3.0}) + "\n")
+    torch.save({"world_size": ADAPTIVE_RANKS, "epoch": 1}, model.latest_checkpoint)
+    for seed, combo in zip((2.5, 3.5, 4.5), COMBINATIONS):
+        evaluation = model.evaluation(combo)
+        evaluation.knn.mkdir(parents=True)
+        evaluation.linear.mkdir()
+        evaluation.knn_json.write_text(json.dumps(knn_file(seed)))
+        evaluation.linear_json.write_text(json.dumps(linear_file(seed)))
+    return parent, [*args, "--set", "data.compare_channel_adaptive=true"]
+
+
+def test_channel_adaptive_numbers_are_those_its_evaluations_wrote(adaptive_runs):
+    parent, args = adaptive_runs
+    assert main(["compare", *args]) == 0
+    models = json.loads(parent.comparison_json.read_text())["models"]
+    assert list(models) == ["per_combination", "channel_adaptive"]
+    adaptive = models["channel_adaptive"]
+    assert list(adaptive["combinations"]) == COMBINATIONS
+    for combo in COMBINATIONS:
+        entry = adaptive["combinations"][combo]
+        run = parent.root / "channel_adaptive" / f"channels_{combo}"
+        knn = json.loads((run / "knn" / "knn.json").read_text())
+        linear = json.loads((run / "linear" / "linear.json").read_text())
+        assert entry["run"] == f"channel_adaptive/channels_{combo}" and entry["channels"] == combo
+        for tag in HEADLINE:
+            assert entry["knn"][tag]["top1"] == best(knn["tags"][tag], "top1"), (combo, tag)
+            assert entry["knn"][tag]["top2"] == best(knn["tags"][tag], "top2"), (combo, tag)
+            history = [h["val_top1"] for h in linear["tags"][tag]["history"]]
+            assert entry["linear"][tag] == {"final_top1": history[-1], "best_top1": max(history)}, (combo, tag)
+        own = models["per_combination"]["combinations"][combo]["knn"]["final"]["top1"]
+        assert entry["knn"]["final"]["top1"] != own, "the two models' figures come from different files"
+    value = ADAPTIVE_WALL_S * ADAPTIVE_RANKS
+    assert adaptive["compute"] == {"pretrain_wall_s": ADAPTIVE_WALL_S, "ranks": ADAPTIVE_RANKS, "device": "gpu",
+                                   "unit": "gpu_s", "value": value}
+    assert adaptive["compute_total"] == {"value": value, "unit": "gpu_s"}
+    assert models["per_combination"]["compute_total"] == {"value": (10.0 + 11.0 + 12.0) * 2, "unit": "cpu_rank_s"}
+
+
+def test_channel_adaptive_contribution_reads_its_own_single_channels(adaptive_runs):
+    parent, args = adaptive_runs
+    assert main(["compare", *args]) == 0
+    share = json.loads(parent.comparison_json.read_text())["models"]["channel_adaptive"]["contribution"]
+    top1 = {c: best(json.loads(parent.channel_adaptive().evaluation(c).knn_json.read_text())["tags"]["final"], "top1")
+            for c in COMBINATIONS}
+    assert share == {"all_channels": "01", "all_top1": top1["01"],
+                     "per_channel": {"0": {"alone": top1["0"], "all_but": top1["1"]},
+                                     "1": {"alone": top1["1"], "all_but": top1["0"]}}}
+
+
+def cells(markdown: str, first: str) -> list[str]:
+    """The cells of the first Markdown table row whose first cell is `first`."""
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {first} "))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_markdown_shows_both_models_side_by_side_with_their_compute(adaptive_runs):
+    parent, args = adaptive_runs
+    assert main(["compare", *args]) == 0
+    markdown = parent.comparison_md.read_text()
+    own = parent.combination("0")
+    adaptive = parent.channel_adaptive().evaluation("0")
+    figures = []
+    for run in (own, adaptive):
+        knn = json.loads(run.knn_json.read_text())["tags"]["final"]
+        linear = json.loads(run.linear_json.read_text())["tags"]["final"]["history"][-1]["val_top1"]
+        figures += [f"{100 * best(knn, 'top1'):.1f} / {100 * best(knn, 'top2'):.1f}", f"{100 * linear:.1f}"]
+    assert cells(markdown, "0 (ch0)") == ["0 (ch0)", *figures]
+    per_total = sum(json.loads(parent.combination(c).timings.read_text())["pretrain"] * 2 for c in COMBINATIONS)
+    assert cells(markdown, "total training compute") == [
+        "total training compute", f"{per_total:.0f} cpu_rank_s (3 pretrainings)", "",
+        f"{ADAPTIVE_WALL_S * ADAPTIVE_RANKS:.0f} gpu_s (1 pretraining)", ""]
+    assert "## The channel-adaptive model, trained once on channels 01234, against its baselines" in markdown
+    assert main(["report", *args]) == 0
+    html = parent.report.read_text()
+    assert "channel-adaptive model" in html and figures[2] in html and "1 pretraining" in html
+
+
+def test_without_the_option_the_comparison_has_one_model(adaptive_runs):
+    parent, args = adaptive_runs
+    off = [a for a in args if a != "data.compare_channel_adaptive=true"][:-1]
+    assert main(["compare", *off]) == 0
+    assert list(json.loads(parent.comparison_json.read_text())["models"]) == ["per_combination"]
+    markdown = parent.comparison_md.read_text()
+    assert "channel-adaptive" not in markdown and "##" not in markdown
+
+
+def test_a_missing_evaluation_names_its_file_and_the_step_to_run(adaptive_runs, capsys):
+    parent, args = adaptive_runs
+    missing = parent.channel_adaptive().evaluation("1").linear_json
+    missing.unlink()
+    assert main(["compare", *args]) == 2
+    error = capsys.readouterr().err
+    assert str(missing) in error
+    assert "python -m training linear --set run.channel_adaptive=true --set run.combination=1" in error
+    parent.channel_adaptive().latest_checkpoint.unlink()
+    assert main(["compare", *args]) == 2
+    error = capsys.readouterr().err
+    assert str(parent.channel_adaptive().latest_checkpoint) in error
+    assert "python -m training pretrain --set run.channel_adaptive=true" in error
+
+
+def test_compare_refuses_the_channel_adaptive_models_run(adaptive_runs, capsys):
+    parent, args = adaptive_runs
+    assert main(["compare", *args, "--set", "run.channel_adaptive=true"]) == 2
+    assert "runs on the whole run (run.combination empty, run.channel_adaptive false)" in capsys.readouterr().err
+    assert not parent.comparison_json.exists()

@@ -29,3 +29,35 @@ def test_knn_with_labels_but_no_features_names_features(empty_run, tmp_path, cap
     (tmp_path / "run" / "labels.json").write_text('{"class_names": ["a"], "labels": [0], "indices": [0], "paths": ["a/x.tif"]}')
     assert main(["knn", "--config", str(empty_run)]) == 2
     assert "run `python -m training features` first" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_checkpoint(tmp_path):
+    """data.compare_channel_adaptive end to end on CPU: one tiny channel_vit pretraining, then the
+    evaluation steps on combination 02 read its checkpoint and only channels 0 and 2."""
+    import json
+
+    from eval_tiny_run import run_dir, run_step, write_config, write_images
+
+    from training.rundir import RunLayout
+    from training.rundir.features import load_features
+
+    write_images(tmp_path / "images")
+    config = write_config(tmp_path, data={"channel_combinations": ["0", "02"], "compare_channel_adaptive": True},
+                          optim={"epochs": 1})
+    model_run = ["--set", "run.channel_adaptive=true"]
+    assert run_step(config, "mean-std") == 0
+    assert run_step(config, "pretrain", *model_run) == 0
+    on_02 = [*model_run, "--set", "run.combination=02"]
+    assert run_step(config, "features", *on_02, "--epochs", "none") == 0
+    for step in ("labels", "knn", "linear"):
+        assert run_step(config, step, *on_02) == 0, step
+    parent = RunLayout(run_dir(config))
+    model, evaluation = parent.channel_adaptive(), parent.channel_adaptive().evaluation("02")
+    final = json.loads((evaluation.features("final") / "index.json").read_text())
+    assert final["checkpoint"] == str(model.latest_checkpoint) and final["channels"] == "02"
+    raw = load_features(evaluation.features("raw_pixels"))
+    assert raw.features.shape[1] == 2 * 4 * 4, "two channels, pooled to eval.raw_pixels_size=4"
+    assert not (evaluation.root / "checkpoints").exists() and not (parent.root / "checkpoints").exists()
+    assert set(json.loads(evaluation.knn_json.read_text())["tags"]) == {"final", "raw_pixels", "random_init"}
+    assert evaluation.linear_json.is_file()
