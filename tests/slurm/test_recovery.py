@@ -101,7 +101,8 @@ def recovery_figures(run: Path, case: str, fault_time: float, steps_at_fault: in
     if resumed_at is None:
         resume = failure_records(run, "resume")
         resumed_at = resume[0]["global_step"] if resume else None
-    later = [r for r in metric_records(run, "step") if r["time"] > fault_time]
+    # The first step after the resume (a step in flight at the fault may be logged after it).
+    later = [r for r in metric_records(run, "step") if r["time"] > fault_time and r["step"] > (resumed_at or 0)]
     figures = {"case": case, "seconds_to_training_again": round(later[0]["time"] - fault_time, 1) if later else None,
                "steps_at_fault": steps_at_fault, "resumed_at_step": resumed_at,
                "steps_redone": None if resumed_at is None else max(steps_at_fault - resumed_at, 0)}
