@@ -23,6 +23,10 @@ import torch
 from fake_imds import FakeMetadata
 from slurm_helpers import LOCAL_SLURM, Cluster, log_of
 
+from training.heal.failures import read_records
+from training.rundir import RunLayout
+from training.rundir.artifacts import read_metrics
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
@@ -44,10 +48,9 @@ def copy_prepared(workdir: Path, name: str) -> Path:
 
 
 def metric_records(run: Path, kind: str) -> list[dict]:
-    if not (run / "metrics.jsonl").exists():
-        return []
-    records = (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip())
-    return [r for r in records if r["kind"] == kind]
+    """The run's metric lines of `kind` so far (a line rank 0 is still writing is skipped)."""
+    layout = RunLayout(run)
+    return [r for r in read_metrics(layout) if r["kind"] == kind] if layout.metrics.exists() else []
 
 
 def epoch_records(run: Path) -> list[int]:
@@ -55,9 +58,7 @@ def epoch_records(run: Path) -> list[int]:
 
 
 def failure_records(run: Path, kind: str) -> list[dict]:
-    path = run / "checkpoints" / "failures.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in records if r["kind"] == kind]
+    return [r for r in read_records(RunLayout(run).failure_log) if r["kind"] == kind]
 
 
 def worker_pids(run: Path) -> list[int]:
@@ -86,7 +87,7 @@ def wait_until_training(cluster: Cluster, workdir: Path, job: str, run: Path, *,
                         workers: bool = False, timeout: float = 180) -> None:
     """Until the run logged a step (and has a checkpoint and live workers, when asked)."""
     deadline = time.monotonic() + timeout
-    while not (metric_records(run, "step") and (not checkpoint or (run / "checkpoints" / "checkpoint.pth").exists())
+    while not (metric_records(run, "step") and (not checkpoint or RunLayout(run).latest_checkpoint.exists())
                and (not workers or worker_pids(run))):
         assert time.monotonic() < deadline, log_of(workdir, cluster.job(job))
         assert cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), log_of(workdir, cluster.job(job))
@@ -124,7 +125,7 @@ def assert_each_step_logged_once(run: Path, epochs: int, steps_per_epoch: int) -
 
 
 def final_weights(run: Path) -> dict[str, dict[str, torch.Tensor]]:
-    saved = torch.load(run / "checkpoints" / "checkpoint.pth", map_location="cpu", weights_only=False)
+    saved = torch.load(RunLayout(run).latest_checkpoint, map_location="cpu", weights_only=False)
     return {name: saved[name] for name in ("student", "teacher")}
 
 
@@ -150,7 +151,7 @@ def test_preempted_pretraining_requeues_and_loses_no_finished_epoch(cluster, wor
     assert 1 <= stopped_at < epochs, "the signal should land after the first epoch and before the end"
     assert "attempt 2" in log
     assert epoch_records(run) == list(range(epochs)), "every epoch exactly once: none lost, none redone"
-    assert not (run / "checkpoints" / "PREEMPTED").exists()
+    assert not RunLayout(run).preempted_marker.exists()
 
 
 def test_a_killed_worker_is_restarted_in_the_job_and_ends_with_the_uninterrupted_weights(cluster, workdir):
@@ -175,7 +176,7 @@ def test_a_killed_worker_is_restarted_in_the_job_and_ends_with_the_uninterrupted
     # checkpoint, not a fresh start from step 0 (which would also end with every epoch once).
     resumes = failure_records(run, "resume")
     assert resumes and all(r["restart"] >= 1 and r["attempt"] == 0 for r in resumes), resumes
-    assert resumes[0]["checkpoint"] == str(run / "checkpoints" / "checkpoint.pth"), resumes
+    assert resumes[0]["checkpoint"] == str(RunLayout(run).latest_checkpoint), resumes
     assert resumes[0]["global_step"] > 0, f"resumed from step 0, i.e. from scratch: {resumes}"
     figures = recovery_figures(run, "kill -9 of a worker", fault_time, steps_at_fault)
     # A checkpoint after every step (0.3 s interval, ~1 s steps): at most the step in flight is redone.
@@ -278,7 +279,7 @@ def test_a_spot_interruption_notice_saves_requeues_and_resumes(cluster, workdir)
     assert marker, log
     assert "attempt 2" in log, log
     assert_each_step_logged_once(run, epochs, steps_per_epoch=3)
-    assert not (run / "checkpoints" / "PREEMPTED").exists()
+    assert not RunLayout(run).preempted_marker.exists()
     tokens = [r for r in metadata.requests if r[0] == "PUT"]
     assert tokens and all(r[2] for r in tokens), "IMDSv2: a session token with a TTL first"
     saved_at = json.loads(marker.group(1))["step"]

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = {"kind": "launch", "exit_code": args.exit_code, "decision": decision,
               "deterministic": deterministic, "requeue_number": requeues + (decision == "requeue"), **now}
     append_record(args.failure_log, launch)
-    for line in summary(read_records(args.failure_log), now["job"], args.max_requeues):
+    for line in summary([*records, launch], now["job"], args.max_requeues):
         print(f"heal: {line}", file=sys.stderr)
     print(decision)
     return 0

@@ -45,7 +45,7 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,7 +96,7 @@ class RunLayout:
     def evaluation(self, combination: str) -> RunLayout:
         """This run's model evaluated on one combination without retraining: its own directory for
         features, labels, kNN and linear probe; this run's checkpoints and data files."""
-        return RunLayout(self.root / f"channels_{combination}", self.packed, self.shared, self.trained)
+        return replace(self.combination(combination), trained=self.trained)
 
     config = property(lambda self: self.root / "config.yaml")
     split = property(lambda self: self.shared / "split.json")
