@@ -82,9 +82,11 @@ class SyntheticCrops:
             yield crops, torch.zeros(batch, dtype=torch.long)
 
 
-def vit_forward_flops(arch: str, patch: int, in_chans: int, side: int) -> float:
+def vit_forward_flops(arch: str, patch: int, in_chans: int, side: int, token_sets: int = 1) -> float:
+    """One forward of a crop; `token_sets` > 1 is a ChannelViT's sequence, one set of patch tokens
+    per channel (each embedded from `in_chans` = 1 channel)."""
     embed_dim, depth, _ = ARCHS[arch]
-    patches = (side // patch) ** 2
+    patches = (side // patch) ** 2 * token_sets
     tokens = patches + 1
     blocks = depth * (24 * tokens * embed_dim**2 + 4 * tokens**2 * embed_dim)
     return blocks + 2 * patches * in_chans * patch**2 * embed_dim
@@ -96,11 +98,20 @@ def head_flops(arch: str, out_dim: int, hidden: int = 2048, bottleneck: int = 25
 
 
 def train_flops_per_image(config: Config, in_chans: int) -> float:
-    """Analytic FLOPs of one training step per image (see the module docstring)."""
+    """Analytic FLOPs of one training step per image (see the module docstring), for every
+    model.kind: a "bag_of_channels" step encodes model.bag_channels_per_image single-channel images
+    per image; a "channel_vit" step one token set per channel of the step's subset, averaged over
+    the subset sizes its sampling draws (uniform in 1..C when hierarchical, else C)."""
     model, dino = config.model, config.dino
+    head = head_flops(model.arch, model.out_dim)
 
     def crop(side: int) -> float:
-        return vit_forward_flops(model.arch, model.patch_size, in_chans, side) + head_flops(model.arch, model.out_dim)
+        if model.kind == "bag_of_channels":
+            return model.bag_channels_per_image * (vit_forward_flops(model.arch, model.patch_size, 1, side) + head)
+        if model.kind == "channel_vit":
+            sizes = range(1, in_chans + 1) if model.channel_sampling == "hierarchical" else [in_chans]
+            return sum(vit_forward_flops(model.arch, model.patch_size, 1, side, s) for s in sizes) / len(sizes) + head
+        return vit_forward_flops(model.arch, model.patch_size, in_chans, side) + head
 
     global_crops = 2 * crop(dino.global_crop_size)
     local_crops = dino.local_crops_number * crop(dino.local_crop_size)

@@ -171,19 +171,41 @@ class ModelConfig:
     crops, evaluation sizes): "dino" as facebookresearch/dino (bicubic with scale factor
     (grid + 0.1) / sqrt(N), no antialias), so that a DINO or scDINO checkpoint gives DINO's features
     at every size; "timm" as timm (antialiased, to the exact size), about 2 % away at 96 px."""
-    kind: Literal["vit", "channel_vit"] = "vit"
+    kind: Literal["vit", "channel_vit", "bag_of_channels"] = "vit"
     """"vit": scDINO's ViT, all channels stacked into one patch embedding (one model per channel
-    combination). "channel_vit": each channel embedded on its own by a shared single-channel patch
-    projection plus a learned embedding of its original channel id, the present channels' tokens
-    concatenated (ChannelViT): one model trained on data.channels encodes any subset of them, chosen
-    at evaluation by data.channels. About C times the tokens, so several times the compute per step
-    (training/models/channel_vit.py, docs/training.md)."""
+    combination). The other two are channel-adaptive: one model trained on data.channels encodes any
+    subset of them, chosen at evaluation by data.channels. "bag_of_channels": one shared
+    single-channel ViT; pretraining shows it one channel of each image at a time, and a
+    combination's feature is built from its channels' CLS features (model.bag_combine); a step costs
+    one channel's tokens per view, about what the plain ViT costs (training/models/channel_bag.py).
+    "channel_vit": each channel embedded on its own by a shared single-channel patch projection plus
+    a learned embedding of its original channel id, the present channels' tokens concatenated
+    (ChannelViT); C times the tokens, so several times the compute per step, and on the synthetic set
+    it collapses (docs/performance.md) (training/models/channel_vit.py, docs/training.md)."""
+    bag_combine: Literal["concat", "concat_normalized", "mean"] = "concat"
+    """How a "bag_of_channels" model turns a combination's per-channel CLS features into one feature
+    (ignored by the other kinds): "concat" in channel order (C x embed_dim wide), "concat_normalized"
+    the same with each channel's feature L2-normalised first (every channel weighs the same),
+    "mean" their average (embed_dim wide). An evaluation-time choice: the same checkpoint serves all
+    three. The default is the one measured best on the synthetic set (docs/performance.md)."""
+    bag_channels_per_image: int = 1
+    """How many distinct channels of each image a "bag_of_channels" pretraining step encodes, each as
+    an image of its own (drawn per image and step; teacher and student see the same ones). 1 is the
+    published recipe and costs the plain ViT's tokens; k multiplies the step's compute by k."""
     channel_sampling: Literal["all", "hierarchical"] = "hierarchical"
     """Channels each training step shows a "channel_vit" (ignored by "vit"). "hierarchical": per step,
     a size k uniform in 1..C, then k channels uniform among the C (ChannelViT's hierarchical
     sampling: every subset size equally often, so single channels are trained as much as the full
     set), the same for every image, view and rank, teacher and student alike, drawn from
     (run.seed, global step) so that a resumed run draws the same. "all": every channel every step."""
+    channel_embed_init: Literal["normal", "orthogonal"] = "normal"
+    """How a "channel_vit" initialises its channel embeddings: "normal" (truncated normal, std 0.02,
+    as its position embedding) or "orthogonal" (orthogonal rows of the same norm, as CHAMMI-75's DINO
+    ChannelViT does, so that channels start out as far apart as they can be)."""
+
+    def __post_init__(self) -> None:
+        if self.bag_channels_per_image < 1:
+            raise ConfigError(f"model.bag_channels_per_image must be >= 1, got {self.bag_channels_per_image}")
 
 
 @dataclass(frozen=True)
@@ -210,6 +232,10 @@ class DinoConfig:
     """EMA rate of the teacher-output centre."""
     momentum_teacher: float = 0.996
     """Base EMA rate of the teacher weights, raised to 1 by a cosine schedule."""
+    photometric_augment: bool = True
+    """scDINO's per-channel brightness, Gaussian blur and solarisation on top of the crops and flips.
+    false: crops and flips only, as CHAMMI-75's DINO ChannelViT trains (a stain's intensity is
+    information there, not nuisance)."""
 
     def __post_init__(self) -> None:
         for key in ("global_crops_scale", "local_crops_scale"):

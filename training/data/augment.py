@@ -38,22 +38,28 @@ SOLARIZE_THRESHOLD = 0.5
 
 @dataclass(frozen=True)
 class ViewSpec:
-    """One kind of view: output side, crop area range and the probabilities of blur/solarise."""
+    """One kind of view: output side, crop area range and the probabilities of blur/solarise/brightness."""
 
     size: int
     scale: tuple[float, float]
     blur_p: float
     solarize_p: float
+    brightness_p: float = BRIGHTNESS_P
 
 
 def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
-    """scDINO's two global views (blur always / rarely, the second may solarise) and its local view.
+    """scDINO's two global views (blur always / rarely, the second may solarise) and its local view;
+    without dino.photometric_augment, crops and flips only (every photometric probability 0).
 
     The one definition of the views' probabilities: the CPU, device and DALI paths all read it.
     """
     globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0),
                 ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2)]
-    return globals_, ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
+    local = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
+    if not dino.photometric_augment:
+        globals_ = [ViewSpec(v.size, v.scale, 0.0, 0.0, 0.0) for v in globals_]
+        local = ViewSpec(local.size, local.scale, 0.0, 0.0, 0.0)
+    return globals_, local
 
 
 def sample_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, scale: tuple[float, float],
@@ -379,7 +385,7 @@ def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[V
     flips = torch.rand(count, 2, generator=generator) < 0.5
     low, high = BRIGHTNESS_RANGE
     factor = low + (high - low) * torch.rand(count, channels, generator=generator)
-    bright = torch.rand(count, generator=generator) < BRIGHTNESS_P
+    bright = torch.rand(count, generator=generator) < torch.tensor([v.brightness_p for v in views]).repeat_interleave(b)
     sigma = BLUR_SIGMA[0] + (BLUR_SIGMA[1] - BLUR_SIGMA[0]) * torch.rand(count, generator=generator)
     blur = torch.rand(count, generator=generator) < torch.tensor([v.blur_p for v in views]).repeat_interleave(b)
     solarize = torch.rand(count, generator=generator) < torch.tensor([v.solarize_p for v in views]).repeat_interleave(b)

@@ -38,7 +38,6 @@ from training.config import Config
 from training.data.augment import (
     BLUR_KERNEL,
     BLUR_SIGMA,
-    BRIGHTNESS_P,
     BRIGHTNESS_RANGE,
     RATIO,
     SOLARIZE_THRESHOLD,
@@ -137,7 +136,7 @@ def _view(images, view: ViewSpec, mean: Sequence[float], std: Sequence[float], d
                                   antialias=True)
     crop = fn.flip(crop, horizontal=0, vertical=fn.random.coin_flip(probability=0.5))
     factor = fn.random.uniform(range=list(BRIGHTNESS_RANGE), shape=[len(mean)])
-    bright = _coin(BRIGHTNESS_P, "cpu")
+    bright = _coin(view.brightness_p, "cpu")
     factor, unbounded = factor * bright + (1.0 - bright), (1.0 - bright) * 1e30
     if device == "gpu":
         factor, unbounded = factor.gpu(), unbounded.gpu()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from training.config import Config
-from training.dino.channels import select_channels, step_channels
+from training.dino.channels import select_channels, step_bag_crops, step_channels
 from training.dino.loss import DINOLoss
 from training.dino.optim import apply_schedules, cancel_last_layer_gradients, clip_gradients, update_teacher
 from training.dino.schedules import Schedules
@@ -46,12 +46,14 @@ class TrainState:
 
 def forward_loss(state: TrainState, crops: list[torch.Tensor], epoch: int) -> torch.Tensor:
     """Teacher on the global crops, student on all; a channel-adaptive model sees this step's
-    channel subset (training/dino/channels.py), the same for both."""
+    channel subset, or each image's channels as images of their own (training/dino/channels.py),
+    the same for both."""
     channels = step_channels(state.config, state.global_step)
     extra: dict[str, Any] = {}
     if channels is not None:
         crops = select_channels(crops, state.config, channels)
         extra["channels"] = channels
+    crops = step_bag_crops(crops, state.config, state.global_step)
     with state.precision.autocast():
         with torch.no_grad():
             teacher_out = state.models.teacher(crops[:2], **extra)

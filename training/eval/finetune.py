@@ -58,7 +58,8 @@ class Classifier(nn.Module):
     def __init__(self, backbone: nn.Module, num_classes: int, *, seed: int) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(backbone.embed_dim, num_classes)
+        width = backbone.output_dim(len(backbone.input_channels)) if hasattr(backbone, "output_dim") else backbone.embed_dim
+        self.head = nn.Linear(width, num_classes)
         with torch.no_grad():
             self.head.weight.normal_(0.0, 0.01, generator=torch.Generator().manual_seed(seed))
             self.head.bias.zero_()

@@ -69,7 +69,9 @@ def checkpoint_epoch(path: Path) -> int | None:
 
 
 def _common_meta(config: Config, digest: str) -> dict[str, Any]:
+    bag = {"bag_combine": config.model.bag_combine} if config.model.kind == "bag_of_channels" else {}
     return {
+        **bag,
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
@@ -81,17 +83,17 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
 
 
 def _checkpoint_plan(config: Config, tag: str, path: Path, epoch: int | None, digest: str) -> TagPlan:
-    from training.models import ARCHS
+    from training.models import feature_dim
 
     stat = path.stat()
     meta = {**_common_meta(config, digest), "tag": tag, "kind": "checkpoint", "epoch": epoch,
             "checkpoint_key": config.eval.checkpoint_key,
             "checkpoint": str(path), "checkpoint_bytes": stat.st_size, "checkpoint_mtime_ns": stat.st_mtime_ns}
-    return TagPlan(tag, "checkpoint", ARCHS[config.model.arch][0], path, meta)
+    return TagPlan(tag, "checkpoint", feature_dim(config.model, config.data.in_chans), path, meta)
 
 
 def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
-    from training.models import ARCHS
+    from training.models import feature_dim
 
     common = _common_meta(config, digest)
     size = config.eval.raw_pixels_size
@@ -99,7 +101,7 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
         TagPlan(tags.RAW_PIXELS, tags.RAW_PIXELS, config.data.in_chans * size * size,
                 meta={**common, "tag": tags.RAW_PIXELS, "kind": tags.RAW_PIXELS, "epoch": None,
                       "raw_pixels_size": size}),
-        TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, ARCHS[config.model.arch][0],
+        TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, feature_dim(config.model, config.data.in_chans),
                 meta={**common, "tag": tags.RANDOM_INIT, "kind": tags.RANDOM_INIT, "epoch": 0,
                       "seed": config.run.seed}),
     ]

@@ -9,18 +9,21 @@ from __future__ import annotations
 from torch import nn
 
 from training.config import Config, ModelConfig
+from training.models.channel_bag import ChannelBagViT, combined_dim
 from training.models.channel_vit import ChannelVisionTransformer
 from training.models.head import DINOHead, MultiCropWrapper
 from training.models.vit import ARCHS, DinoVisionTransformer, vit, vit_kwargs
 
 __all__ = [
     "ARCHS",
+    "ChannelBagViT",
     "ChannelVisionTransformer",
     "DINOHead",
     "DinoVisionTransformer",
     "MultiCropWrapper",
     "build_backbone",
     "build_model",
+    "feature_dim",
 ]
 
 
@@ -30,12 +33,15 @@ def build_backbone(
 ) -> DinoVisionTransformer:
     """A ViT for `in_chans` channels; forward(x) gives CLS features (B, embed_dim) for any crop size.
 
-    Under model.kind "channel_vit", `channel_ids` are the original ids the model embeds (default
-    0..in_chans-1; the trainer passes data.channels) and `in_chans` is only their count.
+    Under model.kind "channel_vit" and "bag_of_channels", `channel_ids` are the original ids the
+    model is trained on (default 0..in_chans-1; the trainer passes data.channels) and `in_chans` is
+    only their count.
     """
+    ids = tuple(range(in_chans)) if channel_ids is None else tuple(channel_ids)
     if model_config.kind == "channel_vit":
-        ids = tuple(range(in_chans)) if channel_ids is None else tuple(channel_ids)
         return channel_vit(model_config, ids, img_size, drop_path_rate=drop_path_rate)
+    if model_config.kind == "bag_of_channels":
+        return channel_bag(model_config, ids, img_size, drop_path_rate=drop_path_rate)
     return vit(
         model_config.arch,
         patch_size=model_config.patch_size,
@@ -49,9 +55,26 @@ def build_backbone(
 def channel_vit(model_config: ModelConfig, channel_ids: tuple[int, ...], img_size: int, *,
                 drop_path_rate: float = 0.0) -> ChannelVisionTransformer:
     """The channel-adaptive ViT of `model_config.arch` for these original channel ids."""
-    return ChannelVisionTransformer(channel_ids=channel_ids, **vit_kwargs(
+    return ChannelVisionTransformer(channel_ids=channel_ids, channel_embed_init=model_config.channel_embed_init, **vit_kwargs(
         model_config.arch, patch_size=model_config.patch_size, img_size=img_size, drop_path_rate=drop_path_rate,
         pos_embed_interpolation=model_config.pos_embed_interpolation))
+
+
+def channel_bag(model_config: ModelConfig, channel_ids: tuple[int, ...], img_size: int, *,
+                drop_path_rate: float = 0.0) -> ChannelBagViT:
+    """The bag-of-channels ViT of `model_config.arch`, trained on these original channel ids."""
+    return ChannelBagViT(channel_ids=channel_ids, combine=model_config.bag_combine, **vit_kwargs(
+        model_config.arch, patch_size=model_config.patch_size, img_size=img_size, drop_path_rate=drop_path_rate,
+        pos_embed_interpolation=model_config.pos_embed_interpolation))
+
+
+def feature_dim(model_config: ModelConfig, channels: int) -> int:
+    """Width of the backbone's feature for an input of `channels` channels (the evaluated CLS
+    feature): the embedding width, or for a bag of channels the channels' features combined."""
+    embed_dim = ARCHS[model_config.arch][0]
+    if model_config.kind == "bag_of_channels":
+        return combined_dim(embed_dim, channels, model_config.bag_combine)
+    return embed_dim
 
 
 def build_model(config: Config, in_chans: int) -> tuple[MultiCropWrapper, MultiCropWrapper]:

@@ -29,6 +29,21 @@ from torch import nn
 from training.models.vit import DinoVisionTransformer
 
 
+def init_channel_embedding(embedding: torch.Tensor, how: str, std: float = 0.02) -> None:
+    """Fill a (1, C, D) channel embedding: "normal" draws each entry from a truncated normal of
+    `std`; "orthogonal" makes the C rows orthogonal, each of the norm a "normal" row has on average
+    (std x sqrt(D)), so only their directions differ from the default."""
+    if how == "normal":
+        nn.init.trunc_normal_(embedding, std=std)
+    elif how == "orthogonal":
+        with torch.no_grad():
+            rows = torch.empty(embedding.shape[1:])
+            nn.init.orthogonal_(rows)
+            embedding.copy_(rows[None] * std * embedding.shape[-1] ** 0.5)
+    else:
+        raise ValueError(f"channel embedding init {how!r}; allowed: normal, orthogonal")
+
+
 class ChannelVisionTransformer(DinoVisionTransformer):
     """forward(x (B, C, H, W), channels) -> normalised CLS features (B, embed_dim).
 
@@ -37,7 +52,7 @@ class ChannelVisionTransformer(DinoVisionTransformer):
     combination: the data loader then delivers only those channels).
     """
 
-    def __init__(self, *, channel_ids: Sequence[int], **kwargs) -> None:
+    def __init__(self, *, channel_ids: Sequence[int], channel_embed_init: str = "normal", **kwargs) -> None:
         kwargs["in_chans"] = 1
         super().__init__(**kwargs)
         ids = tuple(int(c) for c in channel_ids)
@@ -45,7 +60,7 @@ class ChannelVisionTransformer(DinoVisionTransformer):
             raise ValueError(f"channel_ids must be distinct channel ids, got {ids}")
         self.register_buffer("channel_ids", torch.tensor(ids, dtype=torch.long))
         self.channel_embed = nn.Parameter(torch.zeros(1, len(ids), self.embed_dim))
-        nn.init.trunc_normal_(self.channel_embed, std=0.02)
+        init_channel_embedding(self.channel_embed, channel_embed_init)
         self.input_channels: tuple[int, ...] = ids
 
     @property

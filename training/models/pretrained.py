@@ -83,9 +83,11 @@ def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: s
     img_size = math.isqrt(tokens) * model_config.patch_size
     if "channel_embed" in state:
         return _load_channel_vit(state, model_config, img_size, in_chans, channels, path)
-    if model_config.kind == "channel_vit":
-        raise UserError(f"model.kind=channel_vit but {path} holds a plain ViT (no channel_embed); "
-                        "set model.kind=vit to evaluate it")
+    if "bag_channel_ids" in state:
+        return _load_channel_bag(state, model_config, img_size, in_chans, channels, path)
+    if model_config.kind != "vit":
+        raise UserError(f"model.kind={model_config.kind} but {path} holds a plain ViT (neither channel_embed nor "
+                        "bag_channel_ids); set model.kind=vit to evaluate it")
     backbone = build_backbone(model_config, in_chans, img_size=img_size)
     state["patch_embed.proj.weight"] = adapt_patch_embedding(state["patch_embed.proj.weight"], in_chans,
                                                              model_config.channel_adaptation)
@@ -118,6 +120,30 @@ def _load_channel_vit(state: dict[str, torch.Tensor], model_config: ModelConfig,
     return backbone
 
 
+def _load_channel_bag(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,
+                      channels: tuple[int, ...] | None, path: Path) -> nn.Module:
+    """The bag-of-channels ViT of a checkpoint (whatever model.kind says), reading inputs that carry
+    `channels` (default: the channels it was trained on, which must then be `in_chans` many), their
+    features combined as model.bag_combine says."""
+    from training.models import channel_bag
+
+    trained = tuple(int(c) for c in state["bag_channel_ids"].tolist())
+    if channels is None and in_chans != len(trained):
+        raise UserError(f"{path} is a bag-of-channels model trained on channels {''.join(map(str, trained))!r}: "
+                        f"say which {in_chans} of them the images carry (data.channels)")
+    channels = trained if channels is None else tuple(channels)
+    backbone = channel_bag(model_config, trained, img_size)
+    backbone.load_state_dict(state)
+    try:
+        backbone.select_input_channels(channels)
+    except ValueError as exc:
+        raise UserError(f"data.channels={''.join(map(str, channels))!r} for {path}: {exc}") from None
+    log.info("loaded bag-of-channels backbone (%s/%d, trained on channels %s) from %s, reading channels %s, "
+             "combined by %s", model_config.arch, model_config.patch_size, "".join(map(str, trained)), path,
+             "".join(map(str, channels)), model_config.bag_combine)
+    return backbone
+
+
 def load_pretrained_into(backbone: nn.Module, path: Path, model_config: ModelConfig, which: str = "teacher") -> None:
     """Initialise a freshly built backbone from a checkpoint (`model.pretrained`)."""
     from timm.layers import resample_abs_pos_embed
@@ -132,6 +158,8 @@ def load_pretrained_into(backbone: nn.Module, path: Path, model_config: ModelCon
     if hasattr(backbone, "channel_embed"):  # a plain ViT's weights start a channel-adaptive one
         state.setdefault("channel_embed", backbone.channel_embed.detach().clone())
         state.setdefault("channel_ids", backbone.channel_ids.clone())
+    if hasattr(backbone, "bag_channel_ids"):
+        state.setdefault("bag_channel_ids", backbone.bag_channel_ids.clone())
     grid = backbone.patch_embed.grid_size
     state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=list(grid), num_prefix_tokens=1)
     backbone.load_state_dict(state)
