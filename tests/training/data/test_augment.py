@@ -110,3 +110,20 @@ def test_statistics_match_a_per_sample_scdino_pipeline(synth_root):
 def test_crop_falls_back_to_a_centre_crop_like_torchvision():
     boxes = sample_crop_boxes(torch.tensor([10]), torch.tensor([60]), (0.9, 1.0), torch.Generator().manual_seed(0))
     assert boxes[0].tolist() == [0.0, 23.0, 10.0, 13.0]
+
+
+def test_without_photometric_augmentation_crops_and_flips_keep_every_intensity():
+    """A channel of constant value survives crop, resize and flip unchanged; brightness (p = 0.8),
+    blur (which keeps a constant) and solarisation would change it. dino.photometric_augment=false
+    (CHAMMI-75's recipe) must leave only the normalisation."""
+    values = torch.tensor([0.2, 0.7, 0.9])
+    images = values[None, :, None, None].expand(6, 3, 40, 40).clone()
+    mean, std = [0.5] * 3, [0.25] * 3
+    expected = ((values - 0.5) / 0.25)[None, :, None, None]
+    plain = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=2, photometric_augment=False)
+    for crop in BatchMultiCrop(plain, mean, std)(images, torch.Generator().manual_seed(0)):
+        torch.testing.assert_close(crop, expected.expand_as(crop), atol=1e-5, rtol=0)
+    scdino = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=2)
+    changed = [crop for crop in BatchMultiCrop(scdino, mean, std)(images, torch.Generator().manual_seed(0))
+               if not torch.allclose(crop, expected.expand_as(crop), atol=1e-5)]
+    assert changed
