@@ -15,9 +15,10 @@
 # With data.channel_combinations: prepare and mean-std once (skipped when their files exist), then
 # one chain pretrain..report per combination ("STEP:COMBINATION JOBID"; a combination whose report
 # exists is finished and skipped), then `compare` after all chains (when --to is report).
-# With data.compare_channel_adaptive as well: one channel-adaptive pretraining ("pretrain:adaptive")
-# after mean-std, then per combination its evaluation features..linear ("STEP:adaptive-COMBINATION";
-# one whose linear probe exists is skipped, and the pretraining too when all are), before `compare`.
+# With data.compare_channel_adaptive as well, for each KIND of data.channel_adaptive_kinds: one
+# channel-adaptive pretraining ("pretrain:adaptive-KIND") after mean-std, then per combination its
+# evaluation features..linear ("STEP:adaptive-KIND-COMBINATION"; one whose linear probe exists is
+# skipped, and the pretraining too when all are), before `compare`.
 set -euo pipefail
 
 STEPS=(prepare mean-std pretrain features labels knn linear plots report)
@@ -84,14 +85,16 @@ LOG_DIR=${SCDINO_LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
-COMBINATIONS=() ADAPTIVE_COMBINATIONS=()
+COMBINATIONS=() ADAPTIVE_COMBINATIONS=() ADAPTIVE_KINDS=()
 if [ -x "$SCDINO_PYTHON" ]; then
   # Checks the config (and --set keys) now, rather than in the first job.
   RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
   echo "run directory: $RUN_DIR" >&2
   mapfile -t COMBINATIONS < <(run_combinations "$CONFIG" "${STEP_ARGS[@]}")
-  ((${#COMBINATIONS[@]} == 0)) ||
+  if ((${#COMBINATIONS[@]})); then
     mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
+    mapfile -t ADAPTIVE_KINDS < <(run_adaptive_kinds "$CONFIG" "${STEP_ARGS[@]}")
+  fi
 else
   echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
 fi
@@ -109,8 +112,8 @@ step_options() {
 
 # Submits STEP after job AFTER (may be empty) with extra step arguments and prints "LABEL JOBID";
 # under --dry-run prints the sbatch command instead and uses "<LABEL>" as the job id. Leaves the
-# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, the channel-adaptive
-# model's scdino-STEP-adaptive and scdino-STEP-adaptive-COMBINATION.
+# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, a channel-adaptive
+# model's scdino-STEP-adaptive-KIND and scdino-STEP-adaptive-KIND-COMBINATION.
 submit() {
   local step=$1 after=$2 label=$3 options command
   shift 3
@@ -129,13 +132,16 @@ submit() {
 }
 
 # The --set arguments that pick one run by the name its job labels carry, one a line: "" the run
-# itself, COMBINATION that combination's own run, "adaptive" the channel-adaptive model,
-# "adaptive-COMBINATION" that model evaluated on COMBINATION.
+# itself, COMBINATION that combination's own run, "adaptive-KIND" the channel-adaptive model of KIND
+# (kinds have no hyphen), "adaptive-KIND-COMBINATION" that model evaluated on COMBINATION.
 run_selector() {
+  local rest
   case "$1" in
     "") ;;
-    adaptive) printf '%s\n' --set run.channel_adaptive=true ;;
-    adaptive-*) printf '%s\n' --set run.channel_adaptive=true --set "run.combination=${1#adaptive-}" ;;
+    adaptive-*-*)
+      rest=${1#adaptive-}
+      printf '%s\n' --set "run.channel_adaptive=${rest%%-*}" --set "run.combination=${rest#*-}" ;;
+    adaptive-*) printf '%s\n' --set "run.channel_adaptive=${1#adaptive-}" ;;
     *) printf '%s\n' --set "run.combination=$1" ;;
   esac
 }
@@ -162,15 +168,16 @@ submit_chain() {
   CHAIN_END=$after
 }
 
-# The channel-adaptive model after job AFTER, given the selected per-combination steps STEPS...: its
-# pretraining if among them, then for each combination not yet evaluated the EVALUATION steps among
-# them; adds each evaluation's last job id to ENDS. Nothing once every combination is evaluated.
+# The channel-adaptive model of KIND after job AFTER, given the selected per-combination steps
+# STEPS...: its pretraining if among them, then for each combination not yet evaluated the EVALUATION
+# steps among them; adds each evaluation's last job id to ENDS. Nothing once every combination is
+# evaluated.
 submit_channel_adaptive() {
-  local after=$1 step combination steps=() pending=()
-  shift
+  local kind=$1 after=$2 step combination steps=() pending=()
+  shift 2
   for combination in "${ADAPTIVE_COMBINATIONS[@]}"; do
-    if [ -e "$(path_of linear_json "adaptive-$combination")" ]; then
-      echo "channel-adaptive model on $combination: evaluated (its linear probe exists), skipped" >&2
+    if [ -e "$(path_of linear_json "adaptive-$kind-$combination")" ]; then
+      echo "channel-adaptive $kind model on $combination: evaluated (its linear probe exists), skipped" >&2
     else
       pending+=("$combination")
     fi
@@ -180,12 +187,12 @@ submit_channel_adaptive() {
     [[ "$EVALUATION" == *" $step "* ]] && steps+=("$step")
   done
   if [[ " $* " == *" pretrain "* ]]; then
-    submit_chain "$after" adaptive pretrain
+    submit_chain "$after" "adaptive-$kind" pretrain
     after=$CHAIN_END
   fi
   ((${#steps[@]})) || return 0
   for combination in "${pending[@]}"; do
-    submit_chain "$after" "adaptive-$combination" "${steps[@]}"
+    submit_chain "$after" "adaptive-$kind-$combination" "${steps[@]}"
     [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
   done
 }
@@ -219,7 +226,11 @@ for combination in "${COMBINATIONS[@]}"; do
   submit_chain "$shared_end" "$combination" "${per_combination[@]}"
   [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
 done
-((${#ADAPTIVE_COMBINATIONS[@]} == 0)) || submit_channel_adaptive "$shared_end" "${per_combination[@]}"
+if ((${#ADAPTIVE_COMBINATIONS[@]})); then
+  for kind in "${ADAPTIVE_KINDS[@]}"; do
+    submit_channel_adaptive "$kind" "$shared_end" "${per_combination[@]}"
+  done
+fi
 if [ "$TO" = report ]; then
   dependency=$(IFS=:; echo "${ENDS[*]}")
   submit compare "${dependency:-$shared_end}" compare

@@ -1,8 +1,9 @@
 """One chain per channel combination on the local Slurm cluster, sharing prepare and mean-std, and
-one channel-adaptive model (data.compare_channel_adaptive) trained once and evaluated on each
-combination, then `compare`; a resubmission reruns nothing that finished. Tiny: ViT-tiny, 32 px
-crops, 1 epoch, 80 synthetic images, two combinations ("0" and "01"), each pretraining on one node
-so both run at once; the channel-adaptive model trains on channels 01 (data.channels) only.
+one channel-adaptive model (data.compare_channel_adaptive; the default kind, bag_of_channels)
+trained once and evaluated on each combination, then `compare`; a resubmission reruns nothing that
+finished. Tiny: ViT-tiny, 32 px crops, 1 epoch, 80 synthetic images, two combinations ("0" and
+"01"), each pretraining on one node so both run at once; the channel-adaptive model trains on
+channels 01 (data.channels) only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ COMBINATIONS = ["0", "01"]
 CHAIN = ["pretrain", "features", "labels", "knn", "linear", "plots", "report"]
 EVALUATION = ["features", "labels", "knn", "linear"]
 """The channel-adaptive model's steps on each combination (after its one pretraining)."""
-ADAPTIVE_JOBS = ["pretrain:adaptive", *[f"{s}:adaptive-{c}" for c in COMBINATIONS for s in EVALUATION]]
+KIND = "bag_of_channels"
+ADAPTIVE = f"adaptive-{KIND}"
+"""How job labels and names call the channel-adaptive model's run."""
+ADAPTIVE_JOBS = [f"pretrain:{ADAPTIVE}", *[f"{s}:{ADAPTIVE}-{c}" for c in COMBINATIONS for s in EVALUATION]]
 TINY = {
     "run": {"name": "combinations-test", "seed": 0},
     "data": {"num_workers": 0, "holdout_fraction": 0.3, "channels": "01", "channel_combinations": COMBINATIONS,
@@ -67,7 +71,7 @@ def test_dry_run_shares_prepare_and_chains_each_combination(tmp_path):
         assert all(line.endswith(f"--set run.combination={combo}") for line in lines)
         assert all(f"--job-name=scdino-{step}-{combo} " in line for step, line in zip(CHAIN, lines))
     assert out[-1].endswith("compare.slurm run.yaml"), "compare runs on the whole run"
-    ends = [f"<report:{c}>" for c in COMBINATIONS] + [f"<linear:adaptive-{c}>" for c in COMBINATIONS]
+    ends = [f"<report:{c}>" for c in COMBINATIONS] + [f"<linear:{ADAPTIVE}-{c}>" for c in COMBINATIONS]
     assert f"--dependency=afterok:{':'.join(ends)} " in out[-1]
 
 
@@ -77,14 +81,14 @@ def test_dry_run_trains_the_channel_adaptive_model_once_and_evaluates_it_per_com
     out = dry_run(tmp_path).stdout.splitlines()
     pretrain, evaluations = out[16], out[17:-1]
     assert scripts_of([pretrain]) == ["pretrain"] and "--nodes=1 " in pretrain
-    assert "--job-name=scdino-pretrain-adaptive " in pretrain and "--dependency=afterok:<mean-std> " in pretrain
-    assert pretrain.endswith("pretrain.slurm run.yaml --set run.channel_adaptive=true")
+    assert f"--job-name=scdino-pretrain-{ADAPTIVE} " in pretrain and "--dependency=afterok:<mean-std> " in pretrain
+    assert pretrain.endswith(f"pretrain.slurm run.yaml --set run.channel_adaptive={KIND}")
     for combo, lines in zip(COMBINATIONS, (evaluations[:4], evaluations[4:])):
         assert scripts_of(lines) == EVALUATION
-        after = ["pretrain:adaptive", *[f"{s}:adaptive-{combo}" for s in EVALUATION]]
+        after = [f"pretrain:{ADAPTIVE}", *[f"{s}:{ADAPTIVE}-{combo}" for s in EVALUATION]]
         for before, step, line in zip(after, EVALUATION, lines):
-            assert f"--job-name=scdino-{step}-adaptive-{combo} --dependency=afterok:<{before}> " in line
-            assert line.endswith(f"--set run.channel_adaptive=true --set run.combination={combo}")
+            assert f"--job-name=scdino-{step}-{ADAPTIVE}-{combo} --dependency=afterok:<{before}> " in line
+            assert line.endswith(f"--set run.channel_adaptive={KIND} --set run.combination={combo}")
 
 
 def test_dry_run_from_knn_evaluates_without_pretraining(tmp_path):
@@ -92,7 +96,7 @@ def test_dry_run_from_knn_evaluates_without_pretraining(tmp_path):
     out = dry_run(tmp_path, "--from", "knn").stdout.splitlines()
     assert scripts_of(out) == ["knn", "linear", "plots", "report"] * 2 + ["knn", "linear"] * 2 + ["compare"]
     first = out[8]
-    assert "--dependency" not in first and first.endswith("--set run.channel_adaptive=true --set run.combination=0")
+    assert "--dependency" not in first and first.endswith(f"--set run.channel_adaptive={KIND} --set run.combination=0")
 
 
 @pytest.fixture(scope="module")
@@ -153,23 +157,23 @@ def test_each_combination_ran_its_chain_after_the_shared_steps(chains, workdir):
             assert (run / relative).exists(), (combo, relative)
         assert not (run / "packed").exists() and not (run / "split.json").exists(), "shared, not copied"
     ends = [chains[f"report:{c}"]["EndTime"] for c in COMBINATIONS]
-    assert chains["compare"]["StartTime"] >= max(ends + [chains[f"linear:adaptive-{c}"]["EndTime"] for c in COMBINATIONS])
+    assert chains["compare"]["StartTime"] >= max(ends + [chains[f"linear:{ADAPTIVE}-{c}"]["EndTime"] for c in COMBINATIONS])
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_the_channel_adaptive_model_trained_once_and_was_evaluated_on_each_combination(chains, workdir):
-    assert chains["pretrain:adaptive"]["StartTime"] >= chains["mean-std"]["EndTime"]
-    assert chains["pretrain:adaptive"]["JobName"] == "scdino-pretrain-adaptive"
-    model = RunLayout(workdir / "run").channel_adaptive()
+    assert chains[f"pretrain:{ADAPTIVE}"]["StartTime"] >= chains["mean-std"]["EndTime"]
+    assert chains[f"pretrain:{ADAPTIVE}"]["JobName"] == f"scdino-pretrain-{ADAPTIVE}"
+    model = RunLayout(workdir / "run").channel_adaptive(KIND)
     trained = yaml.safe_load(model.config.read_text())
-    assert trained["model"]["kind"] == "channel_vit" and trained["data"]["channels"] == "01"
+    assert trained["model"]["kind"] == KIND and trained["data"]["channels"] == "01"
     assert model.latest_checkpoint.is_file() and "pretrain" in json.loads(model.timings.read_text())
     for combo in COMBINATIONS:
-        labels = ["pretrain:adaptive", *[f"{s}:adaptive-{combo}" for s in EVALUATION]]
+        labels = [f"pretrain:{ADAPTIVE}", *[f"{s}:{ADAPTIVE}-{combo}" for s in EVALUATION]]
         for before, after in zip(labels, labels[1:]):
             assert chains[after]["StartTime"] >= chains[before]["EndTime"], (before, after)
-        assert chains[f"features:adaptive-{combo}"]["JobName"] == f"scdino-features-adaptive-{combo}"
+        assert chains[f"features:{ADAPTIVE}-{combo}"]["JobName"] == f"scdino-features-{ADAPTIVE}-{combo}"
         evaluation = model.evaluation(combo)
         assert yaml.safe_load(evaluation.config.read_text())["data"]["channels"] == combo
         index = json.loads((evaluation.features("final") / "index.json").read_text())
@@ -207,10 +211,10 @@ def test_comparison_holds_the_numbers_each_run_wrote(chains, workdir):
 def test_comparison_holds_the_numbers_the_channel_adaptive_evaluations_wrote(chains, workdir):
     parent = RunLayout(workdir / "run")
     models = json.loads(parent.comparison_json.read_text())["models"]
-    adaptive = models["channel_adaptive"]
+    adaptive = models[KIND]
     assert list(adaptive["combinations"]) == COMBINATIONS
     for combo in COMBINATIONS:
-        evaluation = parent.channel_adaptive().evaluation(combo)
+        evaluation = parent.channel_adaptive(KIND).evaluation(combo)
         knn = json.loads(evaluation.knn_json.read_text())
         linear = json.loads(evaluation.linear_json.read_text())
         for tag in ("final", "raw_pixels", "random_init"):
@@ -219,23 +223,25 @@ def test_comparison_holds_the_numbers_the_channel_adaptive_evaluations_wrote(cha
             assert adaptive["combinations"][combo]["knn"][tag]["top2"] == entry["top2"][str(entry["best_k"])]
             assert adaptive["combinations"][combo]["linear"][tag] == {"final_top1": history[-1],
                                                                      "best_top1": max(history)}
-    timings = json.loads(parent.channel_adaptive().timings.read_text())
+    timings = json.loads(parent.channel_adaptive(KIND).timings.read_text())
     compute = adaptive["compute"]
     assert compute["device"] == "cpu" and compute["unit"] == "cpu_rank_s" and compute["ranks"] >= 1
     assert compute["value"] == pytest.approx(timings["pretrain"] * compute["ranks"])
-    assert adaptive["compute_total"] == {"value": compute["value"], "unit": "cpu_rank_s"}
+    assert compute["train_flops"] > 0 and compute["images_trained"] > 0
+    assert adaptive["compute_total"] == {"value": compute["value"], "unit": "cpu_rank_s",
+                                         "train_flops": compute["train_flops"], "pretrainings": 1}
     per_total = sum(e["compute"]["value"] for e in models["per_combination"]["combinations"].values())
     assert models["per_combination"]["compute_total"]["value"] == pytest.approx(per_total)
     total_row = next(line for line in parent.comparison_md.read_text().splitlines()
                      if line.startswith("| total training compute "))
-    assert f"{compute['value']:.0f} cpu_rank_s (1 pretraining)" in total_row
-    assert "channel-adaptive model" in parent.report.read_text()
+    assert f"{compute['value']:.0f} cpu_rank_s, " in total_row and "(1 pretraining)" in total_row
+    assert "bag-of-channels model" in parent.report.read_text()
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_resubmission_reruns_only_the_comparison(cluster, chains, workdir):
-    model = RunLayout(workdir / "run").channel_adaptive()
+    model = RunLayout(workdir / "run").channel_adaptive(KIND)
     watched = [workdir / "run" / "channels_0" / "timings.json", model.timings, model.evaluation("0").timings]
     before = [path.read_text() for path in watched]
     jobs = submit(cluster, workdir)
@@ -251,7 +257,7 @@ def test_dry_run_skips_what_is_finished(tmp_path):
     write_config(tmp_path, tmp_path / "images")
     parent = RunLayout(tmp_path / "run")
     finished = [parent.split, parent.mean_std, parent.combination("0").report,
-                parent.channel_adaptive().evaluation("0").linear_json]
+                parent.channel_adaptive(KIND).evaluation("0").linear_json]
     for path in finished:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
@@ -259,19 +265,19 @@ def test_dry_run_skips_what_is_finished(tmp_path):
     out = done.stdout.splitlines()
     assert scripts_of(out) == [*CHAIN, "pretrain", *EVALUATION, "compare"]
     assert "--dependency" not in out[0] and out[0].endswith("--set run.combination=01")
-    assert "--dependency" not in out[7] and out[7].endswith("--set run.channel_adaptive=true")
-    assert out[8].endswith("--set run.channel_adaptive=true --set run.combination=01")
-    assert "--dependency=afterok:<report:01>:<linear:adaptive-01> " in out[-1]
+    assert "--dependency" not in out[7] and out[7].endswith(f"--set run.channel_adaptive={KIND}")
+    assert out[8].endswith(f"--set run.channel_adaptive={KIND} --set run.combination=01")
+    assert f"--dependency=afterok:<report:01>:<linear:{ADAPTIVE}-01> " in out[-1]
     assert "prepare: skipped" in done.stderr and "mean-std: skipped" in done.stderr
     assert "channels 0: finished (its report exists), skipped" in done.stderr
-    assert "channel-adaptive model on 0: evaluated (its linear probe exists), skipped" in done.stderr
+    assert f"channel-adaptive {KIND} model on 0: evaluated (its linear probe exists), skipped" in done.stderr
 
 
 def test_dry_run_skips_the_channel_adaptive_model_once_every_evaluation_is_done(tmp_path):
     write_config(tmp_path, tmp_path / "images")
     parent = RunLayout(tmp_path / "run")
     for combo in COMBINATIONS:
-        for path in (parent.combination(combo).report, parent.channel_adaptive().evaluation(combo).linear_json):
+        for path in (parent.combination(combo).report, parent.channel_adaptive(KIND).evaluation(combo).linear_json):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("{}")
     for path in (parent.split, parent.mean_std):
@@ -293,3 +299,20 @@ def test_dry_run_refuses_a_combination_the_channel_adaptive_model_cannot_read(tm
     assert done.returncode == 2 and done.stdout == ""
     assert "trains on data.channels='01', so it cannot be evaluated on '2'" in done.stderr
     assert "submit_pipeline: error: bad configuration" in done.stderr
+
+
+def test_dry_run_trains_one_model_of_each_listed_kind(tmp_path):
+    """data.channel_adaptive_kinds with two kinds: each its own pretraining and evaluations, and
+    compare after all of them."""
+    write_config(tmp_path, tmp_path / "images")
+    out = dry_run(tmp_path, "--set", "data.channel_adaptive_kinds=bag_of_channels,channel_vit").stdout.splitlines()
+    assert scripts_of(out) == ["prepare", "mean-std", *CHAIN, *CHAIN,
+                               "pretrain", *EVALUATION, *EVALUATION, "pretrain", *EVALUATION, *EVALUATION, "compare"]
+    vit_pretrain = out[25]
+    assert "--job-name=scdino-pretrain-adaptive-channel_vit " in vit_pretrain
+    assert vit_pretrain.endswith("--set run.channel_adaptive=channel_vit")
+    assert out[26].endswith("--set run.channel_adaptive=channel_vit --set run.combination=0")
+    assert "--dependency=afterok:<pretrain:adaptive-channel_vit> " in out[26]
+    ends = [f"<report:{c}>" for c in COMBINATIONS] + [f"<linear:adaptive-{k}-{c}>" for k in (KIND, "channel_vit")
+                                                      for c in COMBINATIONS]
+    assert f"--dependency=afterok:{':'.join(ends)} " in out[-1]

@@ -33,13 +33,14 @@ class RunConfig:
     for each combination's chain: the step then reads and writes <output_dir>/channels_<combination>/
     (training/rundir/layout.py), shares the packed data, split and mean/std of <output_dir>, and uses
     these channels as data.channels. Empty: the run itself, on data.channels."""
-    channel_adaptive: bool = False
-    """This step works on the one channel-adaptive model of data.compare_channel_adaptive, set by
-    slurm/submit_pipeline.sh: <output_dir>/channel_adaptive/, trained with model.kind channel_vit on
-    every channel of data.channels. With run.combination as well: that model evaluated on the
-    combination's channels without retraining (features, labels, knn, linear), in
-    channel_adaptive/channels_<combination>/, reading the model's checkpoints. Both share the packed
-    data, split and mean/std of <output_dir> (training/rundir/layout.py)."""
+    channel_adaptive: Literal["", "bag_of_channels", "channel_vit"] = ""
+    """This step works on one of the channel-adaptive models of data.compare_channel_adaptive (one of
+    data.channel_adaptive_kinds), set by slurm/submit_pipeline.sh: <output_dir>/channel_adaptive_<kind>/,
+    trained with model.kind <kind> on every channel of data.channels. With run.combination as well:
+    that model evaluated on the combination's channels without retraining (features, labels, knn,
+    linear), in channel_adaptive_<kind>/channels_<combination>/, reading the model's checkpoints. All
+    share the packed data, split and mean/std of <output_dir> (training/rundir/layout.py). Empty:
+    not a channel-adaptive model's step."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,16 @@ class DataConfig:
     "1"]: slurm/submit_pipeline.sh runs one pretraining and downstream chain per entry and then
     `compare`, to show what each channel contributes. Empty: one run on data.channels."""
     compare_channel_adaptive: bool = False
-    """Besides one model per entry of data.channel_combinations, train ONE channel-adaptive model
-    (model.kind channel_vit, on every channel of data.channels) and evaluate it on each combination
-    without retraining: `compare` then puts both ways side by side, each with its training compute,
-    which answers whether one model serves every combination as well as scDINO's per-combination
-    models and at what cost. Needs data.channel_combinations, each a subset of data.channels."""
+    """Besides one model per entry of data.channel_combinations, train ONE channel-adaptive model of
+    each kind in data.channel_adaptive_kinds (on every channel of data.channels) and evaluate it on
+    each combination without retraining: `compare` then puts the ways side by side, each with its
+    training compute, which answers whether one model serves every combination as well as scDINO's
+    per-combination models and at what cost. Needs data.channel_combinations, each a subset of
+    data.channels."""
+    channel_adaptive_kinds: tuple[str, ...] = ("bag_of_channels",)
+    """The model.kind of each channel-adaptive model data.compare_channel_adaptive trains:
+    "bag_of_channels" (kept: within reach of the per-combination models at a fraction of their
+    compute on the synthetic set) and/or "channel_vit" (collapses there; docs/performance.md)."""
     folder_depth_for_labels: int = 0
     """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
     channel_axis: Literal["auto", "first", "last"] = "auto"
@@ -112,6 +118,11 @@ class DataConfig:
                                   f"'01234' or '2', got {combination!r}")
         if len(set(self.channel_combinations)) != len(self.channel_combinations):
             raise ConfigError(f"data.channel_combinations lists a combination twice: {list(self.channel_combinations)}")
+        adaptive_kinds = ("bag_of_channels", "channel_vit")
+        if not set(self.channel_adaptive_kinds) <= set(adaptive_kinds) or not self.channel_adaptive_kinds or \
+                len(set(self.channel_adaptive_kinds)) != len(self.channel_adaptive_kinds):
+            raise ConfigError(f"data.channel_adaptive_kinds must list distinct kinds among {', '.join(adaptive_kinds)}, "
+                              f"got {list(self.channel_adaptive_kinds)}")
         if self.compare_channel_adaptive and not self.channel_combinations:
             raise ConfigError("data.compare_channel_adaptive needs data.channel_combinations: the channel-adaptive "
                               "model is evaluated on each of them (e.g. --set data.channel_combinations=01234,0,3)")
@@ -419,7 +430,7 @@ class Config:
 
     def __post_init__(self) -> None:
         """A combination's step trains (or, under run.channel_adaptive, evaluates) on the combination's
-        channels (see run.combination); the channel-adaptive model is a channel_vit."""
+        channels (see run.combination); a channel-adaptive model is of the kind run.channel_adaptive names."""
         self._select_channel_adaptive()
         combination = self.run.combination
         if not combination:
@@ -434,13 +445,17 @@ class Config:
             object.__setattr__(self, "data", self.data.for_combination(combination))
 
     def _select_channel_adaptive(self) -> None:
-        if not self.run.channel_adaptive:
+        kind = self.run.channel_adaptive
+        if not kind:
             return
         if not self.data.compare_channel_adaptive:
-            raise ConfigError("run.channel_adaptive=true picks the channel-adaptive model of "
+            raise ConfigError(f"run.channel_adaptive={kind} picks a channel-adaptive model of "
                               "data.compare_channel_adaptive, which is false: set data.compare_channel_adaptive=true")
-        if self.model.kind != "channel_vit":
-            object.__setattr__(self, "model", dataclasses.replace(self.model, kind="channel_vit"))
+        if kind not in self.data.channel_adaptive_kinds:
+            raise ConfigError(f"run.channel_adaptive={kind} is not in data.channel_adaptive_kinds "
+                              f"({', '.join(self.data.channel_adaptive_kinds)}): add it there or pick one of those")
+        if self.model.kind != kind:
+            object.__setattr__(self, "model", dataclasses.replace(self.model, kind=kind))
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))

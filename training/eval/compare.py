@@ -6,9 +6,11 @@ model and both baselines on the same images; this module gathers, per combinatio
 at the best k and the linear probe's final top-1 of each, and the pretraining compute, into one
 comparison (JSON for tools, Markdown for people). "models" holds one entry per way of getting a
 model for each combination: "per_combination" (one pretraining each) and, with
-data.compare_channel_adaptive, "channel_adaptive" (one channel_vit pretrained once on data.channels,
-evaluated on every combination without retraining, RunLayout.channel_adaptive().evaluation), with
-the same fields per combination and each model's total training compute.
+data.compare_channel_adaptive, one entry per kind of data.channel_adaptive_kinds ("bag_of_channels",
+"channel_vit": one model pretrained once on data.channels, evaluated on every combination without
+retraining, RunLayout.channel_adaptive(kind).evaluation), with the same fields per combination and
+each model's total training compute: wall time x ranks as measured, and the analytic training FLOPs
+(training.benchmarks.step.train_flops_per_image x images trained), which compare across CPU and GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from training.errors import MissingInputError
 from training.eval.tables import markdown_table
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
-    checkpoint_world_size,
+    checkpoint_progress,
     load_knn,
     load_linear,
     read_metrics,
@@ -29,11 +31,16 @@ from training.rundir.artifacts import (
 from training.rundir.summary import knn_headline
 
 PER_COMBINATION = "per_combination"
-"""The "models" key of scDINO's way: one pretraining per channel combination."""
-CHANNEL_ADAPTIVE = "channel_adaptive"
-"""The "models" key of one channel-adaptive model trained once and evaluated on every combination."""
-MODEL_NAMES = {PER_COMBINATION: "one model per combination", CHANNEL_ADAPTIVE: "channel-adaptive model"}
+"""The "models" key of scDINO's way: one pretraining per channel combination. Each channel-adaptive
+model trained once and evaluated on every combination is keyed by its kind (model.kind)."""
+MODEL_NAMES = {PER_COMBINATION: "one model per combination", "bag_of_channels": "bag-of-channels model",
+               "channel_vit": "ChannelViT model"}
 """How tables name each way."""
+
+
+def adaptive_models(comparison: dict[str, Any]) -> list[str]:
+    """The channel-adaptive models' keys in comparison["models"], in data.channel_adaptive_kinds order."""
+    return [key for key in comparison["models"] if key != PER_COMBINATION]
 
 
 def knn_scores(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -48,16 +55,25 @@ def linear_scores(linear: dict[str, Any]) -> dict[str, dict[str, float]]:
             for tag in tags.HEADLINE if tag in linear["tags"]}
 
 
-def pretrain_compute(layout: RunLayout) -> dict[str, Any]:
-    """Pretraining cost: wall seconds of the pretrain step (timings.json, last attempt) times the
-    ranks that trained (the checkpoint's world size): GPU-seconds on GPUs (one GPU per rank),
-    CPU rank-seconds otherwise (core-seconds when each rank has one core, as with OMP_NUM_THREADS=1)."""
+def pretrain_compute(layout: RunLayout, config: Config) -> dict[str, Any]:
+    """Pretraining cost of the run `config` describes: wall seconds of the pretrain step
+    (timings.json, last attempt) times the ranks that trained (the checkpoint's world size):
+    GPU-seconds on GPUs (one GPU per rank), CPU rank-seconds otherwise (core-seconds when each rank
+    has one core, as with OMP_NUM_THREADS=1); and `train_flops`, the analytic FLOPs of the steps
+    trained (global step x global batch x the model kind's FLOPs per image), whatever the device."""
+    from training.benchmarks.step import train_flops_per_image
+
     wall = read_timings(layout).get("pretrain")
-    ranks = checkpoint_world_size(layout)
+    progress = checkpoint_progress(layout)
+    ranks = progress.get("world_size")
     on_gpu = any(r.get("gpu_mem_gb") is not None for r in read_metrics(layout)) if layout.metrics.is_file() else False
     value = round(wall * ranks, 3) if wall is not None and ranks else None
+    images = progress["global_step"] * config.optim.batch_size_per_gpu * ranks if ranks and "global_step" in progress \
+        else None
+    flops = float(images * train_flops_per_image(config, config.data.in_chans)) if images is not None else None
     return {"pretrain_wall_s": wall, "ranks": ranks, "device": "gpu" if on_gpu else "cpu",
-            "unit": "gpu_s" if on_gpu else "cpu_rank_s", "value": value}
+            "unit": "gpu_s" if on_gpu else "cpu_rank_s", "value": value, "images_trained": images,
+            "train_flops": flops}
 
 
 def run_results(run: RunLayout, selector: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -81,25 +97,35 @@ def combination_entry(config: Config, layout: RunLayout, combination: str) -> di
     """One combination's figures, read from the files its run wrote."""
     run = layout.combination(combination)
     entry = scores_entry(config, layout, run, combination, f"--set run.combination={combination}")
-    return {**entry, "compute": pretrain_compute(run)}
+    return {**entry, "compute": pretrain_compute(run, config.replace({"run.combination": combination}))}
 
 
-def channel_adaptive_model(config: Config, layout: RunLayout) -> dict[str, Any]:
-    """The channel-adaptive model: its figures on every combination (its evaluations' files) and the
-    compute of its one pretraining."""
-    model = layout.channel_adaptive()
+def channel_adaptive_model(config: Config, layout: RunLayout, kind: str) -> dict[str, Any]:
+    """The channel-adaptive model of `kind`: its figures on every combination (its evaluations'
+    files) and the compute of its one pretraining."""
+    model = layout.channel_adaptive(kind)
     if not model.latest_checkpoint.is_file():
-        raise MissingInputError("the channel-adaptive model's checkpoint", model.latest_checkpoint,
-                                "pretrain --set run.channel_adaptive=true")
-    selector = "--set run.channel_adaptive=true --set run.combination="
+        raise MissingInputError(f"the {MODEL_NAMES[kind]}'s checkpoint", model.latest_checkpoint,
+                                f"pretrain --set run.channel_adaptive={kind}")
+    selector = f"--set run.channel_adaptive={kind} --set run.combination="
     entries = {combo: scores_entry(config, layout, model.evaluation(combo), combo, selector + combo)
                for combo in config.data.channel_combinations}
-    compute = pretrain_compute(model)
-    return {"description": f"one channel-adaptive model (channel_vit) pretrained once on channels "
+    compute = pretrain_compute(model, config.replace({"run.channel_adaptive": kind}))
+    return {"description": f"one {MODEL_NAMES[kind]} ({kind}) pretrained once on channels "
                            f"{config.data.channels}, evaluated on every combination without retraining",
-            "run": model.root.name, "channels": config.data.channels, "combinations": entries,
-            "compute": compute, "compute_total": {"value": compute["value"], "unit": compute["unit"]},
-            "contribution": contribution(entries)}
+            "kind": kind, "run": model.root.name, "channels": config.data.channels, "combinations": entries,
+            "compute": compute, "compute_total": _total([compute]), "contribution": contribution(entries)}
+
+
+def _total(computes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summed compute of some pretrainings: measured (in their unit) and analytic FLOPs; None where
+    any part is unknown."""
+    values = [c["value"] for c in computes]
+    flops = [c["train_flops"] for c in computes]
+    return {"value": round(sum(values), 3) if values and None not in values else None,
+            "unit": "+".join(sorted({c["unit"] for c in computes})),
+            "train_flops": float(sum(flops)) if flops and None not in flops else None,
+            "pretrainings": len(computes)}
 
 
 def contribution(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -120,13 +146,11 @@ def build_comparison(config: Config, layout: RunLayout) -> dict[str, Any]:
     evaluated with the channel-adaptive model when data.compare_channel_adaptive."""
     combinations = config.data.channel_combinations
     entries = {combo: combination_entry(config, layout, combo) for combo in combinations}
-    values = [e["compute"]["value"] for e in entries.values()]
-    units = sorted({e["compute"]["unit"] for e in entries.values()})
-    total = round(sum(values), 3) if values and None not in values else None
     models = {PER_COMBINATION: {"description": "one pretraining per combination (scDINO)", "combinations": entries,
-                                "compute_total": {"value": total, "unit": "+".join(units)}}}
+                                "compute_total": _total([e["compute"] for e in entries.values()])}}
     if config.data.compare_channel_adaptive:
-        models[CHANNEL_ADAPTIVE] = channel_adaptive_model(config, layout)
+        for kind in config.data.channel_adaptive_kinds:
+            models[kind] = channel_adaptive_model(config, layout, kind)
     return {"combinations": list(combinations), "models": models, "contribution": contribution(entries)}
 
 
@@ -144,7 +168,10 @@ def _linear_cell(entry: dict[str, Any], tag: str) -> str:
 
 
 def _cost(compute: dict[str, Any]) -> str:
-    return "-" if compute["value"] is None else f"{compute['value']:.0f} {compute['unit']}"
+    """Measured compute and, where known, the analytic training FLOPs (PFLOP = 1e15)."""
+    measured = "-" if compute["value"] is None else f"{compute['value']:.0f} {compute['unit']}"
+    flops = compute.get("train_flops")
+    return measured if flops is None else f"{measured}, {flops / 1e15:.3g} PFLOP"
 
 
 def _channels_cell(combo: str, entry: dict[str, Any]) -> str:
@@ -176,10 +203,11 @@ def side_by_side_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[
         cells = [cell for m in models for cell in (_knn_cell(models[m]["combinations"][combo], tags.FINAL),
                                                    _linear_cell(models[m]["combinations"][combo], tags.FINAL))]
         rows.append([_channels_cell(combo, models[PER_COMBINATION]["combinations"][combo]), *cells])
-    pretrainings = {PER_COMBINATION: len(comparison["combinations"]), CHANNEL_ADAPTIVE: 1}
-    totals = [cell for m in models for cell in (f"{_cost(models[m]['compute_total'])} "
-                                                f"({pretrainings[m]} pretraining{'s' if pretrainings[m] > 1 else ''})",
-                                                "")]
+    totals = []
+    for m in models:
+        total = models[m]["compute_total"]
+        count = total.get("pretrainings", 1)
+        totals += [f"{_cost(total)} ({count} pretraining{'s' if count > 1 else ''})", ""]
     rows.append(["total training compute", *totals])
     return header, rows
 
@@ -192,27 +220,31 @@ def contribution_lines(comparison: dict[str, Any]) -> list[str]:
     line = f"All channels ({share['all_channels']}): trained kNN top-1 {_pct(share['all_top1'])} %"
     header = ["channel", "alone", "all but it"]
     rows = [[c, _pct(v["alone"]), _pct(v["all_but"])] for c, v in share["per_channel"].items()]
-    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    adaptive = adaptive_models(comparison)
     if adaptive:
-        other = adaptive["contribution"]
-        line += f" ({MODEL_NAMES[PER_COMBINATION]}), {_pct(other['all_top1'])} % ({MODEL_NAMES[CHANNEL_ADAPTIVE]})"
-        header += [f"alone, {MODEL_NAMES[CHANNEL_ADAPTIVE]}", f"all but it, {MODEL_NAMES[CHANNEL_ADAPTIVE]}"]
+        line += f" ({MODEL_NAMES[PER_COMBINATION]})"
+    for model in adaptive:
+        other = comparison["models"][model]["contribution"]
+        line += f", {_pct(other['all_top1'])} % ({MODEL_NAMES[model]})"
+        header += [f"alone, {MODEL_NAMES[model]}", f"all but it, {MODEL_NAMES[model]}"]
         for row, channel in zip(rows, share["per_channel"]):
             row += [_pct(other["per_channel"][channel]["alone"]), _pct(other["per_channel"][channel]["all_but"])]
     return [line + ".", "", markdown_table(header, rows)]
 
 
 def comparison_markdown(comparison: dict[str, Any]) -> str:
-    """comparison.md: both models side by side (with the channel-adaptive one), each model's table
+    """comparison.md: the models side by side (with channel-adaptive ones), each model's table
     against its baselines, then what each channel adds."""
     parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
-    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    adaptive = adaptive_models(comparison)
     if adaptive:
-        parts += [f"## {MODEL_NAMES[PER_COMBINATION].capitalize()} against one {MODEL_NAMES[CHANNEL_ADAPTIVE]}",
+        others = " and ".join(f"one {MODEL_NAMES[m]}" for m in adaptive)
+        parts += [f"## {MODEL_NAMES[PER_COMBINATION].capitalize()} against {others}",
                   "", markdown_table(*side_by_side_rows(comparison)), "",
                   f"## {MODEL_NAMES[PER_COMBINATION].capitalize()} (scDINO), against its baselines", ""]
     parts += [markdown_table(*comparison_rows(comparison)), ""]
-    if adaptive:
-        parts += [f"## The {MODEL_NAMES[CHANNEL_ADAPTIVE]}, trained once on channels {adaptive['channels']}, "
-                  "against its baselines", "", markdown_table(*comparison_rows(comparison, CHANNEL_ADAPTIVE)), ""]
+    for model in adaptive:
+        entry = comparison["models"][model]
+        parts += [f"## The {MODEL_NAMES[model]}, trained once on channels {entry['channels']}, "
+                  "against its baselines", "", markdown_table(*comparison_rows(comparison, model)), ""]
     return "\n".join(parts + contribution_lines(comparison)) + "\n"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from training.eval.compare import CHANNEL_ADAPTIVE, MODEL_NAMES, PER_COMBINATION
+from training.eval.compare import MODEL_NAMES, PER_COMBINATION, adaptive_models
 from training.plots.common import new_figure
 from training.rundir import tags
 
@@ -17,17 +17,19 @@ def _top1(entry: dict[str, Any], tag: str) -> float:
 
 def plot_combinations(comparison: dict[str, Any], model: str = PER_COMBINATION):
     """Grouped bars of kNN top-1 per combination for the trained model and both baselines (and,
-    where it ran, the channel-adaptive model beside the trained one), with the all-channels model as
+    where they ran, the channel-adaptive models beside the trained one), with the all-channels model as
     a dashed line, so a single channel's or a left-out channel's share reads off against it."""
     entries = comparison["models"][model]["combinations"]
     combos = sorted(entries, key=lambda c: (-len(c), c))
     shown = [t for t in tags.HEADLINE if any(t in entries[c]["knn"] for c in combos)]
     series = [(tags.label(t), [_top1(entries[c], t) for c in combos], t == tags.FINAL) for t in shown]
-    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE) if model == PER_COMBINATION else None
+    adaptive = adaptive_models(comparison) if model == PER_COMBINATION else []
     if adaptive:
         series[0] = (f"{tags.label(tags.FINAL)}, {MODEL_NAMES[PER_COMBINATION]}", *series[0][1:])
-        series.insert(1, (f"{tags.label(tags.FINAL)}, {MODEL_NAMES[CHANNEL_ADAPTIVE]}",
-                          [_top1(adaptive["combinations"][c], tags.FINAL) for c in combos], True))
+    for position, other in enumerate(adaptive, start=1):
+        entries_of = comparison["models"][other]["combinations"]
+        series.insert(position, (f"{tags.label(tags.FINAL)}, {MODEL_NAMES[other]}",
+                                 [_top1(entries_of[c], tags.FINAL) for c in combos], True))
     fig, ax = new_figure(max(4.0, 1.1 * len(combos) + 2), 4.0)
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(combos))

@@ -92,11 +92,11 @@ def curve_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]
 
 def comparison_plots(layout: RunLayout, comparison: dict[str, Any]) -> list[PlotEntry]:
     """The channel-combination figure, added to the run's manifest in place of an earlier one."""
-    from training.eval.compare import CHANNEL_ADAPTIVE
+    from training.eval.compare import adaptive_models
     from training.plots.combinations import plot_combinations
 
     paths = save_figure(plot_combinations(comparison), layout.plots, "channel_combinations")
-    adaptive = " and the channel-adaptive model on the same channels" if CHANNEL_ADAPTIVE in comparison["models"] else ""
+    adaptive = " and the channel-adaptive models on the same channels" if adaptive_models(comparison) else ""
     entry = _entry("combinations", "kNN accuracy per channel combination", paths,
                    f"Trained model and baselines of each combination's own run{adaptive}, top-1 at the best k; "
                    "dashed: the model trained on all channels.")

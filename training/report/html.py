@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.eval.compare import CHANNEL_ADAPTIVE, PER_COMBINATION, comparison_rows, side_by_side_rows
+from training.eval.compare import (
+    MODEL_NAMES,
+    PER_COMBINATION,
+    adaptive_models,
+    comparison_rows,
+    side_by_side_rows,
+)
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
@@ -166,17 +172,20 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
 
 
 def channel_adaptive_lines(comparison: dict[str, Any]) -> list[str]:
-    """With data.compare_channel_adaptive: both models side by side, then the channel-adaptive
+    """With data.compare_channel_adaptive: the models side by side, then each channel-adaptive
     model against its baselines; nothing otherwise."""
-    adaptive = comparison["models"].get(CHANNEL_ADAPTIVE)
+    adaptive = adaptive_models(comparison)
     if not adaptive:
         return []
-    return ["<p>One model per combination against one channel-adaptive model, trained once on channels "
-            f"{esc(adaptive['channels'])} and evaluated on each combination without retraining (trained "
-            "models; the last row is each side's total training compute):</p>",
-            html_table(*side_by_side_rows(comparison)),
-            "<p>The channel-adaptive model against its baselines on each combination:</p>",
-            html_table(*comparison_rows(comparison, CHANNEL_ADAPTIVE))]
+    names = " and ".join(f"one {MODEL_NAMES[m]}" for m in adaptive)
+    lines = [f"<p>One model per combination against {esc(names)}, each trained once on channels "
+             f"{esc(comparison['models'][adaptive[0]]['channels'])} and evaluated on each combination without "
+             "retraining (trained models; the last row is each way's total training compute, measured and in "
+             "analytic FLOPs):</p>", html_table(*side_by_side_rows(comparison))]
+    for model in adaptive:
+        lines += [f"<p>The {esc(MODEL_NAMES[model])} against its baselines on each combination:</p>",
+                  html_table(*comparison_rows(comparison, model))]
+    return lines
 
 
 def build_report(layout: RunLayout, title: str) -> str:

@@ -57,12 +57,18 @@ def load_linear(layout: RunLayout) -> dict[str, Any]:
 def checkpoint_world_size(layout: RunLayout) -> int | None:
     """How many ranks wrote the latest checkpoint (its "world_size"), None without a checkpoint.
     Memory-maps the file, so the weights are not read."""
+    return checkpoint_progress(layout).get("world_size")
+
+
+def checkpoint_progress(layout: RunLayout) -> dict[str, Any]:
+    """The latest checkpoint's "world_size", "global_step" and "epoch" (absent ones left out; {}
+    without a checkpoint). Memory-maps the file, so the weights are not read."""
     import torch
 
     if not layout.latest_checkpoint.is_file():
-        return None
+        return {}
     saved = torch.load(layout.latest_checkpoint, map_location="cpu", weights_only=False, mmap=True)
-    return saved.get("world_size")
+    return {key: saved[key] for key in ("world_size", "global_step", "epoch") if saved.get(key) is not None}
 
 
 def load_tagged_features(layout: RunLayout, labels: dict[str, Any]) -> dict[str, FeatureSet]:

@@ -32,11 +32,12 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       channels_<combination>/     one run per entry of data.channel_combinations (run.combination):
                                   the files above from pretrain on, sharing packed/, split.json,
                                   bad_images.json and mean_std.json with <output_dir>
-      channel_adaptive/           data.compare_channel_adaptive (run.channel_adaptive): the one
-                                  channel-adaptive model, trained on data.channels (pretrain's files)
+      channel_adaptive_<kind>/    data.compare_channel_adaptive (run.channel_adaptive=<kind>): one
+                                  channel-adaptive model per data.channel_adaptive_kinds entry,
+                                  trained on data.channels (pretrain's files)
         channels_<combination>/   that model evaluated on one combination without retraining
                                   (run.combination too): features/, labels.json, knn/, linear/,
-                                  reading channel_adaptive/checkpoints/
+                                  reading channel_adaptive_<kind>/checkpoints/
       comparison.json, .md        `compare`: every combination's kNN and linear probe against its
                                   baselines (per model: one per combination, and the channel-adaptive
                                   one where it ran), and the training compute; figure in plots/
@@ -80,7 +81,7 @@ class RunLayout:
         layout = cls(Path(config.run.output_dir), Path(config.data.packed_dir) if config.data.packed_dir else None)
         combination = config.run.combination
         if config.run.channel_adaptive:
-            adaptive = layout.channel_adaptive()
+            adaptive = layout.channel_adaptive(config.run.channel_adaptive)
             return adaptive.evaluation(combination) if combination else adaptive
         return layout.combination(combination) if combination else layout
 
@@ -88,10 +89,10 @@ class RunLayout:
         """The run of one channel combination: its own directory, this run's data files."""
         return RunLayout(self.root / f"channels_{combination}", self.packed, self.shared)
 
-    def channel_adaptive(self) -> RunLayout:
-        """The one channel-adaptive model's run (data.compare_channel_adaptive): its own directory,
-        this run's data files."""
-        return RunLayout(self.root / "channel_adaptive", self.packed, self.shared)
+    def channel_adaptive(self, kind: str) -> RunLayout:
+        """The run of the channel-adaptive model of `kind` (data.compare_channel_adaptive): its own
+        directory, this run's data files."""
+        return RunLayout(self.root / f"channel_adaptive_{kind}", self.packed, self.shared)
 
     def evaluation(self, combination: str) -> RunLayout:
         """This run's model evaluated on one combination without retraining: its own directory for

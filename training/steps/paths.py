@@ -4,8 +4,9 @@
     python -m training paths --config run.yaml --all      # every name, "name<TAB>path" per line
     python -m training paths --config run.yaml --combinations   # data.channel_combinations, one a line
     python -m training paths --config run.yaml --set run.combination=01 root   # a combination's run
-    python -m training paths --config run.yaml --channel-adaptive   # combinations the channel-adaptive model is evaluated on
-    python -m training paths --config run.yaml --set run.channel_adaptive=true --set run.combination=01 knn_json
+    python -m training paths --config run.yaml --channel-adaptive   # combinations the channel-adaptive models are evaluated on
+    python -m training paths --config run.yaml --channel-adaptive-kinds   # data.channel_adaptive_kinds, when compared
+    python -m training paths --config run.yaml --set run.channel_adaptive=bag_of_channels --set run.combination=01 knn_json
 
 One path per requested name, in order (names: training/rundir/layout.py, e.g. root, packed,
 preempted_marker, results, report). An unknown name is an error that lists the known ones.
@@ -26,11 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--combinations", action="store_true",
                         help="print data.channel_combinations, one a line (nothing when empty)")
     parser.add_argument("--channel-adaptive", action="store_true",
-                        help="print the combinations the channel-adaptive model is evaluated on, one a line "
+                        help="print the combinations the channel-adaptive models are evaluated on, one a line "
                              "(nothing unless data.compare_channel_adaptive)")
+    parser.add_argument("--channel-adaptive-kinds", action="store_true",
+                        help="print the kinds of channel-adaptive model to train, one a line "
+                             "(data.channel_adaptive_kinds; nothing unless data.compare_channel_adaptive)")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    if args.channel_adaptive_kinds:
+        if config.data.compare_channel_adaptive and config.data.channel_combinations:
+            print("\n".join(config.data.channel_adaptive_kinds))
+        return 0
     if args.combinations or args.channel_adaptive:
         listed = config.data.channel_combinations
         if listed and (args.combinations or config.data.compare_channel_adaptive):

@@ -6,8 +6,8 @@
 
 Needs `mean-std` first. Pre-emption (SIGUSR1/SIGTERM) saves and exits 0 leaving
 <run>/checkpoints/PREEMPTED for the batch script to requeue; see training/trainer.py. With
-run.channel_adaptive it trains the channel-adaptive model of data.compare_channel_adaptive, once, on
-every channel of data.channels (run.combination would pick one of its evaluations, which train nothing).
+run.channel_adaptive=<kind> it trains that channel-adaptive model of data.compare_channel_adaptive, once,
+on every channel of data.channels (run.combination would pick one of its evaluations, which train nothing).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from training.rundir import RunLayout
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if config.run.channel_adaptive and config.run.combination:
         raise UserError("the channel-adaptive model trains once, on every channel of data.channels: run pretrain "
-                        f"with run.channel_adaptive=true and without run.combination (got {config.run.combination!r}, "
+                        f"with run.channel_adaptive={config.run.channel_adaptive} and without run.combination "
+                        f"(got {config.run.combination!r}, "
                         "which picks its evaluation on that combination: features, labels, knn, linear)")
     from training.distributed import process_group
     from training.trainer import train

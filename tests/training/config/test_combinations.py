@@ -119,30 +119,38 @@ def test_channel_adaptive_comparison_needs_combinations_within_data_channels():
         Config().replace({**ADAPTIVE, "data.channels": "012", "data.channel_combinations": ["012", "0", "13"]})
 
 
-def test_channel_adaptive_run_needs_the_comparison_and_is_a_channel_vit():
-    with pytest.raises(ConfigError, match="run.channel_adaptive=true .* set data.compare_channel_adaptive=true"):
-        Config().replace({**COMBINATIONS, "run.channel_adaptive": True})
-    model = Config().replace({**ADAPTIVE, "run.channel_adaptive": True})
-    assert model.model.kind == "channel_vit" and model.data.channels == "01234", "trained on every channel"
-    evaluation = Config().replace({**ADAPTIVE, "run.channel_adaptive": True, "run.combination": "13"})
+def test_channel_adaptive_run_needs_the_comparison_and_is_of_its_kind():
+    with pytest.raises(ConfigError, match="run.channel_adaptive=bag_of_channels .* set data.compare_channel_adaptive=true"):
+        Config().replace({**COMBINATIONS, "run.channel_adaptive": "bag_of_channels"})
+    with pytest.raises(ConfigError, match="run.channel_adaptive=channel_vit is not in data.channel_adaptive_kinds"):
+        Config().replace({**ADAPTIVE, "run.channel_adaptive": "channel_vit"})
+    with pytest.raises(ConfigError, match="run.channel_adaptive must be one of .*'bag_of_channels'.*got 'true'"):
+        Config().replace({**ADAPTIVE, "run.channel_adaptive": "true"})
+    model = Config().replace({**ADAPTIVE, "run.channel_adaptive": "bag_of_channels"})
+    assert model.model.kind == "bag_of_channels" and model.data.channels == "01234", "trained on every channel"
+    both = {**ADAPTIVE, "data.channel_adaptive_kinds": ["bag_of_channels", "channel_vit"]}
+    evaluation = Config().replace({**both, "run.channel_adaptive": "channel_vit", "run.combination": "13"})
     assert evaluation.model.kind == "channel_vit" and evaluation.data.channels == "13"
     assert Config().replace(evaluation.to_dict()) == evaluation, "its config.yaml reloads the same"
     assert Config().replace(ADAPTIVE).model.kind == "vit", "the per-combination runs keep model.kind"
+    with pytest.raises(ConfigError, match="data.channel_adaptive_kinds must list distinct kinds among"):
+        Config().replace({**ADAPTIVE, "data.channel_adaptive_kinds": ["vit"]})
 
 
 def test_channel_adaptive_layout_evaluates_the_models_checkpoints(tmp_path):
     parent = RunLayout(tmp_path / "run")
-    model = parent.channel_adaptive()
+    model = parent.channel_adaptive("bag_of_channels")
     evaluation = model.evaluation("13")
-    assert model.root == tmp_path / "run" / "channel_adaptive"
-    assert model.latest_checkpoint == tmp_path / "run" / "channel_adaptive" / "checkpoints" / "checkpoint.pth"
-    assert evaluation.root == tmp_path / "run" / "channel_adaptive" / "channels_13"
+    root = tmp_path / "run" / "channel_adaptive_bag_of_channels"
+    assert model.root == root
+    assert model.latest_checkpoint == root / "checkpoints" / "checkpoint.pth"
+    assert evaluation.root == root / "channels_13"
     assert evaluation.knn_json == evaluation.root / "knn" / "knn.json"
     assert evaluation.latest_checkpoint == model.latest_checkpoint
     assert evaluation.numbered_checkpoints() == [] and evaluation.checkpoints == model.checkpoints
     for name in ("split", "mean_std", "bad_images", "packed"):
         assert getattr(model, name) == getattr(parent, name) == getattr(evaluation, name), name
-    base = {**ADAPTIVE, "run.output_dir": str(tmp_path / "run"), "run.channel_adaptive": True}
+    base = {**ADAPTIVE, "run.output_dir": str(tmp_path / "run"), "run.channel_adaptive": "bag_of_channels"}
     assert RunLayout.from_config(Config().replace(base)).root == model.root
     assert RunLayout.from_config(Config().replace({**base, "run.combination": "13"})) == evaluation
 
@@ -153,19 +161,24 @@ def test_paths_lists_the_channel_adaptive_combinations_only_when_asked(tmp_path,
     assert capsys.readouterr().out == ""
     assert main([*base, "--set", "data.compare_channel_adaptive=true", "--channel-adaptive"]) == 0
     assert capsys.readouterr().out.split() == ["0", "01"]
-    adaptive = ["--set", "data.compare_channel_adaptive=true", "--set", "run.channel_adaptive=true"]
+    assert main([*base, "--channel-adaptive-kinds"]) == 0
+    assert capsys.readouterr().out == ""
+    kinds = ["--set", "data.compare_channel_adaptive=true", "--set", "data.channel_adaptive_kinds=channel_vit,bag_of_channels"]
+    assert main([*base, *kinds, "--channel-adaptive-kinds"]) == 0
+    assert capsys.readouterr().out.split() == ["channel_vit", "bag_of_channels"]
+    adaptive = ["--set", "data.compare_channel_adaptive=true", "--set", "run.channel_adaptive=bag_of_channels"]
     assert main([*base, *adaptive, "--set", "run.combination=01", "linear_json", "latest_checkpoint"]) == 0
     assert capsys.readouterr().out.split() == [
-        str(tmp_path / "channel_adaptive" / "channels_01" / "linear" / "linear.json"),
-        str(tmp_path / "channel_adaptive" / "checkpoints" / "checkpoint.pth")]
+        str(tmp_path / "channel_adaptive_bag_of_channels" / "channels_01" / "linear" / "linear.json"),
+        str(tmp_path / "channel_adaptive_bag_of_channels" / "checkpoints" / "checkpoint.pth")]
 
 
 def test_pretrain_refuses_to_train_an_evaluation_of_the_channel_adaptive_model(tmp_path, capsys):
     adaptive = ["--set", "data.channel_combinations=0,01", "--set", "data.compare_channel_adaptive=true",
-                "--set", "run.channel_adaptive=true", "--set", f"run.output_dir={tmp_path}"]
+                "--set", "run.channel_adaptive=bag_of_channels", "--set", f"run.output_dir={tmp_path}"]
     assert main(["pretrain", *adaptive, "--set", "run.combination=0"]) == 2
-    assert "run pretrain with run.channel_adaptive=true and without run.combination" in capsys.readouterr().err
-    assert not (tmp_path / "channel_adaptive" / "checkpoints").exists()
+    assert "run pretrain with run.channel_adaptive=bag_of_channels and without run.combination" in capsys.readouterr().err
+    assert not (tmp_path / "channel_adaptive_bag_of_channels" / "checkpoints").exists()
 
 
 def test_a_channel_adaptive_comparison_without_combinations_is_one_line_from_the_cli(tmp_path, capsys):

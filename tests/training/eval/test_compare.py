@@ -8,12 +8,16 @@ import json
 import pytest
 import torch
 
+from training.benchmarks.step import train_flops_per_image
 from training.cli import main
+from training.config import Config
 from training.errors import MissingInputError, UserError
 from training.rundir import RunLayout
 
 COMBINATIONS = ["01", "0", "1"]
 HEADLINE = ("final", "raw_pixels", "random_init")
+STEPS = 90
+"""Global steps each fixture run trained (its checkpoint's "global_step")."""
 
 
 def knn_file(seed: int) -> dict:
@@ -45,7 +49,14 @@ def write_run(layout: RunLayout, seed: int, *, pretrain_s: float, world_size: in
     layout.linear_json.write_text(json.dumps(linear_file(seed)))
     layout.timings.write_text(json.dumps({"pretrain": pretrain_s, "knn": 1.0}))
     layout.metrics.write_text(json.dumps({"kind": "epoch", "epoch": 0, "gpu_mem_gb": 1.5 if gpu else None}) + "\n")
-    torch.save({"world_size": world_size, "epoch": 1}, layout.latest_checkpoint)
+    torch.save({"world_size": world_size, "epoch": 1, "global_step": STEPS}, layout.latest_checkpoint)
+
+
+def flops(world_size: int, **overrides) -> float:
+    """Training FLOPs of STEPS steps of the default model on `world_size` ranks (default batch)."""
+    config = Config().replace({"data.channel_combinations": COMBINATIONS, **overrides})
+    images = STEPS * config.optim.batch_size_per_gpu * world_size
+    return float(images * train_flops_per_image(config, config.data.in_chans))
 
 
 @pytest.fixture
@@ -67,7 +78,7 @@ def test_comparison_numbers_are_those_the_runs_wrote(runs):
     comparison = json.loads(parent.comparison_json.read_text())
     per = comparison["models"]["per_combination"]["combinations"]
     assert list(per) == COMBINATIONS
-    total = 0.0
+    total = total_flops = 0.0
     for combo in COMBINATIONS:
         run = parent.combination(combo)
         knn, linear = json.loads(run.knn_json.read_text()), json.loads(run.linear_json.read_text())
@@ -76,10 +87,15 @@ def test_comparison_numbers_are_those_the_runs_wrote(runs):
             assert per[combo]["knn"][tag]["top2"] == best(knn["tags"][tag], "top2"), (combo, tag)
             assert per[combo]["linear"][tag]["final_top1"] == linear["tags"][tag]["history"][-1]["val_top1"]
         seconds = json.loads(run.timings.read_text())["pretrain"] * torch.load(run.latest_checkpoint)["world_size"]
+        combination_flops = flops(2, **{"run.combination": combo})
         assert per[combo]["compute"] == {"pretrain_wall_s": seconds / 2, "ranks": 2, "device": "cpu",
-                                         "unit": "cpu_rank_s", "value": seconds}
+                                         "unit": "cpu_rank_s", "value": seconds, "images_trained": STEPS * 30 * 2,
+                                         "train_flops": combination_flops}
         total += seconds
-    assert comparison["models"]["per_combination"]["compute_total"] == {"value": total, "unit": "cpu_rank_s"}
+        total_flops += combination_flops
+    assert per["01"]["compute"]["train_flops"] > per["0"]["compute"]["train_flops"]  # two channels' patch embedding
+    assert comparison["models"]["per_combination"]["compute_total"] == {
+        "value": total, "unit": "cpu_rank_s", "train_flops": total_flops, "pretrainings": 3}
 
 
 def test_contribution_reads_single_channels_against_all(runs):
@@ -138,6 +154,7 @@ def test_a_missing_result_names_the_step_and_no_list_is_an_error(runs, tmp_path)
 
 
 ADAPTIVE_WALL_S, ADAPTIVE_RANKS = 7.5, 4
+KIND = "bag_of_channels"
 
 
 @pytest.fixture
@@ -145,11 +162,11 @@ def adaptive_runs(runs):
     """The per-combination runs plus the channel-adaptive model (trained on 4 GPUs) and its
     evaluation on every combination, with figures of their own."""
     parent, args = runs
-    model = parent.channel_adaptive()
+    model = parent.channel_adaptive(KIND)
     model.checkpoints.mkdir(parents=True)
     model.timings.write_text(json.dumps({"pretrain": ADAPTIVE_WALL_S}))
     model.metrics.write_text(json.dumps({"kind": "epoch", "epoch": 0, "gpu_mem_gb": 3.0}) + "\n")
-    torch.save({"world_size": ADAPTIVE_RANKS, "epoch": 1}, model.latest_checkpoint)
+    torch.save({"world_size": ADAPTIVE_RANKS, "epoch": 1, "global_step": STEPS}, model.latest_checkpoint)
     for seed, combo in zip((2.5, 3.5, 4.5), COMBINATIONS):
         evaluation = model.evaluation(combo)
         evaluation.knn.mkdir(parents=True)
@@ -163,15 +180,16 @@ def test_channel_adaptive_numbers_are_those_its_evaluations_wrote(adaptive_runs)
     parent, args = adaptive_runs
     assert main(["compare", *args]) == 0
     models = json.loads(parent.comparison_json.read_text())["models"]
-    assert list(models) == ["per_combination", "channel_adaptive"]
-    adaptive = models["channel_adaptive"]
+    assert list(models) == ["per_combination", KIND]
+    adaptive = models[KIND]
+    assert adaptive["kind"] == KIND and adaptive["run"] == f"channel_adaptive_{KIND}"
     assert list(adaptive["combinations"]) == COMBINATIONS
     for combo in COMBINATIONS:
         entry = adaptive["combinations"][combo]
-        run = parent.root / "channel_adaptive" / f"channels_{combo}"
+        run = parent.root / f"channel_adaptive_{KIND}" / f"channels_{combo}"
         knn = json.loads((run / "knn" / "knn.json").read_text())
         linear = json.loads((run / "linear" / "linear.json").read_text())
-        assert entry["run"] == f"channel_adaptive/channels_{combo}" and entry["channels"] == combo
+        assert entry["run"] == f"channel_adaptive_{KIND}/channels_{combo}" and entry["channels"] == combo
         for tag in HEADLINE:
             assert entry["knn"][tag]["top1"] == best(knn["tags"][tag], "top1"), (combo, tag)
             assert entry["knn"][tag]["top2"] == best(knn["tags"][tag], "top2"), (combo, tag)
@@ -180,17 +198,21 @@ def test_channel_adaptive_numbers_are_those_its_evaluations_wrote(adaptive_runs)
         own = models["per_combination"]["combinations"][combo]["knn"]["final"]["top1"]
         assert entry["knn"]["final"]["top1"] != own, "the two models' figures come from different files"
     value = ADAPTIVE_WALL_S * ADAPTIVE_RANKS
+    adaptive_flops = flops(ADAPTIVE_RANKS, **{"model.kind": KIND})
     assert adaptive["compute"] == {"pretrain_wall_s": ADAPTIVE_WALL_S, "ranks": ADAPTIVE_RANKS, "device": "gpu",
-                                   "unit": "gpu_s", "value": value}
-    assert adaptive["compute_total"] == {"value": value, "unit": "gpu_s"}
-    assert models["per_combination"]["compute_total"] == {"value": (10.0 + 11.0 + 12.0) * 2, "unit": "cpu_rank_s"}
+                                   "unit": "gpu_s", "value": value, "images_trained": STEPS * 30 * ADAPTIVE_RANKS,
+                                   "train_flops": adaptive_flops}
+    assert adaptive["compute_total"] == {"value": value, "unit": "gpu_s", "train_flops": adaptive_flops,
+                                         "pretrainings": 1}
+    per_total = models["per_combination"]["compute_total"]
+    assert (per_total["value"], per_total["unit"]) == ((10.0 + 11.0 + 12.0) * 2, "cpu_rank_s")
 
 
 def test_channel_adaptive_contribution_reads_its_own_single_channels(adaptive_runs):
     parent, args = adaptive_runs
     assert main(["compare", *args]) == 0
-    share = json.loads(parent.comparison_json.read_text())["models"]["channel_adaptive"]["contribution"]
-    top1 = {c: best(json.loads(parent.channel_adaptive().evaluation(c).knn_json.read_text())["tags"]["final"], "top1")
+    share = json.loads(parent.comparison_json.read_text())["models"][KIND]["contribution"]
+    top1 = {c: best(json.loads(parent.channel_adaptive(KIND).evaluation(c).knn_json.read_text())["tags"]["final"], "top1")
             for c in COMBINATIONS}
     assert share == {"all_channels": "01", "all_top1": top1["01"],
                      "per_channel": {"0": {"alone": top1["0"], "all_but": top1["1"]},
@@ -208,7 +230,7 @@ def test_markdown_shows_both_models_side_by_side_with_their_compute(adaptive_run
     assert main(["compare", *args]) == 0
     markdown = parent.comparison_md.read_text()
     own = parent.combination("0")
-    adaptive = parent.channel_adaptive().evaluation("0")
+    adaptive = parent.channel_adaptive(KIND).evaluation("0")
     figures = []
     for run in (own, adaptive):
         knn = json.loads(run.knn_json.read_text())["tags"]["final"]
@@ -216,13 +238,15 @@ def test_markdown_shows_both_models_side_by_side_with_their_compute(adaptive_run
         figures += [f"{100 * best(knn, 'top1'):.1f} / {100 * best(knn, 'top2'):.1f}", f"{100 * linear:.1f}"]
     assert cells(markdown, "0 (ch0)") == ["0 (ch0)", *figures]
     per_total = sum(json.loads(parent.combination(c).timings.read_text())["pretrain"] * 2 for c in COMBINATIONS)
+    per_flops = sum(flops(2, **{"run.combination": c}) for c in COMBINATIONS) / 1e15
+    adaptive_flops = flops(ADAPTIVE_RANKS, **{"model.kind": KIND}) / 1e15
     assert cells(markdown, "total training compute") == [
-        "total training compute", f"{per_total:.0f} cpu_rank_s (3 pretrainings)", "",
-        f"{ADAPTIVE_WALL_S * ADAPTIVE_RANKS:.0f} gpu_s (1 pretraining)", ""]
-    assert "## The channel-adaptive model, trained once on channels 01234, against its baselines" in markdown
+        "total training compute", f"{per_total:.0f} cpu_rank_s, {per_flops:.3g} PFLOP (3 pretrainings)", "",
+        f"{ADAPTIVE_WALL_S * ADAPTIVE_RANKS:.0f} gpu_s, {adaptive_flops:.3g} PFLOP (1 pretraining)", ""]
+    assert "## The bag-of-channels model, trained once on channels 01234, against its baselines" in markdown
     assert main(["report", *args]) == 0
     html = parent.report.read_text()
-    assert "channel-adaptive model" in html and figures[2] in html and "1 pretraining" in html
+    assert "bag-of-channels model" in html and figures[2] in html and "1 pretraining" in html
 
 
 def test_without_the_option_the_comparison_has_one_model(adaptive_runs):
@@ -231,26 +255,53 @@ def test_without_the_option_the_comparison_has_one_model(adaptive_runs):
     assert main(["compare", *off]) == 0
     assert list(json.loads(parent.comparison_json.read_text())["models"]) == ["per_combination"]
     markdown = parent.comparison_md.read_text()
-    assert "channel-adaptive" not in markdown and "##" not in markdown
+    assert "bag-of-channels" not in markdown and "##" not in markdown
 
 
 def test_a_missing_evaluation_names_its_file_and_the_step_to_run(adaptive_runs, capsys):
     parent, args = adaptive_runs
-    missing = parent.channel_adaptive().evaluation("1").linear_json
+    missing = parent.channel_adaptive(KIND).evaluation("1").linear_json
     missing.unlink()
     assert main(["compare", *args]) == 2
     error = capsys.readouterr().err
     assert str(missing) in error
-    assert "python -m training linear --set run.channel_adaptive=true --set run.combination=1" in error
-    parent.channel_adaptive().latest_checkpoint.unlink()
+    assert f"python -m training linear --set run.channel_adaptive={KIND} --set run.combination=1" in error
+    parent.channel_adaptive(KIND).latest_checkpoint.unlink()
     assert main(["compare", *args]) == 2
     error = capsys.readouterr().err
-    assert str(parent.channel_adaptive().latest_checkpoint) in error
-    assert "python -m training pretrain --set run.channel_adaptive=true" in error
+    assert str(parent.channel_adaptive(KIND).latest_checkpoint) in error
+    assert f"python -m training pretrain --set run.channel_adaptive={KIND}" in error
 
 
 def test_compare_refuses_the_channel_adaptive_models_run(adaptive_runs, capsys):
     parent, args = adaptive_runs
-    assert main(["compare", *args, "--set", "run.channel_adaptive=true"]) == 2
-    assert "runs on the whole run (run.combination empty, run.channel_adaptive false)" in capsys.readouterr().err
+    assert main(["compare", *args, "--set", f"run.channel_adaptive={KIND}"]) == 2
+    assert "runs on the whole run (run.combination and run.channel_adaptive empty)" in capsys.readouterr().err
     assert not parent.comparison_json.exists()
+
+
+def test_every_kept_kind_is_a_model_of_its_own(adaptive_runs):
+    """data.channel_adaptive_kinds lists two kinds: each one's files give its own "models" entry,
+    in the listed order, its FLOPs counted for its own kind."""
+    parent, args = adaptive_runs
+    other = parent.channel_adaptive("channel_vit")
+    other.checkpoints.mkdir(parents=True)
+    other.timings.write_text(json.dumps({"pretrain": 20.0}))
+    torch.save({"world_size": 1, "epoch": 1, "global_step": STEPS}, other.latest_checkpoint)
+    for seed, combo in zip((0.5, 1.5, 2.0), COMBINATIONS):
+        evaluation = other.evaluation(combo)
+        evaluation.knn.mkdir(parents=True)
+        evaluation.linear.mkdir()
+        evaluation.knn_json.write_text(json.dumps(knn_file(seed)))
+        evaluation.linear_json.write_text(json.dumps(linear_file(seed)))
+    both = [*args, "--set", "data.channel_adaptive_kinds=channel_vit,bag_of_channels"]
+    assert main(["compare", *both]) == 0
+    models = json.loads(parent.comparison_json.read_text())["models"]
+    assert list(models) == ["per_combination", "channel_vit", KIND]
+    vit_top1 = best(json.loads(other.evaluation("0").knn_json.read_text())["tags"]["final"], "top1")
+    assert models["channel_vit"]["combinations"]["0"]["knn"]["final"]["top1"] == vit_top1
+    assert models["channel_vit"]["compute_total"]["train_flops"] == flops(1, **{"model.kind": "channel_vit"})
+    per_rank = {m: models[m]["compute_total"]["train_flops"] / models[m]["compute"]["ranks"] for m in ("channel_vit", KIND)}
+    assert per_rank["channel_vit"] > 2 * per_rank[KIND]  # C x the tokens against one channel's
+    markdown = parent.comparison_md.read_text()
+    assert "against one ChannelViT model and one bag-of-channels model" in markdown

@@ -33,8 +33,9 @@ def test_knn_with_labels_but_no_features_names_features(empty_run, tmp_path, cap
 
 @pytest.mark.slow
 def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_checkpoint(tmp_path):
-    """data.compare_channel_adaptive end to end on CPU: one tiny channel_vit pretraining, then the
-    evaluation steps on combination 02 read its checkpoint and only channels 0 and 2."""
+    """data.compare_channel_adaptive end to end on CPU: one tiny bag-of-channels pretraining, then
+    the evaluation steps on combination 02 read its checkpoint and only channels 0 and 2, each
+    encoded on its own and concatenated."""
     import json
 
     from eval_tiny_run import run_dir, run_step, write_config, write_images
@@ -45,7 +46,7 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     write_images(tmp_path / "images")
     config = write_config(tmp_path, data={"channel_combinations": ["0", "02"], "compare_channel_adaptive": True},
                           optim={"epochs": 1})
-    model_run = ["--set", "run.channel_adaptive=true"]
+    model_run = ["--set", "run.channel_adaptive=bag_of_channels"]
     assert run_step(config, "mean-std") == 0
     assert run_step(config, "pretrain", *model_run) == 0
     on_02 = [*model_run, "--set", "run.combination=02"]
@@ -53,9 +54,11 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     for step in ("labels", "knn", "linear"):
         assert run_step(config, step, *on_02) == 0, step
     parent = RunLayout(run_dir(config))
-    model, evaluation = parent.channel_adaptive(), parent.channel_adaptive().evaluation("02")
+    model = parent.channel_adaptive("bag_of_channels")
+    evaluation = model.evaluation("02")
     final = json.loads((evaluation.features("final") / "index.json").read_text())
     assert final["checkpoint"] == str(model.latest_checkpoint) and final["channels"] == "02"
+    assert final["dim"] == 2 * 192 and final["bag_combine"] == "concat", "ViT-tiny's CLS per channel, concatenated"
     raw = load_features(evaluation.features("raw_pixels"))
     assert raw.features.shape[1] == 2 * 4 * 4, "two channels, pooled to eval.raw_pixels_size=4"
     assert not (evaluation.root / "checkpoints").exists() and not (parent.root / "checkpoints").exists()
