@@ -1,0 +1,73 @@
+"""The recipe comparison's arms and its 5-fold kNN (the long runs themselves are docs/performance.md's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny import tiny_config
+
+from training.benchmarks.recipes import ARMS, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
+from training.benchmarks.step import train_flops_per_image
+from training.config import Config
+
+
+def test_the_reference_arm_is_scdinos_recipe_and_the_others_cost_at_most_a_quarter_or_say_so():
+    base = Config().replace({"model.arch": "vit_tiny", "model.out_dim": 256})
+    reference = base.replace(ARMS[REFERENCE].overrides)
+    assert (reference.model.patch_size, reference.dino.global_crop_size, reference.dino.local_crop_size,
+            reference.dino.local_crops_number) == (16, 224, 96, 8)
+    scdino = train_flops_per_image(reference, 5)
+    for name, arm in ARMS.items():
+        config = base.replace(arm.overrides)
+        assert config.eval.image_size == config.dino.global_crop_size, name
+        ratio = train_flops_per_image(config, 5) / scdino
+        assert (ratio <= 0.25) or name == REFERENCE, (name, ratio)
+
+
+def test_folds_deal_every_class_evenly_and_every_row_once():
+    labels = np.repeat(np.arange(3), [10, 7, 5])
+    fold = stratified_folds(labels, FOLDS, seed=4)
+    assert fold.shape == labels.shape and set(fold) == set(range(FOLDS))
+    for cls in range(3):
+        counts = np.bincount(fold[labels == cls], minlength=FOLDS)
+        assert counts.max() - counts.min() <= 1, (cls, counts)
+    assert not np.array_equal(fold, stratified_folds(labels, FOLDS, seed=5))
+
+
+def weighted_vote_reference(features, labels, fold, k, temperature):
+    """scDINO's weighted kNN written out per query: the k most similar rows of the other folds
+    each add exp(similarity / T) to their class; ties to the lower class."""
+    hits = 0
+    for i in range(len(labels)):
+        others = np.flatnonzero(fold != fold[i])
+        sims = features[others] @ features[i]
+        nearest = others[np.argsort(-sims, kind="stable")[:k]]
+        votes = np.zeros(labels.max() + 1)
+        for j in nearest:
+            votes[labels[j]] += np.exp(features[j] @ features[i] / temperature)
+        hits += int(np.argmax(votes) == labels[i])
+    return hits / len(labels)
+
+
+def test_kfold_knn_is_the_weighted_vote_with_every_row_a_query_once():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 15)
+    centres = rng.normal(size=(4, 8))
+    features = centres[labels] + 1.2 * rng.normal(size=(60, 8))
+    features /= np.linalg.norm(features, axis=1, keepdims=True)
+    config = tiny_config({"eval.knn_k": [3, 9], "eval.knn_temperature": 0.1, "run.seed": 2})
+    top1, best_k = kfold_knn_top1(features.astype(np.float32), labels, config)
+    fold = stratified_folds(labels, FOLDS, seed=2)
+    expected = {k: weighted_vote_reference(features, labels, fold, k, 0.1) for k in (3, 9)}
+    assert top1 == pytest.approx(max(expected.values()), abs=1e-9)
+    assert expected[best_k] == pytest.approx(top1)
+    assert 0.25 < top1 < 1.0, "the example is neither trivial nor chance"
+
+
+def test_unknown_arms_and_bad_seeds_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--arms", "scdino,bogus"])
+    assert "unknown arm(s) bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--seeds", "0,x"])
+    assert "--seeds must be integers" in capsys.readouterr().err
