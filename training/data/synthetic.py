@@ -195,9 +195,15 @@ def write_tiff(path: Path, array: np.ndarray, channel_axis: str = "last") -> Non
 
 
 def write_dataset(out: Path, classes: int = 5, per_class: int = 200, channels: int = 5, size: int = 50,
-                  seed: int = 0, channel_axis: str = "last") -> int:
-    """Write out/<class>/<class>_<i>.tif (channels last, as scDINO's data, unless told otherwise)."""
+                  seed: int = 0, channel_axis: str = "last", channel_order: tuple[int, ...] | None = None) -> int:
+    """Write out/<class>/<class>_<i>.tif (channels last, as scDINO's data, unless told otherwise);
+    `channel_order` stores generated channel channel_order[i] as channel i (e.g. (3, 1, 0, 4, 2) puts
+    the marker first), so that a model is shown not to depend on where a stain sits."""
     images, labels, names = generate(classes, per_class, channels, size, seed)
+    if channel_order is not None:
+        if sorted(channel_order) != list(range(channels)):
+            raise ValueError(f"channel_order must be a permutation of 0..{channels - 1}, got {channel_order}")
+        images = images[:, list(channel_order)]
     out = Path(out)
     for name in names:
         (out / name).mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="generator seed (default: run.seed)")
     parser.add_argument("--channels-first", action="store_true", help="store (C, H, W) instead of scDINO's (H, W, C)")
     parser.add_argument("--corrupt", action="store_true", help="also write bad images into the first class folder")
+    parser.add_argument("--channel-order", metavar="DIGITS",
+                        help="store the generated channels in this order, e.g. 31042 puts the marker (3) first")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
@@ -42,8 +44,14 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if args.per_class < 1 or args.size < 16 or channels < 1:
         raise UserError("--per-class must be >= 1, --size >= 16 and --channels >= 1")
     seed = config.run.seed if args.seed is None else args.seed
+    order = None
+    if args.channel_order:
+        order = tuple(int(c) for c in args.channel_order if c.isdigit())
+        if len(order) != len(args.channel_order) or sorted(order) != list(range(channels)):
+            raise UserError(f"--channel-order must list each of the {channels} channels once, as digits such as "
+                            f"{''.join(map(str, reversed(range(channels))))}; got {args.channel_order!r}")
     write_dataset(out, args.classes, args.per_class, channels, args.size, seed,
-                  channel_axis="first" if args.channels_first else "last")
+                  channel_axis="first" if args.channels_first else "last", channel_order=order)
     if args.corrupt:
         first = sorted(p for p in out.iterdir() if p.is_dir())[0]
         written = write_corrupt_files(first, channels, args.size, seed)

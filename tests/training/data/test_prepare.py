@@ -194,3 +194,16 @@ def test_synth_datarun_cli(tmp_path):
                  "--size", "32", "--corrupt"]) == 0
     assert len(list(out.rglob("*.tif"))) == 6 + len(CORRUPT_REASONS)
     assert tifffile.imread(next(out.glob("*/*_00000.tif"))).shape == (32, 32, 7)
+
+
+def test_synth_data_can_store_the_channels_in_another_order(tmp_path, capsys):
+    plain, moved = tmp_path / "plain", tmp_path / "moved"
+    base = ["synth-data", "--classes", "2", "--per-class", "2", "--size", "32", "--seed", "3"]
+    assert main([*base, "--out", str(plain)]) == 0
+    assert main([*base, "--out", str(moved), "--channel-order", "31042"]) == 0
+    for path in plain.rglob("*.tif"):
+        original = tifffile.imread(path)
+        reordered = tifffile.imread(moved / path.relative_to(plain))
+        np.testing.assert_array_equal(reordered, original[..., [3, 1, 0, 4, 2]])
+    assert main([*base, "--out", str(tmp_path / "bad"), "--channel-order", "3104"]) == 2
+    assert "--channel-order must list each of the 5 channels once" in capsys.readouterr().err
