@@ -23,7 +23,7 @@ class ClusterStack(cdk.Stack):
                  data_policy_arn: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
-        node_bundle = NodeBundle(self, "NodeBundle")
+        node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days)
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,

@@ -20,6 +20,9 @@ import yaml
 from stacks.presets import PRESETS
 
 PCLUSTER_VERSION = "3.16.1"
+"""The ParallelCluster release deployed (provider template, base AMI, AMI tags) and whose own code checks the
+configuration offline (requirements-pcluster.txt). 3.16.3 is newer, but PyPI offered no 3.16.2/3.16.3 on
+2026-11-24, so its code could not check this app: docs/deploy.md says how to move on."""
 SUPPORTED_OSES = ("alinux2023", "ubuntu2204", "rhel9")
 # Oses ParallelCluster 3.16 accepts that this project cannot run, and why (named in the error).
 REFUSED_OSES = {

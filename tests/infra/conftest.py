@@ -30,4 +30,5 @@ def pcluster_constants() -> dict:
     """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
     names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING",
              "SUPPORTED_OSES", "PRIVATE_OSES"]
-    return run_pcluster({"constants": names})["constants"]
+    found = run_pcluster({"constants": names, "version": True})
+    return {**found["constants"], "installed_version": found["version"]}
