@@ -13,7 +13,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -370,3 +370,16 @@ def load_settings_file(path: str) -> dict[str, Any]:
         _fail("settings", f"{path!r} is not valid YAML: {str(error).splitlines()[0]}")
     _check(isinstance(data, Mapping), "settings", f"{path!r} must hold a mapping at the top level")
     return dict(data)
+
+
+def settings_from(context: Callable[[str], Any]) -> Settings:
+    """Merge defaults (cdk.json's `scdino` object), the settings file (`-c settings=...`) and single
+    `-c key=value` overrides, in that order; `context` returns a context value or None, as CDK's
+    `node.try_get_context` does (app.py) or a dict of cdk.json and `-c` pairs (`python -m training plan`)."""
+    layers = [context("scdino") or {}]
+    settings_file = context("settings")
+    if settings_file:
+        layers.append(load_settings_file(settings_file))
+    overrides = {key: context(key) for key in setting_keys()}
+    layers.append({key: value for key, value in overrides.items() if value is not None})
+    return build_settings(*layers)
