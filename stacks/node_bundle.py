@@ -1,7 +1,9 @@
 """What cluster nodes install, at fixed keys of a bucket the cluster stack owns.
 
     s3://<bucket>/bootstrap/on-node-configured.sh   the node action (bootstrap/)
-    s3://<bucket>/bootstrap/current.json            {"bundle": "s3://<bucket>/bundles/<id>.zip", "id": "<id>"}
+    s3://<bucket>/bootstrap/current.json            {"bundle": "s3://<bucket>/bundles/<id>.zip", "id": "<id>",
+                                                     "monitoring": {gpu_namespace, training_namespace, log_group}}
+    s3://<bucket>/bootstrap/cloudwatch-agent.json   the CloudWatch agent template GPU nodes fill and append
     s3://<bucket>/bundles/<id>.zip                  training/ + slurm/ + configs/ + requirements (one per deploy)
 
 The cluster configuration names only the first two, so a change in training/ or slurm/ leaves the
@@ -40,7 +42,8 @@ def _prefix(key: str) -> str:
 class NodeBundle(Construct):
     """The deploy bucket, the bundle copied into it (kept per id) and the bootstrap files with the pointer."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int,
+                 monitoring: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
         self.bucket = s3.Bucket(
             self, "Bucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
@@ -68,7 +71,8 @@ class NodeBundle(Construct):
             destination_key_prefix=_prefix(BOOTSTRAP_SCRIPT_KEY), retain_on_delete=False, log_group=self.log_group,
             sources=[s3_deployment.Source.asset(str(BOOTSTRAP_DIR)),
                      s3_deployment.Source.json_data(BUNDLE_POINTER_KEY.rsplit("/", 1)[1],
-                                                    {"bundle": bundle_uri, "id": self.bundle_id})])
+                                                    {"bundle": bundle_uri, "id": self.bundle_id,
+                                                     "monitoring": monitoring})])
         self.bootstrap.node.add_dependency(bundles)
         self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()

@@ -40,6 +40,7 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
 CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
 _DB_URI = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:(\d{1,5})$")
@@ -195,6 +196,8 @@ class ClusterSettings:
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
     login_node_instance_type: str = "c6i.xlarge"
+    alarm_email: str = ""
+    """E-mail address subscribed to the alarms' SNS topic (AWS mails a confirmation first); empty: none."""
     slurm_accounting: SlurmAccountingSettings = field(default_factory=SlurmAccountingSettings)
 
     def __post_init__(self) -> None:
@@ -224,6 +227,8 @@ class ClusterSettings:
         _check(0 <= self.login_nodes <= 10, "cluster.login_nodes", f"must be 0..10, got {self.login_nodes}")
         _check(bool(_INSTANCE.match(self.login_node_instance_type)), "cluster.login_node_instance_type",
                f"expected an EC2 instance type such as c6i.xlarge, got {self.login_node_instance_type!r}")
+        _check(self.alarm_email == "" or bool(_EMAIL.match(self.alarm_email)), "cluster.alarm_email",
+               f"expected empty or an e-mail address such as ops@example.org, got {self.alarm_email!r}")
 
     def _check_capacity(self) -> None:
         _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",

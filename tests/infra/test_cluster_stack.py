@@ -178,8 +178,10 @@ def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
     bucket = config["HeadNode"]["Iam"]["S3Access"][0]["BucketName"]["Ref"]
     (pool,) = config["LoginNodes"]["Pools"]
     assert "S3Access" not in pool["Iam"]
-    # The compute nodes' policies, plus one: the deploy bucket's read policy.
-    compute = config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+    # The compute nodes' policies but the CloudWatch agent's (stacks/monitoring.py), plus one: the
+    # deploy bucket's read policy.
+    compute = [entry for entry in config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+               if not str(entry["Policy"]).endswith(":iam::aws:policy/CloudWatchAgentServerPolicy")]
     (reference,) = [entry["Policy"] for entry in pool["Iam"]["AdditionalIamPolicies"] if entry not in compute]
     assert [entry for entry in pool["Iam"]["AdditionalIamPolicies"] if entry in compute] == compute
     policy = demo_synth.json["cluster"]["Resources"][reference["Ref"]]
