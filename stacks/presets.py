@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.planning.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts
+from training.planning.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts, compute_resource_name, queue_name
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,11 @@ class GpuPreset:
     @property
     def queue_name(self) -> str:
         """Slurm partition name: `gpu-` + instance type without dots and `arge` (g4dn.12xlarge -> gpu-g4dn12xl)."""
-        return "gpu-" + self.compute_resource_name
+        return queue_name(self.instance_type)
 
     @property
     def compute_resource_name(self) -> str:
         return compute_resource_name(self.instance_type)
-
-
-def compute_resource_name(instance_type: str) -> str:
-    """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars): g4dn.12xlarge -> g4dn12xl."""
-    return instance_type.replace(".", "").replace("xlarge", "xl")
 
 
 def preset_of(facts: InstanceFacts) -> GpuPreset:

@@ -18,6 +18,7 @@ from typing import Any
 from training.config import Config
 from training.errors import MissingInputError
 from training.eval.tables import markdown_table
+from training.planning.bill import comparison_bill
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
     checkpoint_world_size,
@@ -127,7 +128,8 @@ def build_comparison(config: Config, layout: RunLayout) -> dict[str, Any]:
                                 "compute_total": {"value": total, "unit": "+".join(units)}}}
     if config.data.compare_channel_adaptive:
         models[CHANNEL_ADAPTIVE] = channel_adaptive_model(config, layout)
-    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries)}
+    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries),
+            "bill": comparison_bill(layout, list(combinations))}  # None until `summary --jobs` has run
 
 
 def _pct(value: float | None) -> str:

@@ -131,6 +131,8 @@ INSTANCES: dict[str, InstanceFacts] = {facts.instance_type: facts for facts in (
                                    "3200 Gbps EFA across nodes); no published p5en nccl-tests figure")),
 )}
 
+LOCAL = "local"
+"""The local Slurm cluster (scripts/local-slurm.sh): the planner's target name and Slurm's ClusterName there."""
 DEFAULT_INSTANCE = "g4dn.12xlarge"
 """The preset a deployment gets when cdk.json names none, and slurm/env.sh's defaults."""
 
@@ -141,3 +143,18 @@ def instance(instance_type: str) -> InstanceFacts:
         return INSTANCES[instance_type]
     except KeyError:
         raise ValueError(f"unknown instance type {instance_type!r}; known: {', '.join(INSTANCES)}") from None
+
+
+def compute_resource_name(instance_type: str) -> str:
+    """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars): g4dn.12xlarge -> g4dn12xl."""
+    return instance_type.replace(".", "").replace("xlarge", "xl")
+
+
+def queue_name(instance_type: str) -> str:
+    """The Slurm partition of a preset's queue: `gpu-` + its compute resource name (gpu-g4dn12xl)."""
+    return "gpu-" + compute_resource_name(instance_type)
+
+
+def instance_of_partition(partition: str) -> InstanceFacts | None:
+    """The preset whose queue a Slurm partition is, None for any other partition."""
+    return next((facts for name, facts in INSTANCES.items() if queue_name(name) == partition), None)

@@ -7,12 +7,10 @@ from typing import Callable
 
 from training.config import Config
 from training.planning import inputs
-from training.planning.instances import INSTANCES
+from training.planning.instances import INSTANCES, LOCAL
 from training.planning.model import plan
 from training.planning.prices import on_demand
 from training.rundir import RunLayout
-
-LOCAL = "local"
 
 
 def _price_and_warnings(name: str, settings: inputs.PlanSettings, live) -> tuple:

@@ -1,7 +1,7 @@
 """plan: a run's time and cost before launch, per preset and node count, and its bottleneck.
 
     python -m training plan --config run.yaml [--images N] [--preset P ...] [--nodes K[,K...]]
-        [--step-json F] [--loader-json F] [--busbw-json F] [--json OUT] [--live-prices] [-c key=value ...]
+        [--step-json F] [--loader-json F] [--busbw-json F] [--json OUT] [--save] [--live-prices] [-c key=value ...]
 
 Reads the deployment settings as `cdk` does (cdk.json's context, `-c settings=file.yaml`, then
 `-c key=value`) for the enabled presets, the region, `cluster.max_nodes` and the FSx capacity and
@@ -9,6 +9,8 @@ throughput; `--preset all` plans every preset of the instance table, `--preset l
 Slurm cluster (CPU core-hours, no price). The dataset's size comes from the run's packed dataset,
 or `--images`. Measured JSONs (`bench step --out`, `bench loader`, the all-reduce benchmark) replace
 published figures; each row says which figures it used. The model: training/planning/model.py.
+`--save` keeps the rows in the run directory, where `summary` puts the row of the preset and node
+count pretraining ran on beside the run's bill (training/planning/bill.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader-json", type=Path, help="output of `python -m training bench loader --out`")
     parser.add_argument("--busbw-json", type=Path, help="output of `python -m training.benchmarks.allreduce --out`")
     parser.add_argument("--json", type=Path, dest="json_out", help="also write the rows to this file")
+    parser.add_argument("--save", action="store_true",
+                        help="also keep the rows in the run directory, for the bill after the run")
     parser.add_argument("--live-prices", action="store_true",
                         help="ask the AWS Price List API and Service Quotas (needs AWS credentials)")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
@@ -98,8 +102,7 @@ def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:
 
 
 def presets(asked: list[str], enabled: tuple[str, ...]) -> list[str]:
-    from training.planning.instances import INSTANCES
-    from training.planning.report import LOCAL
+    from training.planning.instances import INSTANCES, LOCAL
 
     names = [name for item in asked for name in (INSTANCES if item == "all" else [item])] or list(enabled)
     for name in names:
@@ -119,10 +122,13 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(plan_text(rows, settings))
     print(f"\nplanned {len(rows)} row(s) for {len(names)} preset(s) in {elapsed:.2f} s")
-    if args.json_out:
-        from training.atomic import write_json_atomic
+    payload = {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows,
+               "seconds": round(elapsed, 3)}
+    for wanted, path in ((args.json_out, args.json_out), (args.save, layout.plan)):
+        if wanted:
+            from training.atomic import write_json_atomic
 
-        write_json_atomic(args.json_out, {"settings": vars(settings) | {"presets": list(settings.presets)},
-                                          "rows": rows, "seconds": round(elapsed, 3)}, indent=2)
-        log.info("wrote %s", args.json_out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, payload, indent=2)
+            log.info("wrote %s", path)
     return 0

@@ -192,3 +192,11 @@ def test_the_local_cluster_is_planned_in_core_hours_without_a_price(tmp_path, ca
 def test_storage_throughput_is_capacity_times_the_per_tib_rate():
     settings = inputs.PlanSettings("us-east-1", ("g4dn.12xlarge",), 2, 2400, 500, "ONDEMAND")
     assert settings.storage == Storage(2400, 2400 / 1024 * 500)
+
+
+def test_save_keeps_the_rows_in_the_run_directory(tmp_path, capsys):
+    assert main(["plan", "--set", f"run.output_dir={tmp_path / 'run'}", "--images", "1000", "--preset",
+                 "g6e.12xlarge", "--nodes", "1", "--save"]) == 0
+    capsys.readouterr()
+    (row,) = json.loads(RunLayout(tmp_path / "run").plan.read_text())["rows"]
+    assert (row["preset"], row["nodes"]) == ("g6e.12xlarge", 1)
