@@ -36,21 +36,9 @@ from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.request import StepBenchRequest
 from training.config import Config
 from training.distributed import DistContext, DistEnv
+from training.planning.instances import peak_flops_of
 
 log = logging.getLogger(__name__)
-
-# Dense tensor-core peaks (FLOP/s) by device-name fragment: bf16 where it exists, else fp16.
-PEAK_FLOPS: dict[str, float] = {
-    "H200": 989e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-    "L4": 121e12,
-    "T4": 65e12,
-    "V100": 125e12,
-}
 
 
 class SyntheticCrops:
@@ -88,8 +76,7 @@ class SyntheticCrops:
 def device_peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for fragment, peak in PEAK_FLOPS.items() if fragment in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def _sync(device: torch.device) -> None:

@@ -61,7 +61,22 @@ GPUS: dict[str, Gpu] = {gpu.model: gpu for gpu in (
         f"NVIDIA H100 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, 989 dense (SXM), 80 GB; read {READ}"),
     Gpu("H200", 141, 989.0, "bf16",
         f"NVIDIA H200 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, 989 dense (SXM), 141 GB; read {READ}"),
+    # GPUs of no preset, for `bench step`'s MFU where it runs on one (training/benchmarks/step.py).
+    Gpu("H100 PCIe", 80, 756.0, "bf16", "NVIDIA H100 datasheet: BF16 tensor 1,513 TFLOPS with sparsity, 756 dense "
+        f"(PCIe), 80 GB; read {READ}"),
+    Gpu("L4", 24, 121.0, "bf16", f"NVIDIA L4 datasheet: BF16 tensor 242 TFLOPS with sparsity, 121 dense, 24 GB; "
+        f"read {READ}"),
+    Gpu("V100", 16, 125.0, "fp16", f"NVIDIA V100 datasheet: 125 TFLOPS tensor (FP16), no bf16; 16 GB; read {READ}"),
 )}
+
+
+def peak_flops_of(device_name: str) -> float | None:
+    """Dense tensor-core peak (FLOP/s) of the GPU a device name names (`torch.cuda.get_device_name`),
+    the longest matching model first ("H100 PCIe" before "H100"); None for an unknown GPU."""
+    for model in sorted(GPUS, key=len, reverse=True):
+        if model in device_name:
+            return GPUS[model].peak_tflops * 1e12
+    return None
 
 
 @dataclass(frozen=True)

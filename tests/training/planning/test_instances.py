@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from training.benchmarks.scaling import PRESETS as NETWORK
 from training.planning import prices
-from training.planning.instances import GPUS, INSTANCES, READ, SOURCED_FACTS
+from training.planning.instances import GPUS, INSTANCES, READ, SOURCED_FACTS, peak_flops_of
 
 
 def _dated_or_assumed(source: str) -> bool:
@@ -44,3 +46,10 @@ def test_the_scaling_model_and_the_cluster_read_the_same_table():
         assert (NETWORK[name].gpus_per_node, NETWORK[name].peak_tflops) == (facts.gpus, facts.gpu.peak_tflops)
         assert (PRESETS[name].gpus_per_node, PRESETS[name].vcpus, PRESETS[name].efa) == (
             facts.gpus, facts.vcpus, facts.efa)
+
+
+@pytest.mark.parametrize(("device", "peak"), [
+    ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA L40S", 362.05e12),
+    ("NVIDIA L4", 121e12), ("Tesla T4", 65e12), ("NVIDIA A10G", 70e12), ("NVIDIA RTX A6000", None)])
+def test_bench_step_finds_a_gpu_s_peak_by_its_device_name_in_the_same_table(device, peak):
+    assert peak_flops_of(device) == peak
