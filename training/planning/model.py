@@ -238,7 +238,6 @@ def plan(workload: Workload, target: Target, compute: Compute, storage: Storage 
     warnings = warnings_for(workload, target, storage, parts, compute) + list(extra_warnings or [])
     detail = {"pretrain": {k: (round(v, 5) if isinstance(v, float) else v) for k, v in parts.items()},
               "downstream_h": round(downstream / 3600, 5),
-              "downstream_gpu_h": round(downstream / 3600 * (1 if not target.on_cpu else target.cpus_per_rank), 5),
               "price": None if target.price is None else {"usd_per_hour": target.price.usd_per_hour,
                                                           "source": target.price.source, "date": target.price.date},
               "basis": compute.basis}
