@@ -14,18 +14,12 @@ import sys
 import aws_cdk as cdk
 
 from stacks.app_builder import build_app
-from stacks.settings import Settings, SettingsError, build_settings, load_settings_file, setting_keys
+from stacks.settings import Settings, SettingsError, settings_from
 
 
 def settings_from_context(app: cdk.App) -> Settings:
     """Merge defaults (cdk.json), the settings file and `-c key=value` overrides, in that order."""
-    layers = [app.node.try_get_context("scdino") or {}]
-    settings_file = app.node.try_get_context("settings")
-    if settings_file:
-        layers.append(load_settings_file(settings_file))
-    overrides = {key: app.node.try_get_context(key) for key in setting_keys()}
-    layers.append({key: value for key, value in overrides.items() if value is not None})
-    return build_settings(*layers)
+    return settings_from(app.node.try_get_context)
 
 
 def main() -> int:

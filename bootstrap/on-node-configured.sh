@@ -17,6 +17,11 @@
 # One lock serialises installs; waits are bounded well below ParallelCluster's node bootstrap timeout.
 # <install dir> switches only to a bundle whose pointer is at least as new as the active one's, so a
 # slow node never flips it back; bundles other than the active and the previous one are removed.
+# On GPU compute nodes it also sets up monitoring, from the pointer's "monitoring" names and the
+# agent template beside it (cloudwatch-agent.json): the CloudWatch agent's NVIDIA GPU metrics, the
+# kernel's NVIDIA Xid lines and the training's embedded-metric-format lines (appended to the agent's
+# configuration; rerunning replaces it), and /etc/scdino/monitoring.env, which slurm/env.sh sources
+# so that rank 0 writes those lines (training/metrics.py). A failure there is logged, never fatal.
 # Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs).
 set -euo pipefail
 
@@ -25,7 +30,11 @@ readonly IMAGE_VENV=${SCDINO_IMAGE_VENV:-/opt/scdino-venv}
 readonly SHARED_VENVS=${SCDINO_SHARED_VENVS:-/fsx/.scdino/venvs}
 readonly SCRATCH_DIR=/scratch
 readonly PYTHON_VERSION=3.11
-readonly CLUSTER_CONFIG=/etc/parallelcluster/cfnconfig
+readonly CLUSTER_CONFIG=${SCDINO_CLUSTER_CONFIG:-/etc/parallelcluster/cfnconfig}
+readonly CWAGENT_CTL=${SCDINO_CWAGENT_CTL:-/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl}
+readonly CWAGENT_CONFIG=${SCDINO_CWAGENT_CONFIG:-/opt/aws/amazon-cloudwatch-agent/etc/scdino-monitoring.json}
+readonly MONITORING_ENV=${SCDINO_MONITORING_ENV:-/etc/scdino/monitoring.env}
+readonly EMF_DIR=${SCDINO_EMF_DIR:-/var/log/scdino}
 readonly LOCK_WAIT_SECONDS=1500
 readonly REQUIREMENT_FILES=(requirements.txt requirements-dali.txt)
 
@@ -45,7 +54,8 @@ node_type() {
 }
 
 read_pointer() {
-  # Prints "<epoch of the pointer object> <bundle uri> <bundle id>" from one GET (no race with a deploy).
+  # Prints "<epoch of the pointer object> <bundle uri> <bundle id> <GPU metrics namespace> <training
+  # metrics namespace> <log group>" from one GET (no race with a deploy); "-" for a name it lacks.
   local pointer_uri=$1 file=$2 path bucket key modified
   path=${pointer_uri#s3://}
   bucket=${path%%/*}
@@ -54,7 +64,9 @@ read_pointer() {
   python3 - "${file}" "$(date -u -d "${modified}" +%s)" <<'PY'
 import json, sys
 pointer = json.load(open(sys.argv[1]))
-print(sys.argv[2], pointer["bundle"], pointer["id"])
+names = pointer.get("monitoring", {})
+print(sys.argv[2], pointer["bundle"], pointer["id"],
+      *(names.get(key) or "-" for key in ("gpu_namespace", "training_namespace", "log_group")))
 PY
 }
 
@@ -158,6 +170,50 @@ activate() {
   done
 }
 
+render_agent_config() {
+  # The template with the cluster's names in place of its @NAME@ values.
+  python3 - "$1" "$2" "$3" "$4" "$5" <<'PY'
+import json, sys
+template, target, gpu_namespace, log_group, emf_log = sys.argv[1:]
+values = {"@GPU_NAMESPACE@": gpu_namespace, "@LOG_GROUP@": log_group, "@EMF_LOG@": emf_log}
+
+def fill(node):
+    if isinstance(node, dict):
+        return {key: fill(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [fill(value) for value in node]
+    return values.get(node, node)
+
+config = fill(json.load(open(template)))
+assert "@" not in json.dumps(config).replace("${aws:", ""), "unfilled placeholder in the agent template"
+json.dump(config, open(target, "w"), indent=2)
+PY
+}
+
+configure_monitoring() {
+  # GPU compute nodes: the agent's GPU metrics, Xid lines and the training's EMF lines (see the top).
+  local pointer_uri=$1 gpu_namespace=$2 training_namespace=$3 log_group=$4 template
+  [[ "$(node_type)" == ComputeFleet ]] || return 0
+  command -v nvidia-smi >/dev/null || { log "no nvidia-smi: no GPU monitoring on this node"; return 0; }
+  [[ "${log_group}" != - ]] || { log "the pointer names no monitoring log group (an older deploy)"; return 0; }
+  mkdir -p "${EMF_DIR}" "$(dirname "${CWAGENT_CONFIG}")" "$(dirname "${MONITORING_ENV}")" || return 1
+  chmod 1777 "${EMF_DIR}" || return 1  # rank 0 runs as the job's user
+  # Called as a condition (errexit is off there): every step checks its own result.
+  template=$(mktemp) || return 1
+  aws s3 cp --only-show-errors "${pointer_uri%/*}/cloudwatch-agent.json" "${template}" || return 1
+  render_agent_config "${template}" "${CWAGENT_CONFIG}" "${gpu_namespace}" "${log_group}" "${EMF_DIR}/emf.log" \
+    || return 1
+  rm -f "${template}"
+  printf 'export SCDINO_EMF_LOG=%q\nexport SCDINO_EMF_NAMESPACE=%q\n' "${EMF_DIR}/emf.log" "${training_namespace}" \
+    > "${MONITORING_ENV}.tmp" && mv "${MONITORING_ENV}.tmp" "${MONITORING_ENV}" || return 1
+  if [[ -x "${CWAGENT_CTL}" ]]; then
+    "${CWAGENT_CTL}" -a append-config -m ec2 -s -c "file:${CWAGENT_CONFIG}" || return 1
+    log "CloudWatch agent: GPU metrics in ${gpu_namespace}, Xid and training metrics to ${log_group}"
+  else
+    log "WARNING: no CloudWatch agent at ${CWAGENT_CTL}: GPU metrics are not collected"
+  fi
+}
+
 prepare_scratch() {
   # Local NVMe scratch (ParallelCluster mounts it on compute nodes): writable by every job user.
   if [[ -d "${SCRATCH_DIR}" ]]; then
@@ -168,11 +224,13 @@ prepare_scratch() {
 main() {
   [[ $# -ge 1 && $# -le 3 ]] || die "usage: $0 s3://bucket/bootstrap/current.json [install-dir [bundle-id]]"
   local pointer_uri=$1 install_dir=${2:-/apps/scdino} expected_id=${3:-} pointer stamp bundle_uri bundle_id
+  local gpu_namespace training_namespace log_group
   [[ "${pointer_uri}" == s3://*/*.json ]] || die "the pointer must be an s3://...json URI, got '${pointer_uri}'"
   log "node type $(node_type); pointer ${pointer_uri}; install dir ${install_dir}"
   mkdir -p "$(dirname "${install_dir}")"
   pointer=$(mktemp)
-  read -r stamp bundle_uri bundle_id < <(read_pointer "${pointer_uri}" "${pointer}")
+  read -r stamp bundle_uri bundle_id gpu_namespace training_namespace log_group \
+    < <(read_pointer "${pointer_uri}" "${pointer}")
   rm -f "${pointer}"
   [[ "${bundle_uri}" == s3://*.zip && -n "${bundle_id}" ]] || die "pointer names no s3://...zip bundle: '${bundle_uri}'"
   if [[ -n "${expected_id}" && "${expected_id}" != "${bundle_id}" ]]; then
@@ -193,6 +251,9 @@ main() {
   activate "${install_dir}" "${version_dir}" "${stamp}"
   flock -u 9
   prepare_scratch
+  if ! configure_monitoring "${pointer_uri}" "${gpu_namespace}" "${training_namespace}" "${log_group}"; then
+    log "WARNING: monitoring was not set up (see above); the node works without it"
+  fi
   log "done"
 }
 

@@ -4,7 +4,7 @@
 # a test keeps the two in step). Every value can be overridden from the environment, which sbatch
 # passes into the job: e.g. `SCDINO_PARTITION=gpu-p4d24xl sbatch ...`. The local cluster's
 # overrides are in .local-slurm/scdino-env.sh (written by scripts/local-slurm.sh start).
-# This file only sets variables: sourcing it anywhere is safe.
+# This file only sets variables (and reads the node's monitoring settings): sourcing it anywhere is safe.
 
 # --- cluster shape ---
 # Slurm partition (ParallelCluster queue) of the default GPU instance type.
@@ -33,6 +33,16 @@ SCDINO_DATA_DIR=${SCDINO_DATA_DIR:-$SCDINO_FSX/data}
 SCDINO_SCRATCH=${SCDINO_SCRATCH:-/scratch}
 # Rendezvous port on the first node; derived from the job id so concurrent jobs do not collide.
 SCDINO_RDZV_PORT=${SCDINO_RDZV_PORT:-$((29500 + ${SLURM_JOB_ID:-0} % 1000))}
+
+# --- monitoring ---
+# On GPU compute nodes the bootstrap (bootstrap/on-node-configured.sh) writes SCDINO_EMF_LOG and
+# SCDINO_EMF_NAMESPACE here: rank 0 then writes CloudWatch embedded-metric-format lines, which the
+# agent ships to the cluster's dashboard (training/metrics.py). Absent elsewhere: no such lines.
+SCDINO_MONITORING_ENV=${SCDINO_MONITORING_ENV:-/etc/scdino/monitoring.env}
+if [ -r "$SCDINO_MONITORING_ENV" ]; then
+  # shellcheck source=/dev/null
+  source "$SCDINO_MONITORING_ENV"
+fi
 
 # --- environment of the training processes ---
 # The bundle is importable without being installed into the venv.

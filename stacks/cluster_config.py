@@ -17,9 +17,9 @@ from stacks.presets import (
     PRESETS,
     SCRATCH_DIR,
     GpuPreset,
-    compute_resource_name,
 )
 from stacks.settings import Settings
+from training.planning.instances import compute_resource_name
 
 # Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
 # configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change
@@ -29,6 +29,9 @@ BUNDLE_POINTER_KEY = "bootstrap/current.json"
 BUNDLE_KEY_PREFIX = "bundles/"
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
 """AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
+CLOUDWATCH_AGENT_POLICY = "CloudWatchAgentServerPolicy"
+"""AWS managed policy the CloudWatch agent needs to put GPU metrics and the training's log lines (compute
+nodes, stacks/monitoring.py); ParallelCluster's provider may attach it."""
 CPU_SPOT_QUEUE = "cpu-spot"
 
 
@@ -60,10 +63,14 @@ def _node_policies(refs: ClusterRefs) -> list[dict[str, str]]:
     return [{"Policy": refs.data_policy_arn}, {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}]
 
 
-def _node_iam(refs: ClusterRefs) -> dict[str, Any]:
-    """Read-only access to the deploy bucket, the data policy, and Session Manager."""
+def _node_iam(refs: ClusterRefs, *, monitored: bool = False) -> dict[str, Any]:
+    """Read-only access to the deploy bucket, the data policy, Session Manager, and on compute nodes
+    (`monitored`) the CloudWatch agent's metrics and logs."""
+    policies = _node_policies(refs)
+    if monitored:
+        policies.append({"Policy": f"arn:{refs.partition}:iam::aws:policy/{CLOUDWATCH_AGENT_POLICY}"})
     return {"S3Access": [{"BucketName": refs.deploy_bucket, "EnableWriteAccess": False}],
-            "AdditionalIamPolicies": _node_policies(refs)}
+            "AdditionalIamPolicies": policies}
 
 
 def _bootstrap_action(refs: ClusterRefs, *extra_args: str) -> dict[str, Any]:
@@ -128,7 +135,7 @@ def _slurm_queue(name: str, capacity_type: str, resource: dict[str, Any], local_
         "ComputeResources": [resource],
         "ComputeSettings": {"LocalStorage": local_storage},
         "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs)},
-        "Iam": _node_iam(refs),
+        "Iam": _node_iam(refs, monitored=True),
     }
     # The pipeline's AMI goes to the queues, not to Image/CustomAmi: a queue's AMI may change on
     # an existing cluster (QueueUpdateStrategy), the cluster-wide one never can.

@@ -8,6 +8,7 @@ from constructs import Construct
 
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.egress import NatEgress
+from stacks.monitoring import Monitoring
 from stacks.node_bundle import NodeBundle
 from stacks.settings import PCLUSTER_VERSION, Settings
 
@@ -23,7 +24,11 @@ class ClusterStack(cdk.Stack):
                  data_policy_arn: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
-        node_bundle = NodeBundle(self, "NodeBundle")
+        self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
+                                     log_retention_days=settings.cluster.log_retention_days,
+                                     alarm_email=settings.cluster.alarm_email)
+        node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
+                                 monitoring=self.monitoring.names.pointer())
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
@@ -62,3 +67,7 @@ class ClusterStack(cdk.Stack):
                       value=cdk.Fn.join("", ["aws ssm start-session --region ", self.region,
                                              " --target ", head_node_id]))
         cdk.CfnOutput(self, "ValidationMessages", value=self.cluster.get_att_string("validationMessages"))
+        cdk.CfnOutput(self, "DashboardName", description="GPUs and training (CloudWatch dashboard)",
+                      value=self.monitoring.dashboard.dashboard_name)
+        cdk.CfnOutput(self, "AlarmTopicArn", description="Alarms go to this SNS topic",
+                      value=self.monitoring.topic.topic_arn)

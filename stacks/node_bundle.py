@@ -1,7 +1,9 @@
 """What cluster nodes install, at fixed keys of a bucket the cluster stack owns.
 
     s3://<bucket>/bootstrap/on-node-configured.sh   the node action (bootstrap/)
-    s3://<bucket>/bootstrap/current.json            {"bundle": "s3://<bucket>/bundles/<id>.zip", "id": "<id>"}
+    s3://<bucket>/bootstrap/current.json            {"bundle": "s3://<bucket>/bundles/<id>.zip", "id": "<id>",
+                                                     "monitoring": {gpu_namespace, training_namespace, log_group}}
+    s3://<bucket>/bootstrap/cloudwatch-agent.json   the CloudWatch agent template GPU nodes fill and append
     s3://<bucket>/bundles/<id>.zip                  training/ + slurm/ + configs/ + requirements (one per deploy)
 
 The cluster configuration names only the first two, so a change in training/ or slurm/ leaves the
@@ -14,12 +16,14 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
 from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_KEY_PREFIX, BUNDLE_POINTER_KEY
+from stacks.common import retention
 from stacks.nag import acknowledge
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +42,8 @@ def _prefix(key: str) -> str:
 class NodeBundle(Construct):
     """The deploy bucket, the bundle copied into it (kept per id) and the bootstrap files with the pointer."""
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int,
+                 monitoring: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
         self.bucket = s3.Bucket(
             self, "Bucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
@@ -46,20 +51,28 @@ class NodeBundle(Construct):
             auto_delete_objects=True)
         acknowledge(self.bucket, "S1", "Holds only copies of CDK assets written by this stack's deployments and "
                     "read by the cluster's nodes; the source of truth is the repository, not this bucket.")
+        # The copy handler's own log group, named by CloudFormation and deleted with the stack. CDK's
+        # managed one (/aws/lambda/<handler>) is retained on destroy, and on a first deploy the
+        # handler can create that name itself before CloudFormation does, which fails the deploy
+        # with "already exists" (aws/aws-cdk#34612): a group the function's LoggingConfig names is
+        # created before the function, so the handler never creates one.
+        self.log_group = logs.LogGroup(self, "DeployLogs", retention=retention(log_retention_days),
+                                       removal_policy=cdk.RemovalPolicy.DESTROY)
         bundle = s3_assets.Asset(self, "BundleAsset", path=str(REPO_ROOT), exclude=BUNDLE_EXCLUDE)
         self.bundle_id = bundle.asset_hash
         # Old bundles stay (no prune): a node that read the previous pointer can still download its bundle.
         bundles = s3_deployment.BucketDeployment(
             self, "Bundle", destination_bucket=self.bucket, destination_key_prefix=BUNDLE_KEY_PREFIX,
             sources=[s3_deployment.Source.bucket(bundle.bucket, bundle.s3_object_key)],
-            extract=False, prune=False, retain_on_delete=False)
+            extract=False, prune=False, retain_on_delete=False, log_group=self.log_group)
         bundle_uri = f"s3://{self.bucket.bucket_name}/{cdk.Fn.select(0, bundles.object_keys)}"
         self.bootstrap = s3_deployment.BucketDeployment(
             self, "Bootstrap", destination_bucket=self.bucket,
-            destination_key_prefix=_prefix(BOOTSTRAP_SCRIPT_KEY), retain_on_delete=False,
+            destination_key_prefix=_prefix(BOOTSTRAP_SCRIPT_KEY), retain_on_delete=False, log_group=self.log_group,
             sources=[s3_deployment.Source.asset(str(BOOTSTRAP_DIR)),
                      s3_deployment.Source.json_data(BUNDLE_POINTER_KEY.rsplit("/", 1)[1],
-                                                    {"bundle": bundle_uri, "id": self.bundle_id})])
+                                                    {"bundle": bundle_uri, "id": self.bundle_id,
+                                                     "monitoring": monitoring})])
         self.bootstrap.node.add_dependency(bundles)
         self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()

@@ -1,13 +1,18 @@
 """GPU instance presets: one Slurm queue per enabled preset.
 
-This module is the machine-readable contract between the cluster and the Slurm scripts:
-`slurm/env.sh` must default to the partition, GPUs per node and CPUs per GPU of
-`DEFAULT_PRESET` (a test reads both files and compares them).
+The facts of each instance type (GPUs, vCPUs, EFA, NVMe, GPU memory, peaks) come from the one
+table in training/planning/instances.py, which the nodes, the scaling model and the planner read
+too; this module adds what only the cluster needs (queue and compute resource names). It is also
+the machine-readable contract between the cluster and the Slurm scripts: `slurm/env.sh` must
+default to the partition, GPUs per node and CPUs per GPU of `DEFAULT_PRESET` (a test reads both
+files and compares them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from training.planning.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts, compute_resource_name, queue_name
 
 
 @dataclass(frozen=True)
@@ -33,31 +38,22 @@ class GpuPreset:
     @property
     def queue_name(self) -> str:
         """Slurm partition name: `gpu-` + instance type without dots and `arge` (g4dn.12xlarge -> gpu-g4dn12xl)."""
-        return "gpu-" + self.compute_resource_name
+        return queue_name(self.instance_type)
 
     @property
     def compute_resource_name(self) -> str:
         return compute_resource_name(self.instance_type)
 
 
-def compute_resource_name(instance_type: str) -> str:
-    """ParallelCluster compute resource name (lowercase, starts with a letter, <= 25 chars): g4dn.12xlarge -> g4dn12xl."""
-    return instance_type.replace(".", "").replace("xlarge", "xl")
+def preset_of(facts: InstanceFacts) -> GpuPreset:
+    """The cluster's view of one instance type of the table: EFA types get a placement group too."""
+    return GpuPreset(facts.instance_type, gpus_per_node=facts.gpus, vcpus=facts.vcpus, gpu_model=facts.gpu.model,
+                     efa=facts.efa, placement_group=facts.efa, local_nvme=facts.local_nvme_gb > 0)
 
 
-PRESETS: dict[str, GpuPreset] = {
-    preset.instance_type: preset
-    for preset in (
-        GpuPreset("g4dn.12xlarge", gpus_per_node=4, vcpus=48, gpu_model="T4",
-                  efa=True, placement_group=True, local_nvme=True),
-        GpuPreset("p4d.24xlarge", gpus_per_node=8, vcpus=96, gpu_model="A100",
-                  efa=True, placement_group=True, local_nvme=True),
-        GpuPreset("p5.48xlarge", gpus_per_node=8, vcpus=192, gpu_model="H100",
-                  efa=True, placement_group=True, local_nvme=True),
-    )
-}
+PRESETS: dict[str, GpuPreset] = {name: preset_of(facts) for name, facts in INSTANCES.items()}
 
-DEFAULT_PRESET = "g4dn.12xlarge"
+DEFAULT_PRESET = DEFAULT_INSTANCE
 
 # The defaults slurm/env.sh must carry, by the variable name it uses.
 SLURM_DEFAULTS: dict[str, str] = {

@@ -13,13 +13,16 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
 from stacks.presets import PRESETS
 
 PCLUSTER_VERSION = "3.16.1"
+"""The ParallelCluster release deployed (provider template, base AMI, AMI tags) and whose own code checks the
+configuration offline (requirements-pcluster.txt). 3.16.3 is newer, but PyPI offered no 3.16.2/3.16.3 on
+2026-11-24, so its code could not check this app: docs/deploy.md says how to move on."""
 SUPPORTED_OSES = ("alinux2023", "ubuntu2204", "rhel9")
 # Oses ParallelCluster 3.16 accepts that this project cannot run, and why (named in the error).
 REFUSED_OSES = {
@@ -37,6 +40,7 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
 CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
 _DB_URI = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:(\d{1,5})$")
@@ -192,6 +196,8 @@ class ClusterSettings:
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
     login_node_instance_type: str = "c6i.xlarge"
+    alarm_email: str = ""
+    """E-mail address subscribed to the alarms' SNS topic (AWS mails a confirmation first); empty: none."""
     slurm_accounting: SlurmAccountingSettings = field(default_factory=SlurmAccountingSettings)
 
     def __post_init__(self) -> None:
@@ -221,6 +227,8 @@ class ClusterSettings:
         _check(0 <= self.login_nodes <= 10, "cluster.login_nodes", f"must be 0..10, got {self.login_nodes}")
         _check(bool(_INSTANCE.match(self.login_node_instance_type)), "cluster.login_node_instance_type",
                f"expected an EC2 instance type such as c6i.xlarge, got {self.login_node_instance_type!r}")
+        _check(self.alarm_email == "" or bool(_EMAIL.match(self.alarm_email)), "cluster.alarm_email",
+               f"expected empty or an e-mail address such as ops@example.org, got {self.alarm_email!r}")
 
     def _check_capacity(self) -> None:
         _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",
@@ -367,3 +375,16 @@ def load_settings_file(path: str) -> dict[str, Any]:
         _fail("settings", f"{path!r} is not valid YAML: {str(error).splitlines()[0]}")
     _check(isinstance(data, Mapping), "settings", f"{path!r} must hold a mapping at the top level")
     return dict(data)
+
+
+def settings_from(context: Callable[[str], Any]) -> Settings:
+    """Merge defaults (cdk.json's `scdino` object), the settings file (`-c settings=...`) and single
+    `-c key=value` overrides, in that order; `context` returns a context value or None, as CDK's
+    `node.try_get_context` does (app.py) or a dict of cdk.json and `-c` pairs (`python -m training plan`)."""
+    layers = [context("scdino") or {}]
+    settings_file = context("settings")
+    if settings_file:
+        layers.append(load_settings_file(settings_file))
+    overrides = {key: context(key) for key in setting_keys()}
+    layers.append({key: value for key, value in overrides.items() if value is not None})
+    return build_settings(*layers)

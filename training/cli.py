@@ -2,7 +2,8 @@
 
 Steps, in pipeline order: synth-data, prepare, mean-std, pretrain, features, labels, knn, linear,
 plots, report, summary; `compare` after one chain per channel combination. `bench step|loader`
-prints benchmark figures as JSON; `paths` prints where a run's files are (for shell scripts);
+prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
+prints where a run's files are (for shell scripts);
 `upload-data` copies images to the data bucket.
 
 Step modules import only the standard library and the configuration at module level (torch and the
@@ -46,10 +47,11 @@ STEPS: dict[str, str] = {
     "summary": "summary",
     "compare": "compare",
     "bench": "bench",
+    "plan": "plan",
     "upload-data": "upload_data",
     "paths": "paths",
 }
-UTILITIES = ("synth-data", "bench", "upload-data", "paths", "summary")
+UTILITIES = ("synth-data", "bench", "plan", "upload-data", "paths", "summary")
 """Commands that are not pipeline steps: they write no config.yaml and no timing into a run."""
 
 

@@ -16,12 +16,12 @@ def synth(tmp_path_factory) -> Synth:
 @pytest.fixture(scope="session")
 def demo_synth(tmp_path_factory) -> Synth:
     """A throw-away variant in another region and prefix: deletable storage, the pipeline-built AMI,
-    every preset, a login node."""
+    every preset, a login node, alarms mailed."""
     return synthesize(tmp_path_factory.mktemp("cdk-out-demo"), {
         "region": "eu-west-1", "network.availability_zone": "eu-west-1b",
         "prefix": "scdino-demo", "storage.retain": "false", "cluster.custom_ami": "ssm",
         "cluster.presets": "g4dn.12xlarge,p4d.24xlarge,p5.48xlarge", "cluster.min_nodes": "1",
-        "cluster.login_nodes": "1"})
+        "cluster.login_nodes": "1", "cluster.alarm_email": "ops@example.org"})
 
 
 
@@ -30,4 +30,5 @@ def pcluster_constants() -> dict:
     """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
     names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING",
              "SUPPORTED_OSES", "PRIVATE_OSES"]
-    return run_pcluster({"constants": names})["constants"]
+    found = run_pcluster({"constants": names, "version": True})
+    return {**found["constants"], "installed_version": found["version"]}

@@ -14,9 +14,11 @@ stdin: a JSON object with any of
   "accounting": {label: [cluster_name, config]} -> {label: [(level, message), ...]}  (Slurm database: its URI
                                               and secret validators, secret described by a stub; ClusterNameValidator)
   "constants":  [name, ...]                -> {name: value}                    (pcluster.constants)
+  "version":    true                       -> the installed aws-parallelcluster version
 stdout: the same keys with the results. AWS calls are stubbed; none is made.
 """
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -157,6 +159,7 @@ def main():
         "cluster_names": {name: failures(cluster_validators.ClusterNameValidator(), name=name, scheduling=SLURM)
                           for name in request.get("cluster_names", [])},
         "constants": {name: getattr(constants, name) for name in request.get("constants", [])},
+        "version": importlib.metadata.version("aws-parallelcluster") if request.get("version") else None,
         "fsx_networking": {label: fsx_networking_failures(case)
                            for label, case in request.get("fsx_networking", {}).items()},
         "queues": {label: queue_failures(config) for label, config in request.get("queues", {}).items()},

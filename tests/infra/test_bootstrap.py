@@ -1,6 +1,8 @@
 """The node bootstrap script, run for real against a local fake of `aws` and tiny bundles: it
 follows the pointer, installs once, uses the image's environment when it matches, never flips the
-active bundle back to an older pointer's, prunes old bundles, and fails loudly on bad input."""
+active bundle back to an older pointer's, prunes old bundles, and fails loudly on bad input; on GPU
+compute nodes it appends the CloudWatch agent's configuration (a fake agent-ctl records it), the
+same on every run, and a monitoring failure never fails the node."""
 
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ case "$1 $2" in
 esac
 """
 REQUIREMENTS = "pip\n"  # already in every venv: pip resolves it offline
+FAKE_CTL = """#!/usr/bin/env bash
+# Fake amazon-cloudwatch-agent-ctl: records its arguments.
+echo "$*" >> "${FAKE_CTL_LOG}"
+"""
+MONITORING = {"gpu_namespace": "scdino-hpc/GPU", "training_namespace": "scdino-hpc/Training",
+              "log_group": "scdino-cluster-MonitoringLogs0185DD8B-abc"}
 
 
 def _bundle(path: Path, *, requirements: str | None = REQUIREMENTS) -> None:
@@ -55,23 +63,38 @@ def node(tmp_path: Path, shared_venvs: Path) -> dict:
     bin_dir.mkdir()
     (bin_dir / "aws").write_text(FAKE_AWS)
     (bin_dir / "aws").chmod(stat.S_IRWXU)
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "amazon-cloudwatch-agent-ctl").write_text(FAKE_CTL)
+    (tmp_path / "agent" / "amazon-cloudwatch-agent-ctl").chmod(stat.S_IRWXU)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_S3_DIR": str(s3_dir),
            "SCDINO_BOOTSTRAP_LOG": str(tmp_path / "bootstrap.log"),
            "SCDINO_IMAGE_VENV": str(tmp_path / "opt" / "scdino-venv"),
            "SCDINO_SHARED_VENVS": str(shared_venvs),
+           "SCDINO_CLUSTER_CONFIG": str(tmp_path / "cfnconfig"),
+           "SCDINO_CWAGENT_CTL": str(tmp_path / "agent" / "amazon-cloudwatch-agent-ctl"),
+           "SCDINO_CWAGENT_CONFIG": str(tmp_path / "agent" / "etc" / "scdino-monitoring.json"),
+           "SCDINO_MONITORING_ENV": str(tmp_path / "etc" / "scdino" / "monitoring.env"),
+           "SCDINO_EMF_DIR": str(tmp_path / "var" / "log" / "scdino"),
+           "FAKE_CTL_LOG": str(tmp_path / "ctl.log"),
            "PIP_NO_INDEX": "1"}
     (tmp_path / "opt").mkdir()
     return {"env": env, "s3": s3_dir, "apps": tmp_path / "apps", "log": tmp_path / "bootstrap.log",
-            "image_venv": tmp_path / "opt" / "scdino-venv", "shared": shared_venvs}
+            "image_venv": tmp_path / "opt" / "scdino-venv", "shared": shared_venvs, "root": tmp_path,
+            "bin": bin_dir}
 
 
 def _publish(node: dict, bundle_id: str, *, mtime: int, requirements: str | None = REQUIREMENTS,
-             name: str = "current.json") -> str:
-    """Upload bundle <id>.zip and a pointer to it last modified at `mtime`; return the pointer URI."""
+             name: str = "current.json", monitoring: dict | None = None) -> str:
+    """Upload bundle <id>.zip and a pointer to it last modified at `mtime` (with the monitoring names
+    and the agent template beside it when given); return the pointer URI."""
     _bundle(node["s3"] / "bundles" / f"{bundle_id}.zip", requirements=requirements)
     pointer = node["s3"] / "bootstrap" / name
     pointer.parent.mkdir(exist_ok=True)
-    pointer.write_text(json.dumps({"bundle": f"s3://bucket/bundles/{bundle_id}.zip", "id": bundle_id}))
+    content = {"bundle": f"s3://bucket/bundles/{bundle_id}.zip", "id": bundle_id}
+    if monitoring:
+        content["monitoring"] = monitoring
+        shutil.copy(REPO_ROOT / "bootstrap" / "cloudwatch-agent.json", pointer.parent / "cloudwatch-agent.json")
+    pointer.write_text(json.dumps(content))
     os.utime(pointer, (mtime, mtime))
     return f"s3://bucket/bootstrap/{name}"
 
@@ -171,3 +194,54 @@ def test_lock_wait_stays_below_parallelcluster_node_bootstrap_timeout(pcluster_c
     (wait,) = re.findall(r"^readonly LOCK_WAIT_SECONDS=(\d+)$", SCRIPT.read_text(), flags=re.M)
     # The wait plus the install that follows it must fit in the node's bootstrap timeout.
     assert int(wait) <= pcluster_constants["NODE_BOOTSTRAP_TIMEOUT"] - 300
+
+
+def _gpu_compute_node(node: dict) -> None:
+    (node["root"] / "cfnconfig").write_text("cfn_node_type=ComputeFleet\n")
+    (node["bin"] / "nvidia-smi").write_text("#!/bin/sh\n")
+    (node["bin"] / "nvidia-smi").chmod(stat.S_IRWXU)
+
+
+def test_a_gpu_compute_node_appends_the_agent_configuration_the_same_each_run(node):
+    from infra.cloudwatch_agent_keys import check_agent_config
+
+    _gpu_compute_node(node)
+    pointer = _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
+    first = _install(node, pointer)
+    config_path = Path(node["env"]["SCDINO_CWAGENT_CONFIG"])
+    config, first_text = json.loads(config_path.read_text()), config_path.read_text()
+    check_agent_config(config)
+    emf_log = Path(node["env"]["SCDINO_EMF_DIR"]) / "emf.log"
+    assert config["metrics"]["namespace"] == "scdino-hpc/GPU"
+    items = config["logs"]["logs_collected"]["files"]["collect_list"]
+    assert {item["log_group_name"] for item in items} == {MONITORING["log_group"]}
+    assert str(emf_log) in {item["file_path"] for item in items}
+    assert stat.S_IMODE(emf_log.parent.stat().st_mode) == 0o1777
+    env_file = Path(node["env"]["SCDINO_MONITORING_ENV"])
+    exported = subprocess.run(["bash", "-c", f"source {env_file} && env"], capture_output=True, text=True,
+                              check=True).stdout
+    assert f"SCDINO_EMF_LOG={emf_log}" in exported and "SCDINO_EMF_NAMESPACE=scdino-hpc/Training" in exported
+    assert "CloudWatch agent: GPU metrics in scdino-hpc/GPU" in first.stdout
+    _install(node, pointer)
+    calls = Path(node["env"]["FAKE_CTL_LOG"]).read_text().splitlines()
+    assert calls == [f"-a append-config -m ec2 -s -c file:{config_path}"] * 2
+    assert config_path.read_text() == first_text
+
+
+def test_no_agent_configuration_on_the_head_node_or_without_gpus(node):
+    (node["root"] / "cfnconfig").write_text("cfn_node_type=HeadNode\n")
+    _install(node, _publish(node, "abc123", mtime=1_000, monitoring=MONITORING))
+    (node["root"] / "cfnconfig").write_text("cfn_node_type=ComputeFleet\n")
+    result = _install(node, _publish(node, "abc123", mtime=1_000, monitoring=MONITORING))
+    assert "no nvidia-smi: no GPU monitoring" in result.stdout
+    assert not Path(node["env"]["SCDINO_CWAGENT_CONFIG"]).exists()
+    assert not Path(node["env"]["FAKE_CTL_LOG"]).exists()
+
+
+def test_a_monitoring_failure_is_logged_and_the_node_still_installs(node):
+    _gpu_compute_node(node)
+    pointer = _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
+    (node["s3"] / "bootstrap" / "cloudwatch-agent.json").write_text('{"metrics": {"namespace": "@TYPO@"}}')
+    result = _install(node, pointer)
+    assert "WARNING: monitoring was not set up" in result.stdout and "done" in result.stdout
+    assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-abc123"

@@ -17,9 +17,13 @@ from stacks.settings import SUPPORTED_OSES, build_settings
 pytestmark = pytest.mark.slow
 
 # From the EC2 user guide's list of EFA-capable instance types (independent of stacks/presets.py).
-EFA_CAPABLE = {"g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "p4d.24xlarge",
-               "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
-GPUS = {"g4dn.12xlarge": (4, 48), "p4d.24xlarge": (8, 96), "p5.48xlarge": (8, 192)}
+EFA_CAPABLE = {"g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "g5.8xlarge", "g5.12xlarge",
+               "g5.16xlarge", "g5.24xlarge", "g5.48xlarge", "g6e.8xlarge", "g6e.12xlarge", "g6e.16xlarge",
+               "g6e.24xlarge", "g6e.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge",
+               "p5en.48xlarge"}
+# (GPUs, vCPUs) from the AWS Batch user guide's GPU table and the SageMaker HyperPod CLI's instance table.
+GPUS = {"g4dn.12xlarge": (4, 48), "g5.12xlarge": (4, 48), "g6e.12xlarge": (4, 48), "p4d.24xlarge": (8, 96),
+        "p5.48xlarge": (8, 192), "p5en.48xlarge": (8, 192)}
 REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
     file_system_id="fs-0123456789abcdef0",
@@ -96,9 +100,9 @@ def test_queue_and_resource_names_follow_parallelcluster_rules(configs):
 
 
 def test_queue_names_are_unique_in_a_cluster(configs):
-    for label in ("all-presets-custom-ami-alinux2023", "synthesized-demo"):
+    for label, queues in (("all-presets-custom-ami-alinux2023", len(PRESETS)), ("synthesized-demo", 3)):
         names = [q["Name"] for q in configs[label]["Scheduling"]["SlurmQueues"]]
-        assert len(names) == len(set(names)) == 3
+        assert len(names) == len(set(names)) == queues
 
 
 def test_min_count_at_most_max_count(configs):
@@ -116,6 +120,7 @@ def test_efa_and_placement_groups_only_on_efa_capable_types(configs):
 
 
 def test_presets_gpu_counts_match_the_instance_types():
+    assert set(GPUS) == set(PRESETS)
     for name, (gpus, vcpus) in GPUS.items():
         assert (PRESETS[name].gpus_per_node, PRESETS[name].vcpus) == (gpus, vcpus)
     assert SLURM_DEFAULTS["SCDINO_GPUS_PER_NODE"] == str(GPUS[DEFAULT_PRESET][0])

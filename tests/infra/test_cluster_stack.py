@@ -178,8 +178,10 @@ def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
     bucket = config["HeadNode"]["Iam"]["S3Access"][0]["BucketName"]["Ref"]
     (pool,) = config["LoginNodes"]["Pools"]
     assert "S3Access" not in pool["Iam"]
-    # The compute nodes' policies, plus one: the deploy bucket's read policy.
-    compute = config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+    # The compute nodes' policies but the CloudWatch agent's (stacks/monitoring.py), plus one: the
+    # deploy bucket's read policy.
+    compute = [entry for entry in config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
+               if not str(entry["Policy"]).endswith(":iam::aws:policy/CloudWatchAgentServerPolicy")]
     (reference,) = [entry["Policy"] for entry in pool["Iam"]["AdditionalIamPolicies"] if entry not in compute]
     assert [entry for entry in pool["Iam"]["AdditionalIamPolicies"] if entry in compute] == compute
     policy = demo_synth.json["cluster"]["Resources"][reference["Ref"]]
@@ -188,3 +190,19 @@ def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
     assert [(s["Effect"], s["Action"], s["Resource"]) for s in statements] == [
         ("Allow", "s3:GetObject", {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/*"]]}),
         ("Allow", "s3:ListBucket", {"Fn::GetAtt": [bucket, "Arn"]})]
+
+
+def test_the_deploy_handler_logs_to_a_group_that_goes_with_the_stack(synth):
+    """No CDK-named /aws/lambda/<handler> group (retained, and racing the handler on a first deploy,
+    aws/aws-cdk#34612): the handler's LoggingConfig names a CloudFormation-named group that is
+    created before it (a Ref is a dependency) and deleted with the stack."""
+    template = synth.json["cluster"]
+    groups = resources(template, "AWS::Logs::LogGroup")
+    assert all("LogGroupName" not in group["Properties"] for group in groups.values())
+    (handler,) = [fn for fn in resources(template, "AWS::Lambda::Function").values()
+                  if "LoggingConfig" in fn["Properties"]]
+    target = handler["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+    assert groups[target]["DeletionPolicy"] == groups[target]["UpdateReplacePolicy"] == "Delete"
+    assert groups[target]["Properties"]["RetentionInDays"] == 30
+    deployments = resources(template, "Custom::CDKBucketDeployment")
+    assert len(deployments) == 2  # both copies run through that one handler

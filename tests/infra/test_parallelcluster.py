@@ -212,6 +212,15 @@ def test_packer_base_version_is_the_cluster_version():
     assert _packer_default("pcluster_version") == PCLUSTER_VERSION
 
 
+def test_the_checking_code_is_the_deployed_version(pcluster_constants):
+    """The version whose code validates the configuration is the one the provider template deploys."""
+    from stacks.settings import PCLUSTER_VERSION
+
+    (pinned,) = re.findall(r"^aws-parallelcluster==(\S+)$", (REPO_ROOT / "requirements-pcluster.txt").read_text(),
+                           flags=re.M)
+    assert pinned == PCLUSTER_VERSION == pcluster_constants["installed_version"]
+
+
 def test_every_allowed_os_has_an_official_ami_and_the_refused_ones_do_not(image_validation, pcluster_constants):
     for os_name in SUPPORTED_OSES:
         assert os_name in pcluster_constants["SUPPORTED_OSES"]

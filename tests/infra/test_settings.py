@@ -52,6 +52,7 @@ def test_settings_file_layer(tmp_path):
     ({"image.os": "ubuntu2404"}, "setting image.os: ubuntu2404 cannot work: its archive has no python3.11"),
     ({"storage.noncurrent_version_days": 0}, "setting storage.noncurrent_version_days: must be 1..3650"),
     ({"cluster.max_nodez": 3}, "setting cluster.max_nodez: unknown setting"),
+    ({"cluster.alarm_email": "ops at example.org"}, "setting cluster.alarm_email: expected empty or an e-mail"),
 ])
 def test_wrong_values_name_the_setting(layer, named):
     with pytest.raises(SettingsError) as error:

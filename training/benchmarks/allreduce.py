@@ -7,8 +7,9 @@
 Times `torch.distributed.all_reduce` (NCCL on GPUs, gloo on CPU) over a range of message sizes and
 reports, like nccl-tests, the bus bandwidth busbw = algbw * 2 (n - 1) / n, where algbw = bytes /
 time and n the number of ranks: the figure that is comparable across world sizes. Rank 0 prints
-one JSON object (and writes it to --out): per-size results, the peak `busbw_gbs`, and the expected
-figure for --instance-type. `--nccl-tests` turns an all_reduce_perf log into the same JSON.
+one JSON object (and writes it to --out): per-size results, the peak `busbw_gbs`, the expected
+figure for --instance-type, and `init_s`, the seconds rank 0 took to join the process group (the
+planner counts it in a distributed step's start-up). `--nccl-tests` turns an all_reduce_perf log into the same JSON.
 
 Expected figures (large messages, GB/s) come from training.benchmarks.scaling.PRESETS: published
 nccl-tests results for p4d (78.3 across 2 nodes) and p5 (443.7; 487 at 16 GiB), and for g4dn,
@@ -161,7 +162,9 @@ def run_benchmark(args: argparse.Namespace) -> dict | None:
     """Measure on every rank; rank 0 returns the summary, other ranks None."""
     from training.distributed import process_group
 
+    start = time.perf_counter()
     with process_group() as ctx:
+        init_s = time.perf_counter() - start  # joining the process group: what every distributed step pays
         if not ctx.distributed:
             raise SystemExit("error: one process has nothing to all-reduce with: launch with torchrun "
                              "(or slurm/nccl_tests.slurm) and at least 2 ranks")
@@ -177,7 +180,7 @@ def run_benchmark(args: argparse.Namespace) -> dict | None:
                          nbytes, seconds * 1e3, algbw, busbw)
         summary = summarise(results, ranks=ctx.world_size, nodes=count_nodes(), device=ctx.device.type,
                             backend=ctx.backend, instance_type=args.instance_type, source="torch.distributed")
-        return summary if ctx.is_main else None
+        return {**summary, "init_s": round(init_s, 3)} if ctx.is_main else None
 
 
 def write_json(summary: dict, out: Path | None) -> None:

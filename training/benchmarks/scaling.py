@@ -12,8 +12,9 @@ the gradient all-reduce that backward does not hide:
 Inside one node the intra-node bus bandwidth applies; across nodes the inter-node one. FSDP moves
 1.5x the bytes of DDP (all-gather in forward and backward, reduce-scatter of gradients) and pays only
 when the replicated training state does not fit beside the activations. A bf16 gradient-compression
-hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths are published
-figures (sources below) unless a measured `--busbw-json` (slurm/nccl_tests.slurm) replaces them.
+hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths, GPU memory and
+peaks come from the one instance table (training/planning/instances.py, each with its source)
+unless a measured `--busbw-json` (slurm/nccl_tests.slurm) replaces them.
 
 Inputs, field by field, and who writes them:
 - `--step-json`, from `python -m training bench step` (training/benchmarks/step.py): `benchmark`
@@ -31,6 +32,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from training.planning.instances import INSTANCES, InstanceFacts
+
 GB = 1e9
 
 
@@ -44,17 +47,16 @@ class Interconnect:
     source: str
 
 
-# Bus bandwidths of large all-reduces (nccl-tests). Sources: awsome-distributed-training
-# micro-benchmarks/nccl-tests README (2x p4de 78.3 GB/s at 2 GiB; 2x p5 443.7 GB/s at 2 GiB),
-# nccl-tests issues #149 (8xA100 in one node ~200 GB/s) and #212 (8xH100 ring ~370 GB/s).
-# g4dn.12xlarge has no published figure: 4 T4 on PCIe 3.0 x16 (~12 GB/s usable) and a 50 Gbps
-# network without GPUDirect RDMA (line rate 6.25 GB/s); the figures below are those bounds at 80%.
-# Peaks are dense tensor-core figures from NVIDIA's datasheets: T4 fp16 65, A100 and H100 SXM bf16.
-PRESETS: dict[str, Interconnect] = {
-    "g4dn.12xlarge": Interconnect(4, 16, 9.6, 5.0, 65.0, "assumed: 80% of PCIe 3.0 x16 / 50 Gbps line rate"),
-    "p4d.24xlarge": Interconnect(8, 40, 200.0, 78.3, 312.0, "nccl-tests, published (2 nodes, 2 GiB)"),
-    "p5.48xlarge": Interconnect(8, 80, 370.0, 443.7, 989.0, "nccl-tests, published (2 nodes, 2 GiB)"),
-}
+    @classmethod
+    def of(cls, facts: InstanceFacts) -> "Interconnect":
+        """An instance type's figures from the one table (training/planning/instances.py), where
+        each bandwidth and peak names its source: published nccl-tests figures where they exist,
+        stated bounds otherwise; dense tensor-core peaks from NVIDIA's datasheets."""
+        return cls(facts.gpus, facts.gpu.memory_gb, facts.intra_busbw_gbs, facts.inter_busbw_gbs,
+                   facts.gpu.peak_tflops, facts.busbw_source)
+
+
+PRESETS: dict[str, Interconnect] = {name: Interconnect.of(facts) for name, facts in INSTANCES.items()}
 
 ADAMW_STATE_BYTES_PER_PARAM = 4 + 4 + 8  # fp32 weights, gradients, two moments
 TEACHER_BYTES_PER_PARAM = 4

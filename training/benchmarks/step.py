@@ -10,7 +10,9 @@ synthetic crops, so the figure is the model's speed, not the loader's, in two pa
 - free-running: the same steps on crops already on the device, one synchronisation at the end, as
   training runs. images/s and the model FLOP utilisation (MFU, against the device's dense bf16/fp16
   peak) come from this pass; on a GPU it is the higher figure.
-Also prints the peak memory.
+Also prints the peak memory and what the planner (`python -m training plan`) adds to the steps: the
+start-up (`startup_s`: importing what `pretrain` imports, then building model, teacher and optimizer),
+the mean warm-up step (`warmup_step_s`) and one save of the checkpointed state (`checkpoint_s`).
 
 FLOP count (stated in the output): analytic, per image,
   3 x (student forward on all crops)  [forward + backward = 3 x forward]
@@ -24,30 +26,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from typing import Any
 
 import torch
 
+from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.request import StepBenchRequest
 from training.config import Config
 from training.distributed import DistContext, DistEnv
-from training.models import ARCHS
+from training.planning.instances import peak_flops_of
 
 log = logging.getLogger(__name__)
-
-# Dense tensor-core peaks (FLOP/s) by device-name fragment: bf16 where it exists, else fp16.
-PEAK_FLOPS: dict[str, float] = {
-    "H200": 989e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-    "L4": 121e12,
-    "T4": 65e12,
-    "V100": 125e12,
-}
 
 
 class SyntheticCrops:
@@ -82,47 +73,10 @@ class SyntheticCrops:
             yield crops, torch.zeros(batch, dtype=torch.long)
 
 
-def vit_forward_flops(arch: str, patch: int, in_chans: int, side: int, token_sets: int = 1) -> float:
-    """One forward of a crop; `token_sets` > 1 is a ChannelViT's sequence, one set of patch tokens
-    per channel (each embedded from `in_chans` = 1 channel)."""
-    embed_dim, depth, _ = ARCHS[arch]
-    patches = (side // patch) ** 2 * token_sets
-    tokens = patches + 1
-    blocks = depth * (24 * tokens * embed_dim**2 + 4 * tokens**2 * embed_dim)
-    return blocks + 2 * patches * in_chans * patch**2 * embed_dim
-
-
-def head_flops(arch: str, out_dim: int, hidden: int = 2048, bottleneck: int = 256) -> float:
-    embed_dim = ARCHS[arch][0]
-    return 2 * (embed_dim * hidden + hidden * hidden + hidden * bottleneck + bottleneck * out_dim)
-
-
-def train_flops_per_image(config: Config, in_chans: int) -> float:
-    """Analytic FLOPs of one training step per image (see the module docstring), for every
-    model.kind: a "bag_of_channels" step encodes model.bag_channels_per_image single-channel images
-    per image; a "channel_vit" step one token set per channel of the step's subset, averaged over
-    the subset sizes its sampling draws (uniform in 1..C when hierarchical, else C)."""
-    model, dino = config.model, config.dino
-    head = head_flops(model.arch, model.out_dim)
-
-    def crop(side: int) -> float:
-        if model.kind == "bag_of_channels":
-            return model.bag_channels_per_image * (vit_forward_flops(model.arch, model.patch_size, 1, side) + head)
-        if model.kind == "channel_vit":
-            sizes = range(1, in_chans + 1) if model.channel_sampling == "hierarchical" else [in_chans]
-            return sum(vit_forward_flops(model.arch, model.patch_size, 1, side, s) for s in sizes) / len(sizes) + head
-        return vit_forward_flops(model.arch, model.patch_size, in_chans, side) + head
-
-    global_crops = 2 * crop(dino.global_crop_size)
-    local_crops = dino.local_crops_number * crop(dino.local_crop_size)
-    return 3 * (global_crops + local_crops) + global_crops
-
-
 def device_peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for fragment, peak in PEAK_FLOPS.items() if fragment in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def _sync(device: torch.device) -> None:
@@ -130,10 +84,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device, warmup: int) -> dict[str, float]:
+def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device,
+                 warmup: int) -> tuple[dict[str, float], float]:
+    """Seconds per phase of the timed steps, and the seconds of the warm-up steps before them."""
     from training.dino.step import backward, forward_loss, optimizer_step
 
     totals = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
+    warmup_s = 0.0
     for index, (crops, _) in enumerate(loader):
         if index == warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -154,7 +111,25 @@ def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device, warmu
         if index >= warmup:
             for key, start, end in zip(totals, marks, marks[1:]):
                 totals[key] += end - start
-    return totals
+        else:
+            warmup_s += marks[-1] - marks[0]
+    return totals, warmup_s
+
+
+def _checkpoint_seconds(state: Any) -> tuple[float, int]:
+    """Seconds and bytes of one save of what a checkpoint holds most of (student, teacher, optimizer
+    state), to a temporary file: the planner's per-epoch cost of checkpointing on this machine."""
+    import tempfile
+
+    payload = {"student": state.models.student.state_dict(), "teacher": state.models.teacher.state_dict(),
+               "optimizer": state.optimizer.state_dict()}
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/bench-state.pt"
+        start = time.perf_counter()
+        torch.save(payload, path)
+        os.fsync(os.open(path, os.O_RDONLY))
+        seconds = time.perf_counter() - start
+        return seconds, os.path.getsize(path)
 
 
 def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, Any]:
@@ -167,14 +142,19 @@ def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, A
     steps, warmup = request.steps, request.warmup
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ctx = DistContext(env=DistEnv(), device=device, backend=None)
+    start = time.perf_counter()
     state = build_state(config, ctx, steps_per_epoch=2 * steps + warmup)
+    build_s = time.perf_counter() - start
     loader = SyntheticCrops(config, batches=steps + warmup)
     log.info("bench step: %d warm-up + %d timed steps on %s, then %d free-running", warmup, steps, device, steps)
-    totals = _timed_steps(state, loader, device, warmup)
+    totals, warmup_s = _timed_steps(state, loader, device, warmup)
     free_running_s = _free_running(state, loader, device, steps)
+    checkpoint_s, checkpoint_bytes = _checkpoint_seconds(state)
     params = sum(p.numel() for p in state.models.student.parameters() if p.requires_grad)
     return {**summarise(config, state.precision.name, device, steps, totals, free_running_s),
-            "warmup_steps": warmup, "params": params}
+            "warmup_steps": warmup, "params": params, "build_s": round(build_s, 3),
+            "warmup_step_s": round(warmup_s / warmup, 5) if warmup else None,
+            "checkpoint_s": round(checkpoint_s, 3), "checkpoint_bytes": checkpoint_bytes}
 
 
 def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, steps: int) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 from training.config import Config
 from training.errors import MissingInputError
 from training.eval.tables import markdown_table
+from training.planning.bill import comparison_bill
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
     checkpoint_progress,
@@ -61,7 +62,7 @@ def pretrain_compute(layout: RunLayout, config: Config) -> dict[str, Any]:
     GPU-seconds on GPUs (one GPU per rank), CPU rank-seconds otherwise (core-seconds when each rank
     has one core, as with OMP_NUM_THREADS=1); and `train_flops`, the analytic FLOPs of the steps
     trained (global step x global batch x the model kind's FLOPs per image), whatever the device."""
-    from training.benchmarks.step import train_flops_per_image
+    from training.benchmarks.flops import train_flops_per_image
 
     wall = read_timings(layout).get("pretrain")
     progress = checkpoint_progress(layout)
@@ -151,7 +152,8 @@ def build_comparison(config: Config, layout: RunLayout) -> dict[str, Any]:
     if config.data.compare_channel_adaptive:
         for kind in config.data.channel_adaptive_kinds:
             models[kind] = channel_adaptive_model(config, layout, kind)
-    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries)}
+    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries),
+            "bill": comparison_bill(layout, list(combinations))}  # None until `summary --jobs` has run
 
 
 def _pct(value: float | None) -> str:

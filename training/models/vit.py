@@ -21,14 +21,9 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.nn import functional as F
 
-PosEmbedInterpolation = Literal["dino", "timm"]
+from training.config.archs import ARCHS  # (embed_dim, depth, num_heads); torch-free for the planner
 
-# (embed_dim, depth, num_heads) as in DINO's vit_tiny / vit_small / vit_base
-ARCHS: dict[str, tuple[int, int, int]] = {
-    "vit_tiny": (192, 12, 3),
-    "vit_small": (384, 12, 6),
-    "vit_base": (768, 12, 12),
-}
+PosEmbedInterpolation = Literal["dino", "timm"]
 
 
 def dino_resample_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int], square_image: bool = True) -> torch.Tensor:

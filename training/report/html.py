@@ -188,6 +188,54 @@ def channel_adaptive_lines(comparison: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def bill_section(layout: RunLayout) -> list[str]:
+    """What the run cost by Slurm's accounting, job by job, beside the planner's prediction."""
+    bill = (read_optional_json(layout.results) or {}).get("bill")
+    if not bill:
+        return ["<h2>Cost</h2>", '<p>No bill yet: run <code>python -m training summary --jobs '
+                "&lt;the submitter's STEP JOBID lines&gt;</code> after the pipeline.</p>"]
+    unit = {"gpu_h": "GPU-hours", "core_h": "core-hours"}.get(bill["unit"], str(bill["unit"]))
+    rows = [[j["step"], j["job"], j["preset"] or j["partition"], j["nodes"], j["cpus"], j["seconds"],
+             f"{j['unit_h']:.4f}", _money(j["cost_usd"])] for j in bill["jobs"]]
+    rows += [[name, "", "", "", "", bill[name]["seconds"], f"{bill[name]['unit_h']:.4f}",
+              _money(bill[name]["cost_usd"])] for name in ("pretrain", "total")]
+    parts = ["<h2>Cost</h2>", f"<p>{esc(unit)} and on-demand cost from Slurm's accounting ({esc(bill['source'])}); "
+             f"{esc(bill['note'])}.</p>",
+             html_table(["step", "job", "preset", "nodes", "CPUs", "seconds", unit, "cost"], rows)]
+    predicted = bill.get("predicted")
+    if predicted and "pretrain_s" in predicted:
+        actual = bill["pretrain"]
+        parts += [f"<p>Pretraining against the plan saved by <code>plan --save</code> ({esc(predicted['preset'])} "
+                  f"on {predicted['nodes']} node(s), bottleneck {esc(predicted['bottleneck'])}):</p>",
+                  html_table(["", "predicted", "actual"], [
+                      ["wall, s", f"{predicted['pretrain_s']:.1f}", actual["seconds"]],
+                      [f"{unit} ({esc(predicted['unit'])} predicted)", f"{predicted['unit_h']:.4f}",
+                       f"{actual['unit_h']:.4f}"],
+                      ["cost", _money(predicted["cost_usd"]), _money(actual["cost_usd"])]])]
+    else:
+        parts.append("<p>No prediction beside it: run <code>python -m training plan --save</code> before the run.</p>")
+    return parts
+
+
+def report_title(config_name: str) -> str:
+    return f"scDINO run {config_name}"
+
+
+def rewrite_report(layout: RunLayout) -> None:
+    """report.html again, from the run's files as they are now (the summary adds the bill after it)."""
+    import yaml
+
+    from training.atomic import write_text_atomic
+
+    name = (yaml.safe_load(layout.config.read_text()) or {}).get("run", {}).get("name", "") if layout.config.is_file() \
+        else layout.root.name
+    write_text_atomic(layout.report, build_report(layout, report_title(name)))
+
+
 def build_report(layout: RunLayout, title: str) -> str:
     """The whole HTML document as a string."""
     entries = read_manifest(layout)
@@ -202,6 +250,7 @@ def build_report(layout: RunLayout, title: str) -> str:
     if knn or not comparison:  # the parent of combination runs trains nothing itself
         parts += results_sections(layout, entries, knn, linear)
     parts.append("<h2>Step timings</h2>" + html_table(["step", "seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
+    parts += bill_section(layout)
     parts.append(f"<h2>Configuration</h2><pre>{esc(config_text)}</pre>")
     parts += [artefacts_section(layout), "</body></html>"]
     return "\n".join(parts)

@@ -27,7 +27,9 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       plots/*.png, *.pdf          `plots`, listed in plots/manifest.json for the report
       report.html                 `report`
       timings.json                wall time of each step, merged by every step
-      results.json                `summary`: the headline kNN figures and step times (training/rundir/summary.py)
+      results.json                `summary`: the headline kNN figures, step times and the bill (training/rundir/summary.py)
+      plan.json                   `plan --save`: the planner's rows for this run's configuration, which
+                                  the bill puts beside what the run cost (training/planning/)
       logs/                       Slurm job logs of `make demo`
       channels_<combination>/     one run per entry of data.channel_combinations (run.combination):
                                   the files above from pretrain on, sharing packed/, split.json,
@@ -126,6 +128,7 @@ class RunLayout:
     report = property(lambda self: self.root / "report.html")
     timings = property(lambda self: self.root / "timings.json")
     results = property(lambda self: self.root / "results.json")
+    plan = property(lambda self: self.root / "plan.json")
     logs = property(lambda self: self.root / "logs")
     comparison_json = property(lambda self: self.root / "comparison.json")
     comparison_md = property(lambda self: self.root / "comparison.md")

@@ -1,10 +1,13 @@
-"""The run summary, <run>/results.json: the headline kNN figures and the time of each step.
+"""The run summary, <run>/results.json: the headline kNN figures, the time of each step and the bill.
 
     python -m training summary --config run.yaml [--jobs logs/jobs.txt] [--wall-seconds N]
 
 Written by `make demo` at the end of the pipeline, and by anyone who wants one file to compare runs:
 kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
-time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end).
+time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end) and
+the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those jobs, beside the
+planner's prediction (training/planning/bill.py). The summary ends the pipeline: it also puts the
+bill into comparison.json and report.html where the run has them, which were written before it.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ def job_seconds(jobs: list[tuple[str, str]]) -> dict[str, int]:
 
 
 def build_summary(layout: RunLayout, *, jobs: dict[str, int] | None = None,
-                  wall_seconds: int | None = None) -> dict[str, Any]:
-    """The results.json payload; without new job times or wall time, the previous summary's are kept."""
+                  wall_seconds: int | None = None, bill: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results.json payload; without new job times, wall time or bill, the previous summary's are kept."""
     previous = read_optional_json(layout.results) or {}
     knn = load_knn(layout)
     return {
@@ -67,6 +70,7 @@ def build_summary(layout: RunLayout, *, jobs: dict[str, int] | None = None,
         "step_seconds": read_timings(layout),
         "job_seconds": jobs if jobs is not None else previous.get("job_seconds", {}),
         "demo_wall_seconds": wall_seconds if wall_seconds is not None else previous.get("demo_wall_seconds"),
+        "bill": bill if bill is not None else previous.get("bill"),
         "report": str(layout.report.resolve()),
     }
 
@@ -80,13 +84,34 @@ def summary_text(summary: dict[str, Any]) -> str:
     for step, value in summary["step_seconds"].items():
         job = summary["job_seconds"].get(step)
         lines.append(f"  {step:<12} {value:>7.1f} / {'-' if job is None else job}")
-    return "\n".join(lines)
+    return "\n".join(lines + bill_lines(summary.get("bill")))
+
+
+def bill_lines(bill: dict[str, Any] | None) -> list[str]:
+    """The bill's totals and the prediction beside them, as printed at the end of `make demo`."""
+    if not bill:
+        return []
+    unit = {"gpu_h": "GPU-hours", "core_h": "core-hours (as Slurm allocated them)"}.get(bill["unit"], bill["unit"])
+    lines = ["", f"bill ({bill['source']}): {unit}"]
+    for name in ("pretrain", "total"):
+        part = bill[name]
+        cost = "no price" if part["cost_usd"] is None else f"${part['cost_usd']:,.2f}"
+        lines.append(f"  {name:<12} {part['unit_h']:>10.4f} h over {part['seconds']} s, {cost}")
+    predicted = bill.get("predicted")
+    if predicted and "pretrain_s" in predicted:
+        lines.append(f"  predicted pretraining: {predicted['pretrain_s']:.1f} s, {predicted['unit_h']:.4f} "
+                     f"{predicted['unit']}, bottleneck {predicted['bottleneck']} (the saved plan)")
+    return lines
 
 
 def write_summary(layout: RunLayout, *, jobs_file: Path | None = None, wall_seconds: int | None = None) -> dict:
     """Build and write results.json; `jobs_file` lists "step jobid" lines of the jobs just run."""
-    jobs = job_seconds(parse_jobs(jobs_file.read_text())) if jobs_file and jobs_file.is_file() else None
-    summary = build_summary(layout, jobs=jobs, wall_seconds=wall_seconds)
+    from training.planning.bill import build_bill
+
+    listed = parse_jobs(jobs_file.read_text()) if jobs_file and jobs_file.is_file() else None
+    jobs = job_seconds(listed) if listed is not None else None
+    bill = build_bill(listed, plan=read_optional_json(layout.plan)) if listed else None
+    summary = build_summary(layout, jobs=jobs, wall_seconds=wall_seconds, bill=bill)
     write_json_atomic(layout.results, summary, indent=2)
     log.info("wrote %s", layout.results)
     return summary

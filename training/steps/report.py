@@ -21,11 +21,11 @@ log = logging.getLogger(__name__)
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write report.html from the run's files."""
     from training.atomic import write_text_atomic
-    from training.report.html import build_report
+    from training.report.html import build_report, report_title
 
     if not layout.plots_manifest.is_file() and not layout.knn_json.is_file():
         raise MissingInputError("plots and kNN results", layout.plots_manifest, "plots")
-    text = build_report(layout, f"scDINO run {config.run.name}")
+    text = build_report(layout, report_title(config.run.name))
     write_text_atomic(layout.report, text)
     log.info("wrote %s (%.1f kB); open it in a browser", layout.report, len(text) / 1024)
     return 0

@@ -1,9 +1,11 @@
-"""summary: write <run>/results.json, the headline kNN figures and step times, and print them.
+"""summary: write <run>/results.json, the headline kNN figures, step times and bill, and print them.
 
     python -m training summary --config run.yaml [--jobs <run>/logs/jobs.txt] [--wall-seconds N]
 
 `--jobs` names the "step jobid" lines `slurm/submit_pipeline.sh` printed, to add each job's run
-time from Slurm; `--wall-seconds` records the wall time of the whole pipeline (`make demo`).
+time and the bill (GPU-hours or core-hours and cost, from Slurm's accounting, beside <run>/plan.json's
+prediction); `--wall-seconds` records the wall time of the whole pipeline (`make demo`). The summary
+ends the pipeline: with a bill, it also adds it to comparison.json and report.html, written before it.
 """
 
 from __future__ import annotations
@@ -24,5 +26,25 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.rundir.summary import summary_text, write_summary
 
     summary = write_summary(layout, jobs_file=args.jobs, wall_seconds=args.wall_seconds)
+    if args.jobs and summary.get("bill"):
+        add_bill_to_outputs(layout)
     print(summary_text(summary))
     return 0
+
+
+def add_bill_to_outputs(layout: RunLayout) -> None:
+    """The bill into comparison.json (its "bill") and a fresh report.html, where the run has them."""
+    import logging
+
+    from training.atomic import write_json_atomic
+    from training.planning.bill import comparison_bill
+    from training.report.html import rewrite_report
+    from training.rundir.artifacts import read_optional_json
+
+    comparison = read_optional_json(layout.comparison_json)
+    if comparison is not None:
+        bill = comparison_bill(layout, comparison["combinations"])
+        write_json_atomic(layout.comparison_json, {**comparison, "bill": bill}, indent=2)
+        logging.getLogger(__name__).info("added the bill to %s", layout.comparison_json)
+    if layout.report.is_file():
+        rewrite_report(layout)

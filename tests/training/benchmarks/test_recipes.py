@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tiny import tiny_config
 
+from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.recipes import ARMS, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
-from training.benchmarks.step import train_flops_per_image
 from training.config import Config
 
 

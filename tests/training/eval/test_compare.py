@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from training.benchmarks.step import train_flops_per_image
+from training.benchmarks.flops import train_flops_per_image
 from training.cli import main
 from training.config import Config
 from training.errors import MissingInputError, UserError

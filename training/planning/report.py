@@ -1,0 +1,92 @@
+"""The plan's rows (one per preset and node count) and the table `python -m training plan` prints."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from training.config import Config
+from training.planning import inputs
+from training.planning.instances import INSTANCES, LOCAL
+from training.planning.model import plan
+from training.planning.prices import on_demand
+from training.rundir import RunLayout
+
+
+def _price_and_warnings(name: str, settings: inputs.PlanSettings, live) -> tuple:
+    warnings = []
+    price = live.price(name, settings.region) if live else None
+    price = price or on_demand(name, settings.region)
+    if price is None:
+        warnings.append(f"no dated on-demand price for {name} in {settings.region}: the cost is left empty "
+                        "(--live-prices asks AWS)")
+    if settings.capacity_type == "CAPACITY_BLOCK":
+        warnings.append("cluster.capacity_type=CAPACITY_BLOCK: a block's price is set when it is bought; the cost "
+                        "shown is the on-demand rate")
+    return price, warnings
+
+
+def _quota_warning(name: str, nodes: int, settings: inputs.PlanSettings, live) -> list[str]:
+    quota = live.quota(name, settings.region) if live else None
+    needed = nodes * INSTANCES[name].vcpus
+    if quota is None or quota.vcpus >= needed:
+        return []
+    return [f"{nodes} x {name} need {needed} vCPUs, more than the account's quota of {quota.vcpus:.0f} "
+            f"({quota.name}, {quota.code}) in {settings.region}: request an increase in Service Quotas"]
+
+
+def plan_rows(config: Config, layout: RunLayout, settings: inputs.PlanSettings, names: list[str],
+              args: argparse.Namespace, counts: Callable[[bool], list[int]]) -> list[dict]:
+    """Every row: each named preset (or the local cluster) on each node count."""
+    work = inputs.workload(config, layout, args.images, args.image_bytes)
+    step = inputs.read_json_file(args.step_json, "--step-json")
+    loader = inputs.read_json_file(args.loader_json, "--loader-json")
+    busbw = inputs.read_json_file(args.busbw_json, "--busbw-json")
+    live = None
+    if args.live_prices:
+        from training.planning.live import LivePrices
+
+        live = LivePrices()
+    rows = []
+    for name in names:
+        if name == LOCAL:
+            target, warnings = inputs.local_target(busbw)
+            gpu_model, storage = None, None
+        else:
+            price, warnings = _price_and_warnings(name, settings, live)
+            target = inputs.preset_target(INSTANCES[name], price, busbw if len(names) == 1 else None)
+            gpu_model, storage = INSTANCES[name].gpu.model, settings.storage
+        compute = inputs.compute(config, work, target, gpu_model, step, loader, busbw)
+        for nodes in counts(name == LOCAL):
+            extra = warnings + (_quota_warning(name, nodes, settings, live) if name != LOCAL else [])
+            rows.append(plan(work, target, compute, storage, nodes, extra).row() | {"dataset": work.source})
+    if live:
+        for row in rows:
+            row["warnings"] = row["warnings"] + live.warnings
+    return rows
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
+    """The table, then each row's warnings and the figures it rests on (once per preset)."""
+    lines = [f"region {settings.region}; FSx {settings.fsx_capacity_gib} GiB at {settings.fsx_throughput_per_tib} "
+             "MB/s/TiB; pretraining for the configured epochs, downstream steps after",
+             f"{'preset':<15} {'nodes':>5} {'wall h':>9} {'GPU h':>9} {'cost':>11} {'downstream h':>12}  bottleneck"]
+    for row in rows:
+        hours = "core h" if row["unit"] == "core_h" else "GPU h"
+        lines.append(f"{row['preset']:<15} {row['nodes']:>5} {row['wall_h']:>9.3f} {row['gpu_h']:>9.3f} "
+                     f"{_money(row['cost_usd']):>11} {row['downstream_h']:>12.3f}  {row['bottleneck']}"
+                     + ("" if hours == "GPU h" else f" ({hours})"))
+    seen = set()
+    for row in rows:
+        for warning in row["warnings"]:
+            lines.append(f"warning: {row['preset']} x {row['nodes']}: {warning}")
+        if row["preset"] not in seen:
+            seen.add(row["preset"])
+            price = row["price"]
+            lines.append(f"{row['preset']}: " + "; ".join(f"{k}: {v}" for k, v in row["basis"].items())
+                         + (f"; price: ${price['usd_per_hour']}/h, {price['source']}, {price['date']}" if price else ""))
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""plan: a run's time and cost before launch, per preset and node count, and its bottleneck.
+
+    python -m training plan --config run.yaml [--images N] [--preset P ...] [--nodes K[,K...]]
+        [--step-json F] [--loader-json F] [--busbw-json F] [--json OUT] [--save] [--live-prices] [-c key=value ...]
+
+Reads the deployment settings as `cdk` does (cdk.json's context, `-c settings=file.yaml`, then
+`-c key=value`) for the enabled presets, the region, `cluster.max_nodes` and the FSx capacity and
+throughput; `--preset all` plans every preset of the instance table, `--preset local` the local
+Slurm cluster (CPU core-hours, no price). The dataset's size comes from the run's packed dataset,
+or `--images`. Measured JSONs (`bench step --out`, `bench loader`, the all-reduce benchmark) replace
+published figures; each row says which figures it used. The model: training/planning/model.py.
+`--save` keeps the rows in the run directory, where `summary` puts the row of the preset and node
+count pretraining ran on beside the run's bill (training/planning/bill.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from training.config import Config
+from training.errors import UserError
+from training.rundir import RunLayout
+
+log = logging.getLogger(__name__)
+
+LOCAL_NODES = 2
+"""Nodes of the local Slurm cluster (scripts/local-slurm.sh)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--images", type=int, help="images in the dataset (default: the run's packed dataset)")
+    parser.add_argument("--image-bytes", type=float,
+                        help="with --images: stored bytes per image (default: 16-bit, 48 x 48 px per channel)")
+    parser.add_argument("--preset", action="append", default=[],
+                        help="instance type to plan (repeatable), `all`, or `local`; default: the enabled presets")
+    parser.add_argument("--nodes", help="comma-separated node counts (default: 1, 2, 4, ... up to cluster.max_nodes)")
+    parser.add_argument("--step-json", type=Path, help="output of `python -m training bench step --out`")
+    parser.add_argument("--loader-json", type=Path, help="output of `python -m training bench loader --out`")
+    parser.add_argument("--busbw-json", type=Path, help="output of `python -m training.benchmarks.allreduce --out`")
+    parser.add_argument("--json", type=Path, dest="json_out", help="also write the rows to this file")
+    parser.add_argument("--save", action="store_true",
+                        help="also keep the rows in the run directory, for the bill after the run")
+    parser.add_argument("--live-prices", action="store_true",
+                        help="ask the AWS Price List API and Service Quotas (needs AWS credentials)")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
+                        help="a CDK context value, as `cdk -c` takes it (e.g. -c cluster.max_nodes=4)")
+    parser.add_argument("--cdk-json", type=Path, help="the CDK app's cdk.json (default: ./cdk.json, else the repository's)")
+
+
+def _cdk_json(given: Path | None) -> Path:
+    for candidate in ([given] if given else [Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json"]):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"cdk.json not found ({given or 'in this folder or the repository'}): give --cdk-json PATH")
+
+
+def read_settings(args: argparse.Namespace):
+    """The deployment settings, merged as app.py merges them; a bad value is one line naming it."""
+    from training.planning.inputs import PlanSettings
+
+    try:
+        from stacks.settings import SettingsError, settings_from
+    except ImportError:
+        raise UserError("plan reads the deployment settings with stacks/ (the CDK app): run it from the "
+                        "repository root") from None
+    path = _cdk_json(args.cdk_json)
+    context = json.loads(path.read_text()).get("context", {})
+    for item in args.context:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"-c {item!r}: give KEY=VALUE, e.g. -c cluster.max_nodes=4")
+        context[key] = value
+    try:
+        settings = settings_from(context.get)
+    except SettingsError as exc:
+        raise UserError(str(exc)) from None
+    return PlanSettings(settings.region, settings.cluster.presets, settings.cluster.max_nodes,
+                        settings.storage.fsx_capacity_gib, settings.storage.fsx_throughput_per_tib,
+                        settings.cluster.capacity_type)
+
+
+def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:
+    if text:
+        try:
+            counts = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise UserError(f"--nodes {text!r}: give node counts such as 1,2,4") from None
+        if not counts or min(counts) < 1:
+            raise UserError(f"--nodes {text!r}: node counts must be 1 or more")
+        return counts
+    if local:
+        return [LOCAL_NODES]
+    counts, n = [], 1
+    while n < max_nodes:
+        counts.append(n)
+        n *= 2
+    return counts + [max_nodes]
+
+
+def presets(asked: list[str], enabled: tuple[str, ...]) -> list[str]:
+    from training.planning.instances import INSTANCES, LOCAL
+
+    names = [name for item in asked for name in (INSTANCES if item == "all" else [item])] or list(enabled)
+    for name in names:
+        if name != LOCAL and name not in INSTANCES:
+            raise UserError(f"--preset {name!r}: unknown; choose from {', '.join(INSTANCES)}, all or {LOCAL}")
+    return list(dict.fromkeys(names))
+
+
+def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    from training.planning.report import plan_rows, plan_text
+
+    settings = read_settings(args)
+    names = presets(args.preset, settings.presets)
+    rows = plan_rows(config, layout, settings, names, args,
+                     lambda local: node_counts(args.nodes, settings.max_nodes, local))
+    elapsed = time.perf_counter() - start
+    print(plan_text(rows, settings))
+    print(f"\nplanned {len(rows)} row(s) for {len(names)} preset(s) in {elapsed:.2f} s")
+    payload = {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows,
+               "seconds": round(elapsed, 3)}
+    for wanted, path in ((args.json_out, args.json_out), (args.save, layout.plan)):
+        if wanted:
+            from training.atomic import write_json_atomic
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, payload, indent=2)
+            log.info("wrote %s", path)
+    return 0
