@@ -12,7 +12,8 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
       checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ... and the
-                                  PREEMPTED marker while a pre-empted job waits for its requeue
+                                  PREEMPTED marker while a pre-empted job waits for its requeue;
+                                  <name>.damaged: a damaged checkpoint the resume set aside (never deleted)
                                   failures.jsonl: one JSON line per failure and per resume after one
                                   (training/heal/failures.py); DETERMINISTIC_FAILURE: the marker that
                                   tells the batch script not to retry
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from training.config import Config
 
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pth")
+_SET_ASIDE = ".damaged"
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,12 @@ class RunLayout:
                 found.append((int(match.group(1)), path))
         return sorted(found)
 
+    def set_aside_checkpoints(self) -> list[Path]:
+        """Damaged checkpoints a resume moved aside (`set_aside_path`), by name."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir() if _SET_ASIDE in p.name)
+
     def features(self, tag: str) -> Path:
         return self.features_root / tag
 
@@ -151,3 +159,25 @@ class RunLayout:
         names = [name for name, value in vars(RunLayout).items() if isinstance(value, property)]
         fixed = {"root": self.root, "packed": self.packed, "shared": self.shared}
         return {**fixed, **{name: getattr(self, name) for name in names}}
+
+
+def set_aside_path(path: Path) -> Path:
+    """Where a damaged file is moved aside, beside itself: <name>.damaged, or <name>.damaged-2, -3, ...
+    when that is taken. No reader picks such a name up (checkpoint_0005.pth.damaged is no epoch)."""
+    path = Path(path)
+    candidate, number = path.with_name(path.name + _SET_ASIDE), 2
+    while candidate.exists():
+        candidate, number = path.with_name(f"{path.name}{_SET_ASIDE}-{number}"), number + 1
+    return candidate
+
+
+def checkpoint_role(path: Path) -> str | None:
+    """"latest" or "numbered" for a checkpoint of one of our runs (by its name, in a run's
+    checkpoints folder); None for weights from elsewhere (scDINO's, DINO's, --checkpoint files)."""
+    path = Path(path)
+    run = RunLayout(path.parent.parent)
+    if path.parent != run.checkpoints:
+        return None
+    if path.name == run.latest_checkpoint.name:
+        return "latest"
+    return "numbered" if _NUMBERED.fullmatch(path.name) else None
