@@ -21,9 +21,11 @@ writes. Before resuming, rank 0 checks the latest checkpoint (training/rundir/in
 record inside the file, every CRC-32 recomputed) and, if it is missing or damaged, the numbered
 ones from the newest down (a numbered copy that is the same file as a damaged one, a hard link, is
 damaged too). It resumes from the first intact one and tells the other ranks which, so every rank
-loads the same file. Damaged files newer than it are moved aside (RunLayout's set_aside_path:
-renamed to <name>.damaged, never deleted) with one warning; only the training between the two is
-lost. With no intact checkpoint at all nothing is moved and the run stops with one line saying so.
+loads the same file. Damaged files newer than it are moved aside (layout.set_aside_path: renamed
+to <name>.damaged, never deleted) and a numbered one is linked as checkpoint.pth, with one warning;
+only the training between the two is lost. With no intact checkpoint at all nothing is moved and
+the run stops with one line saying so. Checking costs one read of the file and a CRC-32 (about
+4 GB/s on one core); saving costs nothing extra (docs/training.md has the measurements).
 """
 
 from __future__ import annotations
@@ -135,8 +137,8 @@ def find_resume_point(layout: RunLayout) -> ResumePoint:
     candidates += [path for _, path in reversed(layout.numbered_checkpoints())]
     point = ResumePoint()
     for path in candidates:
-        twin = next((problem for bad, problem in point.damaged if path.samefile(bad)), None)
-        problem = twin or checkpoint_problem(path)
+        twin = next((bad for bad, _ in point.damaged if path.samefile(bad)), None)
+        problem = f"is a hard link to {twin.name}" if twin else checkpoint_problem(path)
         if problem is None:
             point.path = path
             return point
@@ -146,7 +148,9 @@ def find_resume_point(layout: RunLayout) -> ResumePoint:
 
 def settle_resume_point(layout: RunLayout) -> ResumePoint:
     """Rank 0: find the resume point; move the damaged checkpoints newer than it aside, with one
-    warning; UserError when checkpoints exist but none is intact (then nothing is moved)."""
+    warning; link a numbered resume point as the latest checkpoint (what `features` evaluates as
+    final until the next save replaces it). UserError when checkpoints exist but none is intact
+    (then nothing is moved)."""
     point = find_resume_point(layout)
     if point.damaged and point.path is None:
         found = "; ".join(f"{path.name} {problem}" for path, problem in point.damaged)
@@ -157,12 +161,12 @@ def settle_resume_point(layout: RunLayout) -> ResumePoint:
         aside = set_aside_path(path)
         path.rename(aside)
         moved.append(f"{path.name} {problem} (moved aside to {aside.name})")
-    if moved:
-        log.warning("damaged checkpoint: %s; resuming from %s, the intact one before it", "; ".join(moved),
-                    point.path.name)
-    elif point.path is not None and point.path != layout.latest_checkpoint:
-        log.warning("%s is missing; resuming from %s, the newest numbered checkpoint", layout.latest_checkpoint,
-                    point.path.name)
+    if point.path is not None and point.path != layout.latest_checkpoint:
+        link_atomic(point.path, layout.latest_checkpoint)
+        why = (f"damaged checkpoint in {layout.checkpoints}: {'; '.join(moved)}" if moved
+               else f"{layout.latest_checkpoint} is missing")
+        log.warning("%s; resuming from %s, the newest intact checkpoint (linked as %s)", why, point.path.name,
+                    layout.latest_checkpoint.name)
     return point
 
 

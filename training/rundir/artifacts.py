@@ -87,11 +87,10 @@ def checkpoint_remedy(path: Path) -> str:
     elsewhere are copied again."""
     role = checkpoint_role(path)
     if role == "latest":
-        return (f"{rerun('pretrain')}, which sets it aside and resumes from the newest intact checkpoint, "
-                "then this step")
+        return f"{rerun('pretrain')} (it sets the file aside and resumes from the newest intact checkpoint), then this step"
     if role == "numbered":
-        return (f"rename it to {set_aside_path(path).name} (the other epochs are evaluated without it) "
-                "and rerun this step")
+        return (f"rename it to {set_aside_path(path).name} and {rerun('features')} (the other epochs are "
+                "evaluated without it)")
     return "replace it with an intact copy"
 
 

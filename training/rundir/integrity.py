@@ -93,7 +93,9 @@ def parse_json(path: Path, remedy: str) -> Any:
         raise DamagedFileError(path, "is empty", remedy)
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(path, f"is not valid JSON (no UTF-8 text at byte {exc.start})", remedy) from None
+    except json.JSONDecodeError as exc:
         raise DamagedFileError(path, f"is not valid JSON ({one_line(exc)})", remedy) from None
 
 
@@ -161,7 +163,8 @@ def zip_problem(path: Path, *, full: bool = True) -> str | None:
 
 
 def _record_problem(view: memoryview, record: zipfile.ZipInfo, size: int, check_crc: bool) -> str | None:
-    offset, name = record.header_offset, record.filename
+    # torch names a record <archive>/<record>, the archive after the temporary file it saved to
+    offset, name = record.header_offset, record.filename.partition("/")[2] or record.filename
     if offset + _LOCAL_HEADER.size > size:
         return f"is truncated (record {name} starts at byte {offset}, the file has {size})"
     signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(view, offset)
