@@ -6,26 +6,28 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
-Rank 0 writes it atomically (training/atomic.py); at the epochs `train.saveckp_rule` picks (every
-`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and, when
-`train.keep_last` > 0, all but the last that many numbered copies are pruned (0, the default, keeps
-every one: `features` evaluates them all). Every `train.checkpoint_every_minutes` the loop also
-saves mid-epoch: that replaces only the latest checkpoint (it is never numbered, so never pruned
-and never taken for an evaluated epoch).
+Rank 0 writes it atomically (training/atomic.py), keeping the checkpoint it replaces as
+RunLayout.previous_checkpoint (a hard link: nothing is written twice); at the epochs
+`train.saveckp_rule` picks (every `train.saveckp_freq` completed epochs, or scDINO's) a numbered
+copy is linked beside it and, when `train.keep_last` > 0, all but the last that many numbered
+copies are pruned (0, the default, keeps every one: `features` evaluates them all). Every
+`train.checkpoint_every_minutes` the loop also saves mid-epoch: that replaces only the latest
+checkpoint (it is never numbered, so never pruned and never taken for an evaluated epoch).
 A pre-empted run also leaves the marker RunLayout.preempted_marker for the batch script, and the
 resumed run removes it. Weights from elsewhere (DINO, scDINO, ImageNet) load through
 training/models/pretrained.py instead.
 
 Damage: torch.save writes a zip archive whose records each carry a CRC-32 that torch computes as it
 writes. Before resuming, rank 0 checks the latest checkpoint (training/rundir/integrity.py: every
-record inside the file, every CRC-32 recomputed) and, if it is missing or damaged, the numbered
-ones from the newest down (a numbered copy that is the same file as a damaged one, a hard link, is
-damaged too). It resumes from the first intact one and tells the other ranks which, so every rank
-loads the same file. Damaged files newer than it are moved aside (layout.set_aside_path: renamed
-to <name>.damaged, never deleted) and a numbered one is linked as checkpoint.pth, with one warning;
-only the training between the two is lost. With no intact checkpoint at all nothing is moved and
-the run stops with one line saying so. Checking costs one read of the file and a CRC-32 (about
-4 GB/s on one core); saving costs nothing extra (docs/training.md has the measurements).
+record inside the file, every CRC-32 recomputed) and, if it is missing or damaged, the others
+newest first: the save before it, the numbered ones (a file that is a hard link of a damaged one
+is damaged too). It resumes from the first intact one and tells the other ranks which, so every
+rank loads the same file. Damaged files newer than it are moved aside (layout.set_aside_path:
+renamed to <name>.damaged, never deleted) and a resume point other than checkpoint.pth is linked
+as checkpoint.pth, with one warning: only the training since that save is done again (one save
+interval, unless the save before the latest is damaged too). With no intact checkpoint at all
+nothing is moved and the run stops with one line saying so. Checking costs one read of the file
+and a CRC-32; saving costs nothing extra (docs/training.md, "Damaged run files", has figures).
 """
 
 from __future__ import annotations
@@ -131,12 +133,26 @@ def checkpoint_problem(path: Path) -> str | None:
     return zip_problem(path)
 
 
+def resume_candidates(layout: RunLayout) -> list[Path]:
+    """Every checkpoint, newest first: the latest, then the previous save and the numbered ones by how
+    far each got (a numbered one's epoch is in its name; the previous one's position is read from it,
+    its weights left unread; one that cannot be read comes first, to be found damaged)."""
+    found = [(epoch, 0, 1, path) for epoch, path in layout.numbered_checkpoints()]
+    if layout.previous_checkpoint.is_file():
+        try:
+            saved = read_checkpoint(layout.previous_checkpoint, mmap_weights=True)
+            position = (int(saved["epoch"]), int(saved.get("step_in_epoch", 0)))
+        except (UserError, KeyError, TypeError, ValueError):
+            position = (math.inf, math.inf)
+        found.append((*position, 0, layout.previous_checkpoint))  # a tie goes to the numbered name
+    latest = [layout.latest_checkpoint] if layout.latest_checkpoint.is_file() else []
+    return latest + [path for *_, path in sorted(found, key=lambda item: item[:3], reverse=True)]
+
+
 def find_resume_point(layout: RunLayout) -> ResumePoint:
-    """The newest intact checkpoint: the latest, else the numbered ones from the newest down."""
-    candidates = [layout.latest_checkpoint] if layout.latest_checkpoint.is_file() else []
-    candidates += [path for _, path in reversed(layout.numbered_checkpoints())]
+    """The newest intact checkpoint (resume_candidates, checked in that order)."""
     point = ResumePoint()
-    for path in candidates:
+    for path in resume_candidates(layout):
         twin = next((bad for bad, _ in point.damaged if path.samefile(bad)), None)
         problem = f"is a hard link to {twin.name}" if twin else checkpoint_problem(path)
         if problem is None:
@@ -209,7 +225,11 @@ class CheckpointManager:
         return self.layout.latest_checkpoint
 
     def write(self, state: dict[str, Any]) -> None:
-        """Write the latest checkpoint and, at the epochs `is_numbered_epoch` picks, a numbered one."""
+        """Write the latest checkpoint, keeping the one it replaces as the previous (a hard link, no
+        copy: a damaged latest then costs one save interval), and at the epochs `is_numbered_epoch`
+        picks a numbered one."""
+        if self.latest.exists():
+            link_atomic(self.latest, self.layout.previous_checkpoint)
         save_torch_atomic(state, self.latest)
         epoch = int(state["epoch"])
         total = (state.get("config") or {}).get("optim", {}).get("epochs")

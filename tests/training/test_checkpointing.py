@@ -32,7 +32,9 @@ def test_numbered_checkpoints_every_n_epochs_keep_the_last_k(tmp_path):
     assert load_checkpoint(layout.latest_checkpoint)["epoch"] == 7
     assert torch.equal(load_checkpoint(layout.epoch_checkpoint(6))["w"], torch.full((2,), 6.0))
     assert sorted(p.name for p in layout.checkpoints.iterdir()) == [
-        "checkpoint.pth", "checkpoint_0004.pth", "checkpoint_0006.pth"]
+        "checkpoint.pth", "checkpoint_0004.pth", "checkpoint_0006.pth", "checkpoint_previous.pth"]
+    assert load_checkpoint(layout.previous_checkpoint)["epoch"] == 6  # the save before the latest
+    assert layout.previous_checkpoint.samefile(layout.epoch_checkpoint(6))  # a hard link, not a copy
 
 
 def test_mid_epoch_checkpoint_is_not_numbered(tmp_path):
@@ -130,17 +132,18 @@ def test_a_damaged_latest_checkpoint_and_its_hard_link_are_set_aside_for_the_one
         ("checkpoint.pth", "is truncated or damaged at its end"),
         ("checkpoint_0003.pth", "is a hard link to checkpoint.pth")]
     assert checkpoint_names(layout) == ["checkpoint.pth", "checkpoint.pth.damaged", "checkpoint_0001.pth",
-                                        "checkpoint_0002.pth", "checkpoint_0003.pth.damaged"]
+                                        "checkpoint_0002.pth", "checkpoint_0003.pth.damaged",
+                                        "checkpoint_previous.pth"]
     assert layout.latest_checkpoint.samefile(layout.epoch_checkpoint(2))  # `features` evaluates it as final
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning.startswith(f"damaged checkpoint in {layout.checkpoints}: checkpoint.pth is truncated")
     assert warning.endswith("resuming from checkpoint_0002.pth, the newest intact checkpoint (linked as checkpoint.pth)")
 
-    garble(layout.latest_checkpoint)  # damaged again, in place: checkpoint_0002.pth with it
+    garble(layout.latest_checkpoint)  # damaged again, in place: checkpoint_0002.pth and the previous with it
     assert settle_resume_point(layout).path == layout.epoch_checkpoint(1)
     assert checkpoint_names(layout) == ["checkpoint.pth", "checkpoint.pth.damaged", "checkpoint.pth.damaged-2",
                                         "checkpoint_0001.pth", "checkpoint_0002.pth.damaged",
-                                        "checkpoint_0003.pth.damaged"]
+                                        "checkpoint_0003.pth.damaged", "checkpoint_previous.pth.damaged"]
     assert [e for e, _ in layout.numbered_checkpoints()] == [1]  # set-aside files are no epochs
 
 
@@ -150,11 +153,25 @@ def garble(path):
         handle.write(b"\xff" * 16)
 
 
+def test_a_mid_epoch_save_damaged_costs_one_save_interval(tmp_path):
+    """The latest is a mid-epoch save: the save before it (also mid-epoch, newer than any numbered
+    checkpoint) is the resume point."""
+    layout = RunLayout(tmp_path)
+    written_checkpoints(layout, 2)
+    manager = CheckpointManager(layout, TrainConfig(saveckp_freq=1))
+    for step in (3, 6):
+        manager.write({"epoch": 2, "step_in_epoch": step, "w": torch.zeros(4000)})
+    garble(layout.latest_checkpoint)
+    point = settle_resume_point(layout)
+    assert point.path == layout.previous_checkpoint and [p.name for p, _ in point.damaged] == ["checkpoint.pth"]
+    assert load_checkpoint(layout.latest_checkpoint)["step_in_epoch"] == 3
+
+
 def test_without_a_latest_checkpoint_the_newest_numbered_one_is_the_resume_point(tmp_path, caplog):
     layout = RunLayout(tmp_path)
     written_checkpoints(layout, 2)
     layout.latest_checkpoint.unlink()
-    assert settle_resume_point(layout).path == layout.epoch_checkpoint(2)
+    assert settle_resume_point(layout).path == layout.epoch_checkpoint(2)  # newer than the previous save
     assert load_checkpoint(layout.latest_checkpoint)["epoch"] == 2
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"{layout.latest_checkpoint} is missing; resuming from checkpoint_0002.pth, the newest intact checkpoint "
@@ -169,7 +186,8 @@ def test_no_intact_checkpoint_is_an_error_that_moves_nothing(tmp_path):
     before = checkpoint_names(layout)
     with pytest.raises(UserError, match=r"^no intact checkpoint to resume from in .*checkpoints \(checkpoint\.pth "
                                         r"fails its checksum .*; checkpoint_0002\.pth is a hard link to checkpoint\.pth; "
-                                        r"checkpoint_0001\.pth fails its checksum .*\): restore one from a copy"):
+                                        r"checkpoint_0001\.pth fails its checksum .*; checkpoint_previous\.pth is a hard "
+                                        r"link to checkpoint_0001\.pth\): restore one from a copy"):
         settle_resume_point(layout)
     assert checkpoint_names(layout) == before
     assert settle_resume_point(RunLayout(tmp_path / "new")).path is None  # a new run starts afresh

@@ -11,9 +11,10 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
-      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ... and the
-                                  PREEMPTED marker while a pre-empted job waits for its requeue;
-                                  <name>.damaged: a damaged checkpoint the resume set aside (never deleted)
+      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_previous.pth (the save
+                                  before it), checkpoint_0005.pth, ... and the PREEMPTED marker while a
+                                  pre-empted job waits for its requeue; <name>.damaged: a damaged
+                                  checkpoint the resume set aside (never deleted)
                                   failures.jsonl: one JSON line per failure and per resume after one
                                   (training/heal/failures.py); DETERMINISTIC_FAILURE: the marker that
                                   tells the batch script not to retry
@@ -106,6 +107,7 @@ class RunLayout:
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
+    previous_checkpoint = property(lambda self: self.checkpoints / "checkpoint_previous.pth")
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
     failure_log = property(lambda self: self.checkpoints / "failures.jsonl")
     failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE")
@@ -145,12 +147,6 @@ class RunLayout:
                 found.append((int(match.group(1)), path))
         return sorted(found)
 
-    def set_aside_checkpoints(self) -> list[Path]:
-        """Damaged checkpoints a resume moved aside (`set_aside_path`), by name."""
-        if not self.checkpoints.is_dir():
-            return []
-        return sorted(p for p in self.checkpoints.iterdir() if _SET_ASIDE in p.name)
-
     def features(self, tag: str) -> Path:
         return self.features_root / tag
 
@@ -172,12 +168,13 @@ def set_aside_path(path: Path) -> Path:
 
 
 def checkpoint_role(path: Path) -> str | None:
-    """"latest" or "numbered" for a checkpoint of one of our runs (by its name, in a run's
-    checkpoints folder); None for weights from elsewhere (scDINO's, DINO's, --checkpoint files)."""
+    """"latest" (checkpoint.pth or the save before it) or "numbered" for a checkpoint of one of our
+    runs (by its name, in a run's checkpoints folder); None for weights from elsewhere (scDINO's,
+    DINO's, --checkpoint files)."""
     path = Path(path)
     run = RunLayout(path.parent.parent)
     if path.parent != run.checkpoints:
         return None
-    if path.name == run.latest_checkpoint.name:
+    if path.name in (run.latest_checkpoint.name, run.previous_checkpoint.name):
         return "latest"
     return "numbered" if _NUMBERED.fullmatch(path.name) else None

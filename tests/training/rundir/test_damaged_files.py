@@ -213,7 +213,7 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_training_resumes_from_the_
     assert "resuming from checkpoint_0001.pth, the newest intact checkpoint" in warnings[0]
     assert checkpoint_files(run) == [
         "checkpoint.pth", "checkpoint.pth.damaged", "checkpoint_0001.pth", "checkpoint_0002.pth",
-        "checkpoint_0002.pth.damaged"]
+        "checkpoint_0002.pth.damaged", "checkpoint_previous.pth"]
     assert (checkpoints / "checkpoint.pth.damaged").stat().st_size == damaged_bytes
     assert checkpoint_epoch(checkpoints / "checkpoint.pth") == checkpoint_epoch(checkpoints / "checkpoint_0002.pth") == (
         2, 4)
@@ -236,7 +236,8 @@ def test_a_missing_latest_checkpoint_resumes_from_the_newest_numbered_one(case, 
 def test_no_intact_checkpoint_at_all_is_one_line_and_moves_nothing(case, capsys):
     damaged, step = case
     run = damaged("checkpoints/checkpoint.pth", "truncate")
-    damage(run / "checkpoints" / "checkpoint_0001.pth", "delete")  # a hard link: the shared run keeps its own
+    for name in ("checkpoint_0001.pth", "checkpoint_previous.pth"):  # hard links: the shared run keeps its own
+        damage(run / "checkpoints" / name, "delete")
     listing = checkpoint_files(run)
     assert step("pretrain") == 2
     line = error_line(capsys)
