@@ -73,11 +73,9 @@ def read_mean_std(path: Path, layout: RunLayout) -> dict[str, Any]:
     remedy = rerun("mean-std") if path == layout.mean_std else "fix or replace the file data.mean_std_file names"
     stats = require_keys(parse_json(path, remedy), ("mean", "std"), path, remedy)
     mean, std = stats["mean"], stats["std"]
-    numbers = all(isinstance(v, (int, float)) for v in [*mean, *std]) if isinstance(mean, list) and isinstance(
-        std, list) else False
-    if not numbers or len(mean) != len(std) or not mean:
-        raise DamagedFileError(path, "does not hold two equally long lists of numbers under \"mean\" and \"std\"",
-                               remedy)
+    lists = isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) > 0
+    if not lists or not all(isinstance(v, (int, float)) for v in [*mean, *std]):
+        raise DamagedFileError(path, 'does not hold two equally long lists of numbers, "mean" and "std"', remedy)
     return stats
 
 

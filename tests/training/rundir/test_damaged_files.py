@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,7 +199,7 @@ def checkpoint_epoch(path: Path) -> tuple[int, int]:
     return saved["epoch"], saved["global_step"]
 
 
-@pytest.mark.parametrize("how", ["truncate", "garble"])
+@pytest.mark.parametrize("how", ["truncate", pytest.param("garble", marks=pytest.mark.slow)])
 def test_a_damaged_latest_checkpoint_is_set_aside_and_training_resumes_from_the_one_before(case, caplog, how):
     """Damaged in place, checkpoint.pth takes its hard link checkpoint_0002.pth with it: both are set
     aside (kept, byte for byte), training resumes from checkpoint_0001.pth and trains epoch 2 again.
@@ -284,3 +286,17 @@ def test_a_damaged_timings_file_is_set_aside_by_the_next_step(case, caplog):
     assert (run / "timings.json.damaged").read_bytes() == garbled
     assert list(json.loads((run / "timings.json").read_text())) == ["labels"]
     assert "moved aside to timings.json.damaged; starting a new one" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_one_error_line_and_no_traceback(finished, case):
+    """As a user runs it: `python -m training features` on a truncated checkpoint, in its own process."""
+    config, _ = finished
+    damaged, _ = case
+    run = damaged("checkpoints/checkpoint.pth", "truncate")
+    command = [sys.executable, "-m", "training", "features", "--config", str(config), "--set", f"run.output_dir={run}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: {run / 'checkpoints' / 'checkpoint.pth'} is truncated or damaged at its end")
