@@ -38,7 +38,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -133,10 +133,13 @@ def checkpoint_problem(path: Path) -> str | None:
     return zip_problem(path)
 
 
-def resume_candidates(layout: RunLayout) -> list[Path]:
-    """Every checkpoint, newest first: the latest, then the previous save and the numbered ones by how
-    far each got (a numbered one's epoch is in its name; the previous one's position is read from it,
-    its weights left unread; one that cannot be read comes first, to be found damaged)."""
+def resume_candidates(layout: RunLayout) -> Iterator[Path]:
+    """Every checkpoint, newest first: the latest, then (looked at only if asked for) the previous
+    save and the numbered ones by how far each got. A numbered one's epoch is in its name; the
+    previous one's position is read from it, its weights left unread; if it cannot be read it comes
+    first, to be found damaged."""
+    if layout.latest_checkpoint.is_file():
+        yield layout.latest_checkpoint
     found = [(epoch, 0, 1, path) for epoch, path in layout.numbered_checkpoints()]
     if layout.previous_checkpoint.is_file():
         try:
@@ -145,8 +148,7 @@ def resume_candidates(layout: RunLayout) -> list[Path]:
         except (UserError, KeyError, TypeError, ValueError):
             position = (math.inf, math.inf)
         found.append((*position, 0, layout.previous_checkpoint))  # a tie goes to the numbered name
-    latest = [layout.latest_checkpoint] if layout.latest_checkpoint.is_file() else []
-    return latest + [path for *_, path in sorted(found, key=lambda item: item[:3], reverse=True)]
+    yield from (path for *_, path in sorted(found, key=lambda item: item[:3], reverse=True))
 
 
 def find_resume_point(layout: RunLayout) -> ResumePoint:
