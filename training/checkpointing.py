@@ -6,15 +6,28 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
-Rank 0 writes it atomically (training/atomic.py); at the epochs `train.saveckp_rule` picks (every
-`train.saveckp_freq` completed epochs, or scDINO's) a numbered copy is linked beside it and, when
-`train.keep_last` > 0, all but the last that many numbered copies are pruned (0, the default, keeps
-every one: `features` evaluates them all). Every `train.checkpoint_every_minutes` the loop also
-saves mid-epoch: that replaces only the latest checkpoint (it is never numbered, so never pruned
-and never taken for an evaluated epoch).
+Rank 0 writes it atomically (training/atomic.py), keeping the checkpoint it replaces as
+RunLayout.previous_checkpoint (a hard link: nothing is written twice); at the epochs
+`train.saveckp_rule` picks (every `train.saveckp_freq` completed epochs, or scDINO's) a numbered
+copy is linked beside it and, when `train.keep_last` > 0, all but the last that many numbered
+copies are pruned (0, the default, keeps every one: `features` evaluates them all). Every
+`train.checkpoint_every_minutes` the loop also saves mid-epoch: that replaces only the latest
+checkpoint (it is never numbered, so never pruned and never taken for an evaluated epoch).
 A pre-empted run also leaves the marker RunLayout.preempted_marker for the batch script, and the
 resumed run removes it. Weights from elsewhere (DINO, scDINO, ImageNet) load through
 training/models/pretrained.py instead.
+
+Damage: torch.save writes a zip archive whose records each carry a CRC-32 that torch computes as it
+writes. Before resuming, rank 0 checks the latest checkpoint (training/rundir/integrity.py: every
+record inside the file, every CRC-32 recomputed) and, if it is missing or damaged, the others
+newest first: the save before it, the numbered ones (a file that is a hard link of a damaged one
+is damaged too). It resumes from the first intact one and tells the other ranks which, so every
+rank loads the same file. Damaged files newer than it are moved aside (layout.set_aside_path:
+renamed to <name>.damaged, never deleted) and a resume point other than checkpoint.pth is linked
+as checkpoint.pth, with one warning: only the training since that save is done again (one save
+interval, unless the save before the latest is damaged too). With no intact checkpoint at all
+nothing is moved and the run stops with one line saying so. Checking costs one read of the file
+and a CRC-32; saving costs nothing extra (docs/training.md, "Damaged run files", has figures).
 """
 
 from __future__ import annotations
@@ -23,7 +36,9 @@ import logging
 import math
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -31,11 +46,13 @@ import torch.distributed as dist
 
 from training.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.config import TrainConfig, flatten_dotted
-from training.distributed import DistContext, all_gather_object
+from training.distributed import DistContext, all_gather_object, broadcast_object
 from training.errors import UserError
-from training.models.pretrained import load_checkpoint
 from training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
 from training.rundir import RunLayout
+from training.rundir.artifacts import read_checkpoint
+from training.rundir.integrity import is_zip, zip_problem
+from training.rundir.layout import set_aside_path
 
 if TYPE_CHECKING:
     from training.dino.step import TrainState
@@ -99,6 +116,94 @@ def is_numbered_epoch(completed: int, total: int | None, every: int, rule: str) 
     return completed % every == 0
 
 
+@dataclass
+class ResumePoint:
+    """Which checkpoint a run resumes from (None: the start) and the damaged ones found before it,
+    as (path, what is wrong)."""
+
+    path: Path | None = None
+    damaged: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What is wrong with a checkpoint file (integrity.zip_problem, every CRC-32), None when intact.
+    A pre-zip file is not checked here: torch.load will say."""
+    if path.stat().st_size and not is_zip(path):
+        return None
+    return zip_problem(path)
+
+
+def resume_candidates(layout: RunLayout) -> Iterator[Path]:
+    """Every checkpoint, newest first: the latest, then (looked at only if asked for) the previous
+    save and the numbered ones by how far each got. A numbered one's epoch is in its name; the
+    previous one's position is read from it, its weights left unread; if it cannot be read it comes
+    first, to be found damaged."""
+    if layout.latest_checkpoint.is_file():
+        yield layout.latest_checkpoint
+    found = [(epoch, 0, 1, path) for epoch, path in layout.numbered_checkpoints()]
+    if layout.previous_checkpoint.is_file():
+        try:
+            saved = read_checkpoint(layout.previous_checkpoint, mmap_weights=True)
+            position = (int(saved["epoch"]), int(saved.get("step_in_epoch", 0)))
+        except (UserError, KeyError, TypeError, ValueError):
+            position = (math.inf, math.inf)
+        found.append((*position, 0, layout.previous_checkpoint))  # a tie goes to the numbered name
+    yield from (path for *_, path in sorted(found, key=lambda item: item[:3], reverse=True))
+
+
+def find_resume_point(layout: RunLayout) -> ResumePoint:
+    """The newest intact checkpoint (resume_candidates, checked in that order)."""
+    point = ResumePoint()
+    for path in resume_candidates(layout):
+        twin = next((bad for bad, _ in point.damaged if path.samefile(bad)), None)
+        problem = f"is a hard link to {twin.name}" if twin else checkpoint_problem(path)
+        if problem is None:
+            point.path = path
+            return point
+        point.damaged.append((path, problem))
+    return point
+
+
+def settle_resume_point(layout: RunLayout) -> ResumePoint:
+    """Rank 0: find the resume point; move the damaged checkpoints newer than it aside, with one
+    warning; link a numbered resume point as the latest checkpoint (what `features` evaluates as
+    final until the next save replaces it). UserError when checkpoints exist but none is intact
+    (then nothing is moved)."""
+    point = find_resume_point(layout)
+    if point.damaged and point.path is None:
+        found = "; ".join(f"{path.name} {problem}" for path, problem in point.damaged)
+        raise UserError(f"no intact checkpoint to resume from in {layout.checkpoints} ({found}): restore one "
+                        "from a copy, or move the folder away to start again from the first epoch")
+    moved = []
+    for path, problem in point.damaged:
+        aside = set_aside_path(path)
+        path.rename(aside)
+        moved.append(f"{path.name} {problem} (moved aside to {aside.name})")
+    if point.path is not None and point.path != layout.latest_checkpoint:
+        link_atomic(point.path, layout.latest_checkpoint)
+        why = (f"damaged checkpoint in {layout.checkpoints}: {'; '.join(moved)}" if moved
+               else f"{layout.latest_checkpoint} is missing")
+        log.warning("%s; resuming from %s, the newest intact checkpoint (linked as %s)", why, point.path.name,
+                    layout.latest_checkpoint.name)
+    return point
+
+
+def agreed_resume_point(layout: RunLayout, ctx: DistContext) -> Path | None:
+    """The checkpoint every rank resumes from: rank 0 decides (and moves damaged files aside) and
+    tells the others, so that no rank picks another file or reads one while it is renamed. A
+    UserError on rank 0 stops every rank with the same message."""
+    decided: tuple[Path | None, str | None] = (None, None)
+    if ctx.is_main:
+        try:
+            decided = (settle_resume_point(layout).path, None)
+        except UserError as exc:
+            decided = (None, str(exc))
+    path, error = broadcast_object(ctx, decided)
+    if error is not None:
+        raise UserError(error)
+    return path
+
+
 class CheckpointManager:
     """The checkpoints of one run directory."""
 
@@ -108,6 +213,8 @@ class CheckpointManager:
         self.rule = settings.saveckp_rule
         self.save_every_s = settings.checkpoint_every_minutes * 60
         self.last_save = clock()
+        self.resumed_from: Path | None = None
+        """The checkpoint `resume` loaded (None: the run started afresh)."""
 
     def time_to_save(self) -> bool:
         """Whether `train.checkpoint_every_minutes` have passed since the last save. Only rank 0's
@@ -120,7 +227,11 @@ class CheckpointManager:
         return self.layout.latest_checkpoint
 
     def write(self, state: dict[str, Any]) -> None:
-        """Write the latest checkpoint and, at the epochs `is_numbered_epoch` picks, a numbered one."""
+        """Write the latest checkpoint, keeping the one it replaces as the previous (a hard link, no
+        copy: a damaged latest then costs one save interval), and at the epochs `is_numbered_epoch`
+        picks a numbered one."""
+        if self.latest.exists():
+            link_atomic(self.latest, self.layout.previous_checkpoint)
         save_torch_atomic(state, self.latest)
         epoch = int(state["epoch"])
         total = (state.get("config") or {}).get("optim", {}).get("epochs")
@@ -157,24 +268,26 @@ class CheckpointManager:
         self.last_save = clock()
 
     def resume(self, state: TrainState, ctx: DistContext) -> None:
-        """Continue from the latest checkpoint if the run has one; remove a pre-emption marker."""
+        """Continue from the newest intact checkpoint if the run has one (`agreed_resume_point`);
+        remove a pre-emption marker."""
         if ctx.is_main:
             self.clear_preempted()
-        if not self.latest.exists():
+        path = self.resumed_from = agreed_resume_point(self.layout, ctx)
+        if path is None:
             torch.manual_seed(state.config.run.seed + ctx.rank)
             return
-        saved = load_checkpoint(self.latest)
-        changed = check_resumable(saved.get("config"), state.config.to_dict(), self.latest)
+        saved = read_checkpoint(path, verify=False)  # rank 0 has just checked it
+        changed = check_resumable(saved.get("config"), state.config.to_dict(), path)
         if changed:
             log.warning("resuming %s with settings changed since it was saved (the run follows the new ones "
-                        "from here; a new run.output_dir starts afresh): %s", self.latest, "; ".join(changed))
+                        "from here; a new run.output_dir starts afresh): %s", path, "; ".join(changed))
         restore(state, saved, ctx)
-        log.info("resumed from %s: epoch %d, step %d", self.latest, state.epoch, state.global_step)
+        log.info("resumed from %s: epoch %d, step %d", path, state.epoch, state.global_step)
         if state.epoch >= state.config.optim.epochs:
             log.info("the checkpoint already completed optim.epochs=%d; nothing to train",
                      state.config.optim.epochs)
         if not math.isfinite(float(state.loss_fn.center.abs().sum())):
-            raise UserError(f"{self.latest} holds a non-finite loss centre; delete it to restart")
+            raise UserError(f"{path} holds a non-finite loss centre; delete it to restart")
 
 
 def snapshot(state: TrainState, ctx: DistContext) -> dict[str, Any]:

@@ -84,9 +84,9 @@ def is_rank_zero() -> bool:
 
 def record_timing(layout: RunLayout, step: str, seconds: float) -> None:
     """Merge this step's wall time into the run's timings (rank 0 only)."""
-    from training.rundir.artifacts import read_timings
+    from training.rundir.artifacts import timings_to_update
 
-    timings = read_timings(layout)
+    timings = timings_to_update(layout)
     timings[step] = round(seconds, 3)
     write_json_atomic(layout.timings, timings, indent=2)
 
@@ -94,7 +94,7 @@ def record_timing(layout: RunLayout, step: str, seconds: float) -> None:
 def run_step(args: argparse.Namespace) -> int:
     config: Config = load_config(args.config, args.overrides)
     layout = RunLayout.from_config(config)
-    pipeline_step = args.step not in UTILITIES
+    pipeline_step = args.step not in UTILITIES and not getattr(args, "verify", False)  # a check writes nothing
     if is_rank_zero() and pipeline_step:
         layout.root.mkdir(parents=True, exist_ok=True)
         dump_config(config, layout.config)

@@ -146,5 +146,12 @@ def load_optimizer_state(models: ParallelModels, optimizer: torch.optim.Optimize
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True)
+    # A checkpoint of the first optim.freeze_last_layer epochs holds no state for the frozen last
+    # layer, which has had no step yet. Loading makes one for every parameter (a step with zero
+    # gradients); it is dropped again where the checkpoint had none, so that the first real step
+    # starts it, as in a run that was never interrupted (names: fully_shard and compile keep them).
+    options = StateDictOptions(full_state_dict=True, strict=False)
     set_optimizer_state_dict(models.student, optimizer, optim_state_dict=state, options=options)
+    for name, param in models.student.named_parameters():
+        if name not in state["state"]:
+            optimizer.state.pop(param, None)

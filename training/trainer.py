@@ -186,7 +186,7 @@ def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: 
     preempted = layout.preempted_marker.exists()  # resume removes it
     checkpoints.resume(state, ctx)
     if ctx.is_main:
-        resumed_from = str(checkpoints.latest) if checkpoints.latest.exists() else None
+        resumed_from = str(checkpoints.resumed_from) if checkpoints.resumed_from else None
         record_resume(layout, resumed_from, state.epoch, state.step_in_epoch, state.global_step,
                       preempted=preempted)
         forget_metrics_after(layout, state.global_step)

@@ -110,7 +110,7 @@ def test_metrics_lines_and_step_cap(tmp_path):
     assert lines[0]["images_per_s"] > 0 and lines[2]["lr"] > 0 and lines[2]["momentum"] > 0.996
     assert any((tmp_path / "tensorboard").iterdir())
     assert [p.name for p in sorted(RunLayout(tmp_path).checkpoints.glob("*.pth"))] == [
-        "checkpoint.pth", "checkpoint_0001.pth", "checkpoint_0002.pth"]
+        "checkpoint.pth", "checkpoint_0001.pth", "checkpoint_0002.pth", "checkpoint_previous.pth"]
 
 
 @pytest.mark.slow

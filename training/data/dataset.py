@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.index import ImageIndex, scan_images
-from training.data.packed import PackedImages, expected_format, is_packed
+from training.data.packed import PackedImages, check_not_half_packed, expected_format, is_packed
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
 from training.rundir import RunLayout
@@ -86,6 +86,7 @@ def resolve_source(config: Config) -> tuple[str, Path]:
         if is_packed(source):
             raise UserError(f"data.loader=tiff but data.source {source} is a packed dataset")
         return "tiff", source
+    check_not_half_packed(packed)
     for folder in (packed, source):
         if is_packed(folder):
             return "packed", folder

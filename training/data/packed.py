@@ -1,7 +1,15 @@
 """The packed dataset: every image in one flat memory-mapped file, plus index.json.
 
     packed/images.bin   raw pixels, each image stored channel-first (C, H, W) in C order, back to back
-    packed/index.json   paths, labels, class_names, shapes, offsets (in elements), dtype, channels
+    packed/index.json   paths, labels, class_names, shapes, offsets (in elements), dtype, channels,
+                        and images.bin's size and CRC-32 ("data_bytes", "data_crc32", computed while
+                        writing)
+
+Integrity: opening checks the index (parses, its lists agree, every image lies inside the data) and
+images.bin's size, in microseconds; the CRC-32 of every byte is checked on request (`verify`,
+`python -m training prepare --verify`). An index written before the checksum was recorded gets
+the size check (total_elements x item size) and nothing more. Damage is a DamagedFileError that
+names the file and says to rerun `prepare`.
 
 Images of different sizes are supported (offsets + shapes); when all share one shape the reader
 exposes the file as a single (N, C, H, W) array so a batch is one fancy-indexing copy. The memory
@@ -18,6 +26,8 @@ import json
 import logging
 import os
 import shutil
+import time
+import zlib
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing
@@ -30,6 +40,8 @@ from tqdm import tqdm
 
 from training.data.index import ImageIndex
 from training.data.tiff import BadImage, ChannelAxis, read_image
+from training.errors import DamagedFileError
+from training.rundir.integrity import check_crc32, check_size, crc32_hex, parse_json, require_keys, rerun
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +54,20 @@ WIDEN_CHUNK = 1 << 24
 """Elements converted at a time when the packed file is rewritten in a wider pixel type."""
 
 
+REMEDY = rerun("prepare")
+INDEX_KEYS = ("format", "dtype", "channels", "paths", "labels", "class_names", "shapes", "offsets", "total_elements")
+
+
 def is_packed(folder: Path) -> bool:
     return (Path(folder) / INDEX_FILE).is_file() and (Path(folder) / IMAGES_FILE).is_file()
+
+
+def check_not_half_packed(folder: Path) -> None:
+    """DamagedFileError when the run's packed folder holds one of its two files but not the other."""
+    index, images = Path(folder) / INDEX_FILE, Path(folder) / IMAGES_FILE
+    if index.is_file() != images.is_file():
+        present, absent = (index, images) if index.is_file() else (images, index)
+        raise DamagedFileError(absent, f"is missing ({present.name} is there)", REMEDY)
 
 
 @dataclass
@@ -85,11 +109,12 @@ class PixelWriter:
     """Appends images to the flat pixel file in one type, widening the type when an image needs it.
 
     Widening rewrites what was written so far (once per new type, and only for a mixed folder);
-    offsets count elements, not bytes, so those already recorded stay valid.
+    offsets count elements, not bytes, so those already recorded stay valid. The CRC-32 of the
+    file is kept up to date as it is written (no second read).
     """
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
-        self.path, self.dtype, self.elements = Path(path), np.dtype(dtype), 0
+        self.path, self.dtype, self.elements, self.crc = Path(path), np.dtype(dtype), 0, 0
         self.file = open(self.path, "wb")
 
     def append(self, image: np.ndarray) -> int:
@@ -97,7 +122,9 @@ class PixelWriter:
         if not np.can_cast(image.dtype, self.dtype, casting="safe"):
             self._widen(image.dtype)
         offset = self.elements
-        self.file.write(image.astype(self.dtype, copy=False).tobytes())
+        data = image.astype(self.dtype, copy=False).tobytes()
+        self.file.write(data)
+        self.crc = zlib.crc32(data, self.crc)
         self.elements += image.size
         return offset
 
@@ -106,11 +133,14 @@ class PixelWriter:
         log.info("pixel types differ (%s and %s): packing every image as %s", self.dtype, other, dtype)
         self.file.close()
         wider = self.path.with_name(self.path.name + ".wider")
+        self.crc = 0
         with open(wider, "wb") as out:
             if self.elements:
                 written = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.elements,))
                 for start in range(0, self.elements, WIDEN_CHUNK):
-                    out.write(written[start:start + WIDEN_CHUNK].astype(dtype).tobytes())
+                    data = written[start:start + WIDEN_CHUNK].astype(dtype).tobytes()
+                    out.write(data)
+                    self.crc = zlib.crc32(data, self.crc)
                 del written
         os.replace(wider, self.path)
         self.dtype, self.file = dtype, open(self.path, "ab")
@@ -188,6 +218,7 @@ def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: C
             "paths": [index.paths[i] for i in kept], "labels": [index.labels[i] for i in kept],
             "class_names": index.class_names, "shapes": shapes, "offsets": offsets,
             "total_elements": writer.elements, "source": str(root), "folder_depth_for_labels": folder_depth_for_labels,
+            "data_bytes": writer.elements * writer.dtype.itemsize, "data_crc32": crc32_hex(writer.crc),
         })
         _replace_dir(tmp, out_dir)
     finally:
@@ -205,14 +236,36 @@ def _replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def read_packed_index(folder: Path) -> dict:
+    """index.json, checked to describe a packed dataset whose images all lie inside images.bin."""
+    path = Path(folder) / INDEX_FILE
+    meta = require_keys(parse_json(path, REMEDY), INDEX_KEYS, path, REMEDY)
+    if meta["format"] != FORMAT:
+        raise DamagedFileError(path, f"is not a {FORMAT} index (format {meta['format']!r})", REMEDY)
+    try:
+        np.dtype(meta["dtype"])
+        shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
+        offsets = np.asarray(meta["offsets"], dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise DamagedFileError(path, f"holds unreadable dtype, shapes or offsets ({exc})", REMEDY) from None
+    lengths = {len(meta["paths"]), len(meta["labels"]), len(shapes), len(offsets)}
+    ends = offsets + shapes.prod(axis=1)
+    if len(lengths) != 1 or (len(ends) and (ends.max() > int(meta["total_elements"]) or offsets.min() < 0)):
+        raise DamagedFileError(path, "is inconsistent (paths, labels, shapes and offsets disagree, or an image "
+                               "lies beyond total_elements)", REMEDY)
+    return meta
+
+
 class PackedImages:
-    """Read access to a packed dataset; cheap to pickle (the memory map is reopened per process)."""
+    """Read access to a packed dataset; cheap to pickle (the memory map is reopened per process).
+
+    Opening checks the index and the size of images.bin (DamagedFileError); `verify` its CRC-32."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        meta = json.loads((self.folder / INDEX_FILE).read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{self.folder / INDEX_FILE} is not a {FORMAT} index")
+        meta = read_packed_index(self.folder)
+        expected = meta.get("data_bytes", int(meta["total_elements"]) * np.dtype(meta["dtype"]).itemsize)
+        check_size(self.folder / IMAGES_FILE, expected, INDEX_FILE, REMEDY)
         self.meta = meta
         self.dtype = np.dtype(meta["dtype"])
         self.paths: list[str] = meta["paths"]
@@ -237,6 +290,17 @@ class PackedImages:
             total = int(self.meta["total_elements"])
             self._flat = np.memmap(self.folder / IMAGES_FILE, dtype=self.dtype, mode="r", shape=(max(total, 1),))
         return self._flat
+
+    def verify(self) -> bool:
+        """Check every byte of images.bin against the CRC-32 in the index (a full read: about a
+        second per few GB from the page cache); False when the index records none (an older pack)."""
+        if "data_crc32" not in self.meta:
+            return False
+        start = time.perf_counter()
+        check_crc32(self.folder / IMAGES_FILE, self.meta["data_crc32"], INDEX_FILE, REMEDY)
+        log.info("%s matches its CRC-32 (%.1f GB in %.1f s)", self.folder / IMAGES_FILE,
+                 self.meta["data_bytes"] / 1e9, time.perf_counter() - start)
+        return True
 
     def read(self, i: int) -> np.ndarray:
         """Image i as a (C, H, W) array view of the memory map."""

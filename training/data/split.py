@@ -9,7 +9,6 @@ evaluated on the images it did not see. `prepare` saves the split by image path 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from training.config import Config
 from training.data.index import ImageIndex
 from training.errors import UserError
 from training.rundir import RunLayout
+from training.rundir.artifacts import read_split
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +124,10 @@ def load_split(config: Config) -> Split:
     from training.data.dataset import load_index
 
     index = load_index(config)
-    path = RunLayout.from_config(config).split
-    if path.exists():
-        saved = json.loads(path.read_text())
+    layout = RunLayout.from_config(config)
+    path = layout.split
+    saved = read_split(layout)
+    if saved is not None:
         if saved.get("method", "stratified") != config.data.split_method:
             raise UserError(f"{path} holds a {saved.get('method', 'stratified')} split but data.split_method="
                             f"{config.data.split_method}: re-run `python -m training prepare`")

@@ -7,7 +7,6 @@ channel. The file holds every channel of the images; `load_mean_std` picks data.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -19,8 +18,9 @@ from training.config import Config
 from training.data.dataset import BadImageError, open_images
 from training.data.split import load_split
 from training.data.tiff import BadImage
-from training.errors import MissingInputError, UserError
+from training.errors import UserError
 from training.rundir import RunLayout
+from training.rundir.artifacts import read_mean_std
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,9 @@ def compute_mean_std(config: Config) -> dict:
 
 def load_mean_std(config: Config) -> tuple[list[float], list[float]]:
     """The mean and std of the selected channels (data.channels), from <run>/mean_std.json."""
-    path = Path(config.data.mean_std_file) if config.data.mean_std_file else RunLayout.from_config(config).mean_std
-    if not path.exists():
-        raise MissingInputError("mean/std file", path, "mean-std")
-    stats = json.loads(path.read_text())
+    layout = RunLayout.from_config(config)
+    path = Path(config.data.mean_std_file) if config.data.mean_std_file else layout.mean_std
+    stats = read_mean_std(path, layout)
     mean, std = stats["mean"], stats["std"]
     picks = config.data.channel_indices
     if max(picks) >= len(mean):

@@ -2,7 +2,7 @@
 
 Every tag carries a fingerprint of what produced it (checkpoint file size and modification time,
 architecture, image size, channels, the held-out images). A tag whose saved index has the same
-fingerprint is up to date and is skipped; anything else is recomputed.
+fingerprint is up to date and is skipped; anything else, a damaged set included, is recomputed.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from training.config import Config
-from training.errors import MissingInputError, UserError
+from training.errors import DamagedFileError, MissingInputError, UserError
 from training.eval.extract import Encoder, raw_pixel_encoder
 from training.rundir import RunLayout, tags
-from training.rundir.features import read_index
+from training.rundir.features import checked_index
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,11 @@ def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> li
 
 
 def _up_to_date(directory: Path, plan: TagPlan) -> bool:
-    index = read_index(directory)
+    try:
+        index = checked_index(directory)
+    except DamagedFileError as exc:
+        log.warning("features/%s: %s %s; computing it again", plan.tag, exc.path, exc.problem)
+        return False
     return index is not None and all(index.get(k) == v for k, v in plan.meta.items())
 
 

@@ -1,7 +1,9 @@
 """Failures of a training process: which to retry, and a record of each for the job log.
 
-A failure that would repeat (UserError: bad config, missing data, a diverged loss, a checkpoint
-that does not fit the model) is deterministic: retrying it only burns the allocation. Every other
+A failure that would repeat (UserError: bad config, missing data, a damaged input file, a diverged
+loss, a checkpoint that does not fit the model) is deterministic: retrying it only burns the
+allocation. (A damaged checkpoint with an intact one before it is no failure: the resume goes on
+from that one, training/checkpointing.py.) Every other
 failure (a signal, a CUDA/NCCL error, out of memory, a lost peer, a hang) is transient: resuming
 from the last checkpoint is the cure. A rank whose peer vanished records "lost-peer": the peer that
 died (killed outright, or with its node) usually had no chance to record anything itself.

@@ -20,6 +20,7 @@ from training.config import ModelConfig
 from training.errors import MissingInputError, UserError
 from training.models import build_backbone
 from training.models.vit import ARCHS
+from training.rundir.artifacts import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,9 @@ ADAPTATIONS = ("mean", "mean_rescaled")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint's dict on the CPU (ours hold the config and RNG states: not weights-only)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """A checkpoint's dict on the CPU (ours hold the config and RNG states: not weights-only),
+    checked for damage first (training/rundir/artifacts.py)."""
+    return read_checkpoint(path)
 
 
 def backbone_state_dict(checkpoint: dict[str, Any], which: str = "teacher") -> dict[str, torch.Tensor]:

@@ -6,7 +6,6 @@ reads the manifest to know what exists, with titles and captions.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from training.plots.common import save_figure
 from training.plots.curves import plot_training_curves
 from training.plots.embedding import plot_embedding, umap_embedding
 from training.rundir import RunLayout, tags
-from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics
+from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics, read_optional_json
 from training.rundir.features import list_tags, load_features
 
 log = logging.getLogger(__name__)
@@ -112,9 +111,7 @@ def write_manifest(layout: RunLayout, entries: list[PlotEntry]) -> None:
 
 def read_manifest(layout: RunLayout) -> list[PlotEntry]:
     """The figures `plots` drew; empty when it has not run."""
-    if not layout.plots_manifest.is_file():
-        return []
-    return [PlotEntry(**e) for e in json.loads(layout.plots_manifest.read_text())]
+    return [PlotEntry(**e) for e in read_optional_json(layout.plots_manifest, "plots") or []]
 
 
 def channel_names(config: Config) -> list[str]:

@@ -149,7 +149,7 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
 
 def finetune_section(layout: RunLayout) -> list[str]:
     """The fine-tuned backbone's table; nothing when `linear --finetune` (optional) has not run."""
-    finetune = read_optional_json(layout.finetune_json)
+    finetune = read_optional_json(layout.finetune_json, "linear --finetune")
     if not finetune:
         return []
     return ["<h2>Fine-tuned backbone (validation top-1 %)</h2>",
@@ -160,7 +160,7 @@ def finetune_section(layout: RunLayout) -> list[str]:
 
 def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]:
     """Every channel combination's run against its baselines; nothing before `compare` has run."""
-    comparison = read_optional_json(layout.comparison_json)
+    comparison = read_optional_json(layout.comparison_json, "compare")
     if not comparison:
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
@@ -239,8 +239,8 @@ def rewrite_report(layout: RunLayout) -> None:
 def build_report(layout: RunLayout, title: str) -> str:
     """The whole HTML document as a string."""
     entries = read_manifest(layout)
-    knn = read_optional_json(layout.knn_json)
-    linear = read_optional_json(layout.linear_json)
+    knn = read_optional_json(layout.knn_json, "knn")
+    linear = read_optional_json(layout.linear_json, "linear")
     timings = read_timings(layout)
     config_text = layout.config.read_text() if layout.config.is_file() else f"({layout.config.name} missing)"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"

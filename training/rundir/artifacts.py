@@ -1,7 +1,10 @@
 """Readers of what earlier steps wrote into a run directory.
 
-A later step, the plots, the report and the summary read a run only through these functions, so a
-missing or damaged file always gives the same message: what is missing and which step writes it.
+A later step, the plots, the report and the summary read a run only through these functions (the
+packed dataset through training/data/packed.py, feature sets through features.py, both checking with
+integrity.py as these do), so a missing or damaged file always gives the same one-line message: the
+file, what is missing or wrong with it (truncated, unparsable, wrong size, checksum mismatch) and the
+step that writes it again.
 """
 
 from __future__ import annotations
@@ -13,61 +16,104 @@ from typing import Any
 
 import numpy as np
 
-from training.errors import MissingInputError, UserError
+from training.errors import DamagedFileError, MissingInputError, UserError
 from training.rundir import tags
 from training.rundir.features import FeatureSet, list_tags, load_features, read_index
-from training.rundir.layout import RunLayout
+from training.rundir.integrity import load_torch, parse_json, require_keys, rerun
+from training.rundir.layout import RunLayout, checkpoint_role, set_aside_path
 
 log = logging.getLogger(__name__)
 
 
-def read_json(path: Path, what: str, step: str) -> Any:
-    """A JSON file an earlier step wrote; MissingInputError names that step when it is absent."""
+def read_json(path: Path, what: str, step: str, keys: tuple[str, ...] = ()) -> Any:
+    """A JSON file an earlier step wrote (an object with `keys`, when given); MissingInputError names
+    that step when it is absent, DamagedFileError when it is damaged."""
     if not path.is_file():
         raise MissingInputError(what, path, step)
-    return _parse_json(path, f"rerun `python -m training {step}`")
+    payload = parse_json(path, rerun(step))
+    return require_keys(payload, keys, path, rerun(step)) if keys else payload
 
 
-def read_optional_json(path: Path) -> Any:
-    """A JSON file, or None when its step has not run (yet). A damaged one is to be deleted: some
-    (timings.json, results.json) are read back by the steps that write them, so a rerun alone fails again."""
-    return _parse_json(path, "delete it and rerun the step that writes it") if path.is_file() else None
+MERGED_REMEDY = "delete it and rerun the step that writes it"
+"""For a file its own writer reads back first (results.json): a rerun alone would fail again."""
 
 
-def _parse_json(path: Path, remedy: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}): {remedy}") from None
+def read_optional_json(path: Path, step: str | None = None) -> Any:
+    """A JSON file, or None when its step has not run (yet); damaged, a DamagedFileError that names
+    `step` (else says to delete it: see MERGED_REMEDY)."""
+    return parse_json(path, rerun(step) if step else MERGED_REMEDY) if path.is_file() else None
 
 
 def load_labels(layout: RunLayout) -> dict[str, Any]:
     """labels.json: class names, labels, dataset indices and paths of the held-out images."""
-    return read_json(layout.labels, "held-out labels", "labels")
+    return read_json(layout.labels, "held-out labels", "labels", ("class_names", "labels", "indices", "paths"))
 
 
 def load_knn(layout: RunLayout) -> dict[str, Any]:
-    return read_json(layout.knn_json, "kNN results", "knn")
+    return read_json(layout.knn_json, "kNN results", "knn", ("tags",))
 
 
 def load_linear(layout: RunLayout) -> dict[str, Any]:
-    return read_json(layout.linear_json, "linear-probe results", "linear")
+    return read_json(layout.linear_json, "linear-probe results", "linear", ("tags",))
+
+
+def read_split(layout: RunLayout) -> dict[str, Any] | None:
+    """split.json (membership by path), None when `prepare` wrote none."""
+    if not layout.split.is_file():
+        return None
+    return require_keys(parse_json(layout.split, rerun("prepare")), ("train", "holdout"), layout.split,
+                        rerun("prepare"))
+
+
+def read_mean_std(path: Path, layout: RunLayout) -> dict[str, Any]:
+    """mean_std.json (or the file data.mean_std_file names): per-channel "mean" and "std" lists of
+    one length."""
+    if not path.is_file():
+        raise MissingInputError("mean/std file", path, "mean-std")
+    remedy = rerun("mean-std") if path == layout.mean_std else "fix or replace the file data.mean_std_file names"
+    stats = require_keys(parse_json(path, remedy), ("mean", "std"), path, remedy)
+    mean, std = stats["mean"], stats["std"]
+    lists = isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) > 0
+    if not lists or not all(isinstance(v, (int, float)) for v in [*mean, *std]):
+        raise DamagedFileError(path, 'does not hold two equally long lists of numbers, "mean" and "std"', remedy)
+    return stats
+
+
+def checkpoint_remedy(path: Path) -> str:
+    """What mends a damaged checkpoint: for a run's latest one, `pretrain` (its resume sets the file
+    aside and goes on from the newest intact one); a numbered one is set aside by hand; weights from
+    elsewhere are copied again."""
+    role = checkpoint_role(path)
+    if role == "latest":
+        return f"{rerun('pretrain')} (it sets the file aside and resumes from the newest intact checkpoint), then this step"
+    if role == "numbered":
+        return (f"rename it to {set_aside_path(path).name} and {rerun('features')} (the other epochs are "
+                "evaluated without it)")
+    return "replace it with an intact copy"
+
+
+def read_checkpoint(path: Path, *, mmap_weights: bool = False, verify: bool = True) -> dict[str, Any]:
+    """A checkpoint's dict on the CPU, checked first (integrity.zip_problem); DamagedFileError names
+    the file and what mends it (`checkpoint_remedy`)."""
+    saved = load_torch(Path(path), checkpoint_remedy(Path(path)), verify=verify, mmap_weights=mmap_weights)
+    if not isinstance(saved, dict):
+        raise UserError(f"{path} holds a {type(saved).__name__}, not a checkpoint dict: "
+                        f"{checkpoint_remedy(Path(path))}")
+    return saved
 
 
 def checkpoint_world_size(layout: RunLayout) -> int | None:
     """How many ranks wrote the latest checkpoint (its "world_size"), None without a checkpoint.
-    Memory-maps the file, so the weights are not read."""
+    Memory-maps the file, so the weights are not read (nor checksummed)."""
     return checkpoint_progress(layout).get("world_size")
 
 
 def checkpoint_progress(layout: RunLayout) -> dict[str, Any]:
     """The latest checkpoint's "world_size", "global_step" and "epoch" (absent ones left out; {}
-    without a checkpoint). Memory-maps the file, so the weights are not read."""
-    import torch
-
+    without a checkpoint). Memory-maps the file, so the weights are not read (nor checksummed)."""
     if not layout.latest_checkpoint.is_file():
         return {}
-    saved = torch.load(layout.latest_checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    saved = read_checkpoint(layout.latest_checkpoint, mmap_weights=True)
     return {key: saved[key] for key in ("world_size", "global_step", "epoch") if saved.get(key) is not None}
 
 
@@ -106,17 +152,45 @@ def bad_image_paths(layout: RunLayout) -> set[str]:
 
 
 def read_metrics(layout: RunLayout) -> list[dict[str, Any]]:
-    """metrics.jsonl as records, skipping a truncated last line (pretraining may still be writing)."""
-    records = []
-    for number, line in enumerate(layout.metrics.read_text().splitlines(), start=1):
+    """metrics.jsonl as records (none when absent). A line that is not a JSON object (a truncated
+    last line while pretraining writes, or damage) is skipped, with one warning naming the lines."""
+    if not layout.metrics.is_file():
+        return []
+    records, skipped = [], []
+    text = layout.metrics.read_bytes().decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            log.warning("%s:%d is not JSON; skipped", layout.metrics, number)
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            skipped.append(number)
+    if skipped:
+        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        log.warning("%s: skipped %d line(s) that are not JSON records (line %s)", layout.metrics, len(skipped), shown)
     return records
 
 
 def read_timings(layout: RunLayout) -> dict[str, float]:
-    return read_optional_json(layout.timings) or {}
+    """timings.json: each step's last wall time; a damaged one names the fix (any pipeline step)."""
+    remedy = "rerun any pipeline step (`python -m training <step>`), which moves it aside and starts a new one"
+    timings = parse_json(layout.timings, remedy) if layout.timings.is_file() else {}
+    if not isinstance(timings, dict):
+        raise DamagedFileError(layout.timings, "is not a JSON object", remedy)
+    return timings
+
+
+def timings_to_update(layout: RunLayout) -> dict[str, float]:
+    """The timings a step merges its own into: a damaged timings.json is moved aside (with a
+    warning) and a new one started, so that it cannot fail every step after its work is done."""
+    try:
+        return read_timings(layout)
+    except DamagedFileError as exc:
+        aside = set_aside_path(layout.timings)
+        layout.timings.rename(aside)
+        log.warning("%s %s: moved aside to %s; starting a new one", layout.timings, exc.problem, aside.name)
+        return {}

@@ -11,8 +11,10 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
-      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_0005.pth, ... and the
-                                  PREEMPTED marker while a pre-empted job waits for its requeue
+      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_previous.pth (the save
+                                  before it), checkpoint_0005.pth, ... and the PREEMPTED marker while a
+                                  pre-empted job waits for its requeue; <name>.damaged: a damaged
+                                  checkpoint the resume set aside (never deleted)
                                   failures.jsonl: one JSON line per failure and per resume after one
                                   (training/heal/failures.py); DETERMINISTIC_FAILURE: the marker that
                                   tells the batch script not to retry
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from training.config import Config
 
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pth")
+_SET_ASIDE = ".damaged"
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class RunLayout:
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
+    previous_checkpoint = property(lambda self: self.checkpoints / "checkpoint_previous.pth")
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
     failure_log = property(lambda self: self.checkpoints / "failures.jsonl")
     failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE")
@@ -155,3 +159,26 @@ class RunLayout:
         names = [name for name, value in vars(RunLayout).items() if isinstance(value, property)]
         fixed = {"root": self.root, "packed": self.packed, "shared": self.shared}
         return {**fixed, **{name: getattr(self, name) for name in names}}
+
+
+def set_aside_path(path: Path) -> Path:
+    """Where a damaged file is moved aside, beside itself: <name>.damaged, or <name>.damaged-2, -3, ...
+    when that is taken. No reader picks such a name up (checkpoint_0005.pth.damaged is no epoch)."""
+    path = Path(path)
+    candidate, number = path.with_name(path.name + _SET_ASIDE), 2
+    while candidate.exists():
+        candidate, number = path.with_name(f"{path.name}{_SET_ASIDE}-{number}"), number + 1
+    return candidate
+
+
+def checkpoint_role(path: Path) -> str | None:
+    """"latest" (checkpoint.pth or the save before it) or "numbered" for a checkpoint of one of our
+    runs (by its name, in a run's checkpoints folder); None for weights from elsewhere (scDINO's,
+    DINO's, --checkpoint files)."""
+    path = Path(path)
+    run = RunLayout(path.parent.parent)
+    if path.parent != run.checkpoints:
+        return None
+    if path.name in (run.latest_checkpoint.name, run.previous_checkpoint.name):
+        return "latest"
+    return "numbered" if _NUMBERED.fullmatch(path.name) else None

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from training.errors import MissingInputError
+from training.errors import DamagedFileError, MissingInputError
 from training.eval.extract import extract_shard, gather_shards, raw_pixel_encoder
 from training.rundir.features import FeatureSet, list_tags, load_features, save_features
 
@@ -37,13 +37,19 @@ def test_round_trip_keeps_rows_labels_paths_and_meta(tmp_path):
     assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["features.npy", "index.json"]
 
 
-def test_incomplete_sets_are_invisible_and_missing_ones_name_the_step(tmp_path):
+def test_incomplete_sets_say_what_is_missing_and_absent_ones_name_the_step(tmp_path):
+    """A set with one of its two files (a `features` run stopped between them, or damage) is not
+    skipped silently: reading it names the missing file and the step that writes it again."""
     save_features(tmp_path / "final", _feature_set())
     (tmp_path / "epoch_0001").mkdir()
     np.save(tmp_path / "epoch_0001" / "features.npy", np.zeros((2, 2), np.float32))
-    assert list_tags(tmp_path) == ["final"]
-    with pytest.raises(MissingInputError, match="run `python -m training features` first"):
+    (tmp_path / "epoch_0002").mkdir()
+    assert list_tags(tmp_path) == ["epoch_0001", "final"]
+    with pytest.raises(DamagedFileError, match=r"epoch_0001/index\.json is missing \(features\.npy is there\): "
+                                               r"rerun `python -m training features`"):
         load_features(tmp_path / "epoch_0001")
+    with pytest.raises(MissingInputError, match="run `python -m training features` first"):
+        load_features(tmp_path / "epoch_0002")
 
 
 def test_raw_pixel_baseline_pools_to_a_modest_dimension():

@@ -79,10 +79,14 @@ def test_summary_without_knn_results_names_the_step(tmp_path, capsys):
     assert "python -m training knn" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damaged", ["timings", "results"])
-def test_a_damaged_merged_file_says_to_delete_it(tmp_path, capsys, damaged):
-    """timings.json and results.json are read back by the steps that write them: rerunning cannot
-    mend them, so the message says to delete the file (and names no step it cannot know)."""
+@pytest.mark.parametrize("damaged, remedy", [
+    ("timings", "rerun any pipeline step (`python -m training <step>`), which moves it aside and starts a new one"),
+    ("results", "delete it and rerun the step that writes it"),
+])
+def test_a_damaged_merged_file_names_the_fix(tmp_path, capsys, damaged, remedy):
+    """timings.json and results.json are read back by the steps that write them: results.json is to
+    be deleted (a rerun alone fails again); every pipeline step sets a damaged timings.json aside
+    (tests/training/rundir/test_damaged_files.py), so any of them mends it."""
     layout = RunLayout(tmp_path / "run")
     layout.knn.mkdir(parents=True)
     layout.knn_json.write_text(json.dumps(knn_payload()))
@@ -90,4 +94,4 @@ def test_a_damaged_merged_file_says_to_delete_it(tmp_path, capsys, damaged):
     assert main(["summary", "--set", f"run.output_dir={layout.root}"]) == 2
     err = capsys.readouterr().err
     assert f"{getattr(layout, damaged)} is not valid JSON" in err
-    assert err.rstrip().endswith(": delete it and rerun the step that writes it")
+    assert err.rstrip().endswith(f": {remedy}")
