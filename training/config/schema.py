@@ -292,6 +292,21 @@ class TrainConfig:
     """Poll the EC2 instance metadata for a Spot interruption notice (two minutes ahead) and then
     save and stop as on SIGUSR1, so the job requeues from a fresh checkpoint. auto: only on EC2 (the
     firmware says so) or where SCDINO_IMDS_ENDPOINT names a metadata server."""
+    stop_on_collapse: bool = False
+    """When the teacher output has collapsed (train.collapse_*; training/dino/collapse.py), save a
+    checkpoint and stop as a deterministic failure that the launcher does not retry, instead of only
+    warning: a collapsed DINO run does not recover by itself and would burn its GPU-hours."""
+    collapse_uniform_margin: float = 0.1
+    """Uniform collapse: the mean entropy of the teacher's target is within this many nats of
+    ln(model.out_dim). PLACEHOLDER"""
+    collapse_one_hot_entropy: float = 0.1
+    """One-hot collapse: the entropy of the batch-mean target (and so the per-image one) is below
+    this many nats. PLACEHOLDER"""
+    collapse_patience_steps: int = 20
+    """Steps in a row a kind must hold before it counts as a collapse (0 = no detection). PLACEHOLDER"""
+    collapse_after_steps: int = 0
+    """Steps not judged at the start besides the warm-ups (the later of optim.warmup_epochs and
+    dino.warmup_teacher_temp_epochs). PLACEHOLDER"""
 
     def __post_init__(self) -> None:
         for key in ("checkpoint_every_minutes", "hang_timeout_minutes"):
@@ -301,6 +316,12 @@ class TrainConfig:
         if self.keep_last < 0:
             raise ConfigError(f"train.keep_last must be >= 0 (0 keeps every numbered checkpoint), "
                               f"got {self.keep_last}")
+        for key in ("collapse_uniform_margin", "collapse_one_hot_entropy"):
+            if not getattr(self, key) > 0:  # also refuses NaN
+                raise ConfigError(f"train.{key} must be > 0 nats, got {getattr(self, key)}")
+        for key in ("collapse_patience_steps", "collapse_after_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
