@@ -1,7 +1,7 @@
 """A tiny pretraining made to collapse (a teacher temperature of 10 against the student's 0.1: its
 target is the uniform distribution) logs the teacher statistics, is flagged with one WARNING, and
 with train.stop_on_collapse saves, stops and fails deterministically: the launcher's policy does not
-retry it."""
+retry it, and the same run resubmitted unchanged stops again one step later."""
 
 import json
 import logging
@@ -66,3 +66,8 @@ def test_stop_on_collapse_saves_and_is_a_deterministic_failure_not_retried(tmp_p
     out, err = capsys.readouterr()
     assert out.strip() == "not-retried"
     assert "TrainingCollapsedError" in err and "not retried (a deterministic failure" in err
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # resubmitted unchanged: the checkpoint's count goes on
+    with pytest.raises(TrainingCollapsedError, match=r"for 3 steps up to global step 6"):
+        train(config, CPU, loader_factory=scripted(3))
+    assert torch.load(layout.latest_checkpoint, weights_only=False)["global_step"] == 6

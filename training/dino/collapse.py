@@ -48,17 +48,16 @@ class CollapseRule:
     patience_steps: int
     """Steps in a row a kind must hold to count as a collapse."""
     after_step: int
-    """Steps up to this global step are not judged (the warm-ups and the start from random weights)."""
+    """Steps up to this global step are not judged (the warm-ups)."""
 
     @classmethod
     def from_config(cls, config: Config, steps_per_epoch: int) -> "CollapseRule":
-        """The warm-up ends with the later of the learning-rate and teacher-temperature warm-ups,
-        and never before train.collapse_after_steps."""
+        """Judging starts after the later of the learning-rate and teacher-temperature warm-ups."""
         train = config.train
         warmup_epochs = max(config.optim.warmup_epochs, config.dino.warmup_teacher_temp_epochs)
         return cls(out_dim=config.model.out_dim, uniform_margin=train.collapse_uniform_margin,
                    one_hot_entropy=train.collapse_one_hot_entropy, patience_steps=train.collapse_patience_steps,
-                   after_step=max(warmup_epochs * steps_per_epoch, train.collapse_after_steps))
+                   after_step=warmup_epochs * steps_per_epoch)
 
     @property
     def log_out_dim(self) -> float:

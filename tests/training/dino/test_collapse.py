@@ -119,10 +119,10 @@ def test_a_resumed_run_judges_as_an_uninterrupted_one():
 
 def test_the_rule_waits_for_the_later_warm_up_and_reads_the_config():
     config = tiny_config({"optim.warmup_epochs": 2, "dino.warmup_teacher_temp_epochs": 3,
-                          "train.collapse_after_steps": 10, "train.collapse_patience_steps": 7})
+                          "train.collapse_patience_steps": 7, "train.collapse_uniform_margin": 0.3})
     rule = CollapseRule.from_config(config, steps_per_epoch=31)
-    assert (rule.after_step, rule.patience_steps, rule.out_dim) == (93, 7, 256)
-    assert CollapseRule.from_config(config, steps_per_epoch=2).after_step == 10
+    assert (rule.after_step, rule.patience_steps, rule.out_dim, rule.uniform_margin) == (93, 7, 256, 0.3)
+    assert CollapseRule.from_config(tiny_config({"optim.warmup_epochs": 4}), steps_per_epoch=2).after_step == 8
 
 
 def test_the_warning_names_the_kind_the_evidence_and_the_remedies():
@@ -140,7 +140,7 @@ def test_the_warning_names_the_kind_the_evidence_and_the_remedies():
 
 @pytest.mark.parametrize(("key", "value"), [("collapse_uniform_margin", 0.0), ("collapse_one_hot_entropy", -1.0),
                                             ("collapse_uniform_margin", float("nan")),
-                                            ("collapse_patience_steps", -1), ("collapse_after_steps", -5)])
+                                            ("collapse_patience_steps", -1)])
 def test_bad_thresholds_are_refused_naming_the_setting(key, value):
     with pytest.raises(ConfigError, match=rf"train\.{key} must be"):
         tiny_config({f"train.{key}": value})
