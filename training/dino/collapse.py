@@ -28,10 +28,10 @@ ONE_HOT = "one-hot"
 
 REMEDIES = {
     UNIFORM: "a teacher temperature below the student's (dino.teacher_temp, dino.warmup_teacher_temp; "
-             "DINO: 0.04 to 0.07 against 0.1), a lower optim.lr, a smaller model.out_dim, or a "
-             "normalised head (model.norm_last_layer, model.use_bn_in_head)",
+             "DINO: 0.04 to 0.07 against 0.1), a lower optim.lr, a normalised head (model.norm_last_layer, "
+             "model.use_bn_in_head), another model.out_dim",
     ONE_HOT: "centring that follows the teacher (dino.center_momentum below 1; DINO: 0.9), a higher "
-             "dino.teacher_temp, a lower optim.lr, a larger model.out_dim, or model.norm_last_layer=true",
+             "dino.teacher_temp, a lower optim.lr, model.norm_last_layer=true, another model.out_dim",
 }
 """What usually cures each kind: the settings that set the balance between centring and sharpening."""
 
