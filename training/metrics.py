@@ -31,7 +31,8 @@ from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
 
-_SCALARS = ("loss", "lr", "wd", "momentum", "images_per_s", "data_wait_s", "step_time_s", "gpu_mem_gb")
+_SCALARS = ("loss", "lr", "wd", "momentum", "images_per_s", "data_wait_s", "step_time_s", "gpu_mem_gb",
+            "teacher_entropy", "teacher_batch_entropy", "center_norm")
 
 EMF_LOG_ENV = "SCDINO_EMF_LOG"
 EMF_NAMESPACE_ENV = "SCDINO_EMF_NAMESPACE"

@@ -25,12 +25,20 @@ a crash then loses at most that much training, and the resume continues at the e
 Non-finite loss: every rank stops before the update with TrainingDivergedError (a UserError: the CLI
 prints one line naming the epoch and step and exits 2). Nothing is saved for that step, so
 checkpoint.pth remains the last good checkpoint.
+
+Collapse: every step's teacher statistics (training/dino/loss.py, summed over ranks in the same
+all_reduce) go to the collapse detector (training/dino/collapse.py); the first step at which a
+collapse has held for train.collapse_patience_steps logs one WARNING on rank 0, and the step lines
+of metrics.jsonl carry "collapse". Under train.stop_on_collapse every rank stops after that step,
+checkpoint.pth is saved, and TrainingCollapsedError (a UserError: a deterministic failure, not
+retried) ends the run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -45,6 +53,8 @@ from training.checkpointing import CheckpointManager, capture_rng, restore_rng
 from training.config import Config
 from training.data.loaders import crops_on_device
 from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_temperature_schedule
+from training.dino.collapse import Collapse, CollapseDetector, CollapseRule
+from training.dino.loss import TEACHER_STATISTICS
 from training.dino.step import TrainState, forward_loss, update
 from training.distributed import DistContext, all_reduce_sum
 from training.errors import UserError
@@ -68,6 +78,10 @@ class TrainingDivergedError(UserError):
     """The loss became NaN or infinite; the message names where and what to try."""
 
 
+class TrainingCollapsedError(UserError):
+    """The teacher output collapsed and train.stop_on_collapse stopped the run (after a save)."""
+
+
 @dataclass(frozen=True)
 class TrainResult:
     epochs_completed: int
@@ -87,6 +101,9 @@ class LoopHooks:
     metrics: MetricsLogger
     checkpoints: CheckpointManager
     on_progress: Callable[[int], None] = lambda step: None
+    collapse: CollapseDetector | None = None
+    halted: Collapse | None = None
+    """The collapse that stopped the run under train.stop_on_collapse (set by run_epoch)."""
 
 
 class StopSignals:
@@ -195,9 +212,13 @@ def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: 
     try:
         spot = SpotWatcher(config.train.spot_watch, enabled=ctx.env.local_rank == 0)
         with StopSignals() as signals, spot:  # the watcher's SIGUSR1 needs StopSignals' handler
-            hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat)
+            hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat,
+                              collapse=collapse_detector(state, steps))
             while state.epoch < config.optim.epochs:
                 last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
+                if hooks.halted:
+                    checkpoints.save(state, ctx)
+                    raise collapsed(hooks.halted, checkpoints.latest)
                 if stopped_by:
                     checkpoints.save(state, ctx, preempted_by=stopped_by)
                     return TrainResult(state.epoch, state.global_step, True, last_loss, state)
@@ -265,7 +286,9 @@ def run_epoch(
         crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
         data_wait = time.perf_counter() - tick
         loss = forward_loss(state, crops, epoch)
-        loss_sum, nonfinite, stop, save_now = all_reduce_sum(ctx, _step_flags(loss, hooks, ctx))
+        loss_sum, nonfinite, stop, save_now, *teacher = all_reduce_sum(
+            ctx, _step_flags(loss, state.loss_fn.teacher_stats, hooks, ctx))
+        teacher = [value / ctx.world_size for value in teacher]
         if nonfinite:
             raise diverged(state, ctx, loss_sum, hooks.checkpoints.latest)
         update(state, loss, epoch)
@@ -276,14 +299,15 @@ def run_epoch(
         tick, cpu_tick = now, cpu_now
         images = len(crops[0]) * ctx.world_size
         for w in (window, epoch_window):
-            w.add(loss_sum / ctx.world_size, images, data_wait, step_time, cpu_time)
+            w.add(loss_sum / ctx.world_size, images, data_wait, step_time, cpu_time, teacher)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
-        if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps:
+        hooks.halted = judge_collapse(state, ctx, hooks, teacher, window)
+        if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps or hooks.halted:
             hooks.metrics.log(record(state, ctx, "step", window))
             window = _Window()
         hooks.on_progress(state.global_step)
-        if stop:
+        if stop or hooks.halted:
             break
         if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
             save_mid_epoch(state, ctx, hooks)
@@ -299,13 +323,44 @@ def run_epoch(
     return epoch_window.mean_loss, stopped_by
 
 
-def _step_flags(loss: torch.Tensor, hooks: LoopHooks, ctx: DistContext) -> torch.Tensor:
+def collapse_detector(state: TrainState, steps_per_epoch: int) -> CollapseDetector | None:
+    """The run's detector, counting in the loss's `collapse_streaks` (checkpointed with the loss)."""
+    if state.config.train.collapse_patience_steps == 0:
+        return None
+    return CollapseDetector(CollapseRule.from_config(state.config, steps_per_epoch), state.loss_fn.collapse_streaks)
+
+
+def judge_collapse(state: TrainState, ctx: DistContext, hooks: LoopHooks, teacher: list[float],
+                   window: _Window) -> Collapse | None:
+    """Feed the step's teacher statistics (the same on every rank) to the detector; warn on rank 0
+    when a collapse first holds; return it when train.stop_on_collapse says to stop."""
+    if hooks.collapse is None:
+        return None
+    collapse = hooks.collapse.observe(state.global_step, teacher[0], teacher[1])
+    if collapse is None:
+        return None
+    window.collapse = collapse.kind
+    if collapse.new and ctx.is_main:
+        log.warning("%s", collapse.describe())
+    return collapse if state.config.train.stop_on_collapse else None
+
+
+def collapsed(collapse: Collapse, latest: Path) -> TrainingCollapsedError:
+    return TrainingCollapsedError(
+        f"stopped by train.stop_on_collapse: {collapse.describe()}. Saved {latest}; change those settings "
+        "and start a new run (another run.output_dir), or set train.stop_on_collapse=false to train on"
+    )
+
+
+def _step_flags(loss: torch.Tensor, teacher_stats: torch.Tensor, hooks: LoopHooks, ctx: DistContext) -> torch.Tensor:
     """What all ranks sum after each step, in one all_reduce: the loss, whether it is non-finite,
-    whether a stop signal arrived, and whether rank 0's clock says it is time to save."""
+    whether a stop signal arrived, whether rank 0's clock says it is time to save, and the teacher
+    statistics (training.dino.loss.TEACHER_STATISTICS; their mean over ranks is what is logged and
+    what the collapse detector judges, the same on every rank)."""
     save_now = ctx.is_main and hooks.checkpoints.time_to_save()
     flags = [1.0 if hooks.signals.received else 0.0, 1.0 if save_now else 0.0]
     return torch.cat([loss.detach().float().reshape(1), (~torch.isfinite(loss)).float().reshape(1),
-                      torch.tensor(flags, device=loss.device)])
+                      torch.tensor(flags, device=loss.device), teacher_stats.float()])
 
 
 def save_mid_epoch(state: TrainState, ctx: DistContext, hooks: LoopHooks) -> None:
@@ -322,14 +377,22 @@ class _Window:
     def __init__(self) -> None:
         self.steps = 0
         self.loss = self.images = self.data_wait = self.step_time = self.cpu_time = 0.0
+        self.teacher = [0.0] * len(TEACHER_STATISTICS)
+        self.collapse: str | None = None
 
-    def add(self, loss: float, images: int, data_wait: float, step_time: float, cpu_time: float) -> None:
+    def add(self, loss: float, images: int, data_wait: float, step_time: float, cpu_time: float,
+            teacher: list[float]) -> None:
         self.steps += 1
         self.loss += loss
         self.images += images
         self.data_wait += data_wait
         self.step_time += step_time
         self.cpu_time += cpu_time
+        self.teacher = [total + value for total, value in zip(self.teacher, teacher)]
+
+    def teacher_means(self) -> dict[str, float | None]:
+        return {name: round(total / self.steps, 5) if self.steps else None
+                for name, total in zip(TEACHER_STATISTICS, self.teacher)}
 
     @property
     def mean_loss(self) -> float | None:
@@ -344,12 +407,18 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
     """One metrics line. `cpu_core_s` and `gpu_s` are the training compute of the window's steps
     (all ranks; summing the "step" lines gives a run's total, resumed parts included, so runs of
     different models compare by cost): rank 0's process CPU time (every thread; data-loader
-    workers not counted) times the world size, and on GPUs the steps' wall time times the world size."""
+    workers not counted) times the world size, and on GPUs the steps' wall time times the world size.
+    `teacher_entropy`, `teacher_batch_entropy` and `center_norm` are the window's means of the
+    teacher statistics (training/dino/loss.py), beside `log_out_dim`, ln(model.out_dim): the
+    entropy of a uniform output, the ceiling both entropies collapse towards; `collapse` (only when
+    one holds) the kind the collapse detector found in the window."""
     lr, wd, momentum = state.schedules.at(max(state.global_step - 1, 0))
     steps = max(window.steps, 1)
     return {
         "kind": kind, "epoch": state.epoch if epoch is None else epoch, "step": state.global_step,
         "loss": window.mean_loss, "lr": lr, "wd": wd, "momentum": momentum,
+        **window.teacher_means(), "log_out_dim": round(math.log(state.config.model.out_dim), 5),
+        **({"collapse": window.collapse} if window.collapse else {}),
         "images_per_s": round(window.images_per_s, 2), "data_wait_s": round(window.data_wait / steps, 5),
         "step_time_s": round(window.step_time / steps, 5), "gpu_mem_gb": gpu_memory_gb(ctx.device),
         "cpu_core_s": round(window.cpu_time * ctx.world_size, 4),

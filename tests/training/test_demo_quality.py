@@ -1,6 +1,6 @@
 """The demo's claim, measured: a short CPU pretraining (configs/demo.yaml, 2 ranks as in `make demo`)
 learns a representation that clearly beats both baselines, the random-init backbone and the raw
-pixels, in scDINO's kNN on the held-out cells of the synthetic set.
+pixels, in scDINO's kNN on the held-out cells of the synthetic set, and is never flagged as collapsed.
 
 About 5 minutes on 2 cores: it runs the real steps through the command line, as the Slurm jobs do.
 The run is deterministic (one thread per rank, gloo), so the margins below are not luck of a seed.
@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from training.config import Config
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +47,10 @@ def test_demo_pretraining_beats_random_backbone_and_raw_pixels(tmp_path):
     assert best >= max(raw["top1"].values()) + 0.05, (trained["top1"], raw["top1"])
     assert all(trained["top1"][k] > random_init["top1"][k] for k in trained["top1"])
     assert all(trained["top1"][k] > raw["top1"][k] for k in trained["top1"])
+
+    # a run that learns is never flagged as collapsed (docs/training.md, "Collapse")
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if line["kind"] == "step"]
+    assert steps and not [line["step"] for line in steps if "collapse" in line]
+    margin = Config().train.collapse_uniform_margin  # not one step within it, let alone 50 in a row
+    assert max(line["teacher_entropy"] for line in steps) < steps[0]["log_out_dim"] - margin

@@ -329,6 +329,28 @@ class TrainConfig:
     """Poll the EC2 instance metadata for a Spot interruption notice (two minutes ahead) and then
     save and stop as on SIGUSR1, so the job requeues from a fresh checkpoint. auto: only on EC2 (the
     firmware says so) or where SCDINO_IMDS_ENDPOINT names a metadata server."""
+    stop_on_collapse: bool = False
+    """When the teacher output has collapsed (train.collapse_*; training/dino/collapse.py), save a
+    checkpoint and stop as a deterministic failure that the launcher does not retry, instead of only
+    warning: a collapsed DINO run does not recover by itself and would burn its GPU-hours."""
+    collapse_uniform_margin: float = 0.25
+    """Uniform collapse: the mean entropy of the teacher's target is within this many nats of
+    ln(model.out_dim) (its KL divergence from the uniform distribution is below it). Measured on the
+    demo's data (docs/training.md, "Collapse"): healthy runs stayed 0.36 nats or more away at every
+    step; runs made to collapse (teacher temperature 0.2, learning rate x60) came within 0.05 and
+    0.11 by their fourth epoch, and channel_vit, which ends at its random initialisation's kNN,
+    within 0.16 to 0.31 from its third."""
+    collapse_one_hot_entropy: float = 0.5
+    """One-hot collapse: the entropy of the batch-mean target (and so the per-image one, which it
+    bounds) is below this many nats, fewer than e^0.5 = 1.6 prototypes' worth for the whole batch.
+    Measured: healthy runs never below 5.1; without centring and a batch-norm-free head it falls
+    below 0.5 from step 19 and to 0.002 by step 40."""
+    collapse_patience_steps: int = 50
+    """Steps in a row after the warm-ups (the later of optim.warmup_epochs and
+    dino.warmup_teacher_temp_epochs) that a kind must hold before it counts as a collapse; 0 turns
+    detection off. A collapse measured on the demo's data holds at every step once reached, so 50
+    costs only the delay (under 2 epochs of the demo, a fraction of one on real data) and guards
+    against a passing excursion; those runs were flagged in epochs 3 to 4."""
 
     def __post_init__(self) -> None:
         for key in ("checkpoint_every_minutes", "hang_timeout_minutes"):
@@ -338,6 +360,12 @@ class TrainConfig:
         if self.keep_last < 0:
             raise ConfigError(f"train.keep_last must be >= 0 (0 keeps every numbered checkpoint), "
                               f"got {self.keep_last}")
+        for key in ("collapse_uniform_margin", "collapse_one_hot_entropy"):
+            if not getattr(self, key) > 0:  # also refuses NaN
+                raise ConfigError(f"train.{key} must be > 0 nats, got {getattr(self, key)}")
+        if self.collapse_patience_steps < 0:
+            raise ConfigError(f"train.collapse_patience_steps must be >= 0 (0 turns detection off), "
+                              f"got {self.collapse_patience_steps}")
 
 
 @dataclass(frozen=True)

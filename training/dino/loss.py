@@ -1,4 +1,8 @@
-"""The DINO loss: cross-entropy between the centred, sharpened teacher and the student, over crop pairs."""
+"""The DINO loss: cross-entropy between the centred, sharpened teacher and the student, over crop pairs.
+
+Each call also measures the teacher's target distribution (`teacher_statistics`), which is what
+shows a collapse (training/dino/collapse.py): the loss alone does not.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+TEACHER_STATISTICS = ("teacher_entropy", "teacher_batch_entropy", "center_norm")
+"""The names of `DINOLoss.teacher_stats`' entries, in order (metrics.jsonl keys)."""
+
+
+@torch.no_grad()
+def teacher_statistics(teacher_p: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+    """[mean entropy of the rows of `teacher_p`, entropy of their mean, L2 norm of `center`], in nats.
+
+    `teacher_p` is the target distribution (batch x out_dim), so a uniform output gives ln(out_dim)
+    for both entropies, a healthy one low per-image entropy but a high batch entropy (sharp but
+    diverse), and one prototype for every image gives both near 0. `entr` is -p ln p with 0 at p = 0,
+    so probabilities that underflow at a sharp temperature add nothing rather than NaN.
+    """
+    per_image = torch.special.entr(teacher_p).sum(dim=-1).mean()
+    of_batch_mean = torch.special.entr(teacher_p.mean(dim=0)).sum()
+    return torch.stack([per_image, of_batch_mean, center.float().norm()])
 
 
 def teacher_temperature_schedule(
@@ -22,6 +43,10 @@ class DINOLoss(nn.Module):
 
     The teacher output is centred (an EMA of its batch mean, over all ranks) and sharpened (a low
     temperature); together they prevent collapse. The centre is a buffer so it is checkpointed.
+    After each call `teacher_stats` holds this rank's `teacher_statistics` of the step's target
+    (the centre before its update: the one the target used), on the device, not synchronised.
+    `collapse_streaks` is the collapse detector's state (training/dino/collapse.py), kept here so
+    that checkpoints carry it without a key of their own.
     """
 
     def __init__(
@@ -39,11 +64,16 @@ class DINOLoss(nn.Module):
         self.center_momentum = center_momentum
         self.teacher_temps = teacher_temps
         self.register_buffer("center", torch.zeros(1, out_dim))
+        self.teacher_stats: torch.Tensor | None = None
+        self.collapse_streaks: dict[str, int] = {}
+        self.register_load_state_dict_pre_hook(_accept_checkpoints_without_streaks)
 
     def forward(self, student_out: torch.Tensor, teacher_out: torch.Tensor, epoch: int) -> torch.Tensor:
         temp = float(self.teacher_temps[min(epoch, len(self.teacher_temps) - 1)])
         student_logp = F.log_softmax(student_out.float() / self.student_temp, dim=-1).chunk(self.n_crops)
-        teacher_p = F.softmax((teacher_out.float() - self.center) / temp, dim=-1).detach().chunk(2)
+        teacher_p = F.softmax((teacher_out.float() - self.center) / temp, dim=-1).detach()
+        self.teacher_stats = teacher_statistics(teacher_p, self.center)
+        teacher_p = teacher_p.chunk(2)
         total, n_terms = student_out.new_zeros((), dtype=torch.float32), 0
         for t_index, target in enumerate(teacher_p):
             for s_index, logp in enumerate(student_logp):
@@ -53,6 +83,13 @@ class DINOLoss(nn.Module):
                 n_terms += 1
         self.update_center(teacher_out)
         return total / n_terms
+
+    def get_extra_state(self) -> dict[str, dict[str, int]]:
+        return {"collapse_streaks": dict(self.collapse_streaks)}
+
+    def set_extra_state(self, state: dict[str, dict[str, int]]) -> None:
+        self.collapse_streaks.clear()  # in place: a detector may hold this dict
+        self.collapse_streaks.update(state.get("collapse_streaks", {}))
 
     @torch.no_grad()
     def update_center(self, teacher_out: torch.Tensor) -> None:
@@ -64,3 +101,8 @@ class DINOLoss(nn.Module):
             dist.all_reduce(count)
         batch_center = batch_sum / count
         self.center.mul_(self.center_momentum).add_(batch_center * (1 - self.center_momentum))
+
+
+def _accept_checkpoints_without_streaks(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """Checkpoints written before the collapse detector have no extra state: resume them with none."""
+    state_dict.setdefault(prefix + "_extra_state", {"collapse_streaks": {}})

@@ -23,7 +23,7 @@ from training.eval.compare import (
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
-from training.rundir.artifacts import read_optional_json, read_timings
+from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
 from training.rundir.summary import knn_headline
 
 CSS = """
@@ -131,7 +131,8 @@ def artefacts_section(layout: RunLayout) -> str:
 
 def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, linear: Any) -> list[str]:
     """Training curves, kNN and linear tables with their figures, UMAPs and attention maps."""
-    parts = ["<h2>Training</h2>", figures(layout, entries, "curves") or missing("training curves", "plots")]
+    parts = ["<h2>Training</h2>", *collapse_lines(layout),
+             figures(layout, entries, "curves") or missing("training curves", "plots")]
     parts.append("<h2>Global kNN (top-1 / top-2 %)</h2>")
     if knn:
         parts.append(f"<p>{knn['n_reference']} reference and {knn['n_query']} query images, seed "
@@ -145,6 +146,21 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
     parts += ["<h2>UMAP</h2>", figures(layout, entries, "umap") or missing("UMAPs", "plots")]
     parts += ["<h2>Attention maps</h2>", figures(layout, entries, "attention") or missing("attention maps", "plots")]
     return parts
+
+
+def collapse_lines(layout: RunLayout) -> list[str]:
+    """A warning when the collapse detector flagged the pretraining (metrics.jsonl's "collapse");
+    nothing otherwise."""
+    if not layout.metrics.is_file():
+        return []
+    flagged = [r for r in read_metrics(layout) if r.get("kind") == "step" and r.get("collapse")]
+    if not flagged:
+        return []
+    first, last = flagged[0], flagged[-1]
+    return [f'<p class="missing">DINO collapse ({esc(first["collapse"])}) flagged in the logged steps from '
+            f"{first['step']} to {last['step']}: the teacher's target carried no information about the image "
+            "there, so the features below are not to be trusted. The training log's WARNING names the usual "
+            "remedies; docs/training.md, \"Collapse\", explains them.</p>"]
 
 
 def finetune_section(layout: RunLayout) -> list[str]:
