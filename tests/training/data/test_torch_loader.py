@@ -3,6 +3,7 @@ ring-buffered threads against the synchronous loader and the plain multi-crop, d
 augmentation against the CPU path (crops and DINO loss), the ring's lifetime rule, and the
 `bench loader` JSON with its three paths, --size and --warmup 0."""
 
+import copy
 import json
 import time
 
@@ -92,7 +93,7 @@ def test_device_augmentation_gives_the_same_crops_and_loss(make_config):
     for a, b in zip(crops, on_device):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     state = build_state(config, CPU, steps_per_epoch=1)
-    centre = {k: v.clone() for k, v in state.loss_fn.state_dict().items()}
+    centre = copy.deepcopy(state.loss_fn.state_dict())
     losses = []
     for batch in (crops, on_device):
         state.loss_fn.load_state_dict(centre)  # the loss updates its centre on every call
