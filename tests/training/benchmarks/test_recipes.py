@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tiny import tiny_config
 
 from training.benchmarks.flops import train_flops_per_image
-from training.benchmarks.recipes import ARMS, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
-from training.config import Config
+from training.benchmarks.recipes import ARMS, FAST, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
+from training.config import Config, load_config
 
 
 def test_the_reference_arm_is_scdinos_recipe_and_the_others_cost_at_most_a_quarter_or_say_so():
@@ -71,3 +73,13 @@ def test_unknown_arms_and_bad_seeds_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--seeds", "0,x"])
     assert "--seeds must be integers" in capsys.readouterr().err
+
+
+def test_configs_fast_is_the_measured_arm_on_scdinos_defaults_at_under_a_quarter_of_their_flops():
+    fast = load_config(Path(__file__).parents[3] / "configs" / "fast.yaml")
+    default = Config()
+    assert default.replace(ARMS[REFERENCE].overrides) == default  # scDINO's recipe stays the default
+    assert fast == default.replace({**ARMS[FAST].overrides, "run.name": fast.run.name,
+                                    "run.output_dir": fast.run.output_dir, "data.source": fast.data.source})
+    ratio = train_flops_per_image(fast, 5) / train_flops_per_image(default, 5)
+    assert ratio <= 0.25, ratio
