@@ -105,13 +105,10 @@ class Monitoring(Construct):
             using_metrics={"training": training, "gpu": gpu_metric(self.names.gpu_namespace, "utilization_gpu",
                                                                     "Average")},
             label="pretraining with GPUs under 30 %", period=PERIOD)
-        periods = UNDERUSED_MINUTES // 5
-        return cw.Alarm(self, "GpusUnderused", metric=expression, threshold=1, evaluation_periods=periods,
-                        datapoints_to_alarm=periods, treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
-                        comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                        alarm_description=f"Pretraining runs but its GPUs average under {UNDERUSED_PERCENT} % "
-                                          f"utilisation for {UNDERUSED_MINUTES} minutes: look at the run's data "
-                                          "wait (loader, file system) on the dashboard.")
+        return self._alarm("GpusUnderused", expression, UNDERUSED_MINUTES,
+                           f"Pretraining runs but its GPUs average under {UNDERUSED_PERCENT} % utilisation for "
+                           f"{UNDERUSED_MINUTES} minutes: look at the run's data wait (loader, file system) on the "
+                           "dashboard.")
 
     def _idle_alarm(self) -> cw.Alarm:
         expression = cw.MathExpression(
@@ -119,13 +116,17 @@ class Monitoring(Construct):
             using_metrics={"gpus": gpu_metric(self.names.gpu_namespace, "utilization_gpu", "SampleCount"),
                            "busiest": gpu_metric(self.names.gpu_namespace, "utilization_gpu", "Maximum")},
             label="GPU nodes up, every GPU idle", period=PERIOD)
-        periods = IDLE_MINUTES // 5
-        return cw.Alarm(self, "NodesIdle", metric=expression, threshold=1, evaluation_periods=periods,
+        return self._alarm("NodesIdle", expression, IDLE_MINUTES,
+                           f"GPU nodes are up and billed, but no GPU did any work for {IDLE_MINUTES} minutes: "
+                           "check `squeue` and `sinfo`; static nodes (cluster.min_nodes) stay up without jobs.")
+
+    def _alarm(self, construct_id: str, expression: cw.MathExpression, minutes: int, description: str) -> cw.Alarm:
+        """An alarm that fires when `expression` (1 or 0 per 5-minute period) is 1 for `minutes` on end."""
+        periods = minutes // 5
+        return cw.Alarm(self, construct_id, metric=expression, threshold=1, evaluation_periods=periods,
                         datapoints_to_alarm=periods, treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
                         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                        alarm_description=f"GPU nodes are up and billed, but no GPU did any work for {IDLE_MINUTES} "
-                                          "minutes: check `squeue` and `sinfo`; static nodes (cluster.min_nodes) "
-                                          "stay up without jobs.")
+                        alarm_description=description)
 
     def _xid_alarm(self) -> cw.Alarm:
         xid = cw.Metric(namespace=self.names.gpu_namespace, metric_name="XidErrors", statistic="Sum", period=PERIOD)

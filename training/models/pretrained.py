@@ -83,10 +83,8 @@ def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: s
     _check_arch(state, model_config, path)
     tokens = state["pos_embed"].shape[1] - 1
     img_size = math.isqrt(tokens) * model_config.patch_size
-    if "channel_embed" in state:
-        return _load_channel_vit(state, model_config, img_size, in_chans, channels, path)
-    if "bag_channel_ids" in state:
-        return _load_channel_bag(state, model_config, img_size, in_chans, channels, path)
+    if "channel_embed" in state or "bag_channel_ids" in state:
+        return _load_channel_adaptive(state, model_config, img_size, in_chans, channels, path)
     if model_config.kind != "vit":
         raise UserError(f"model.kind={model_config.kind} but {path} holds a plain ViT (neither channel_embed nor "
                         "bag_channel_ids); set model.kind=vit to evaluate it")
@@ -99,50 +97,31 @@ def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: s
     return backbone
 
 
-def _load_channel_vit(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,
-                      channels: tuple[int, ...] | None, path: Path) -> nn.Module:
-    """The channel-adaptive ViT of a checkpoint, reading inputs that carry `channels` (default: the
-    channels it was trained on, which must then be `in_chans` many)."""
-    from training.models import channel_vit
+def _load_channel_adaptive(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,
+                           channels: tuple[int, ...] | None, path: Path) -> nn.Module:
+    """The channel-adaptive backbone of a checkpoint (a channel_vit when it has `channel_embed`, else a
+    bag of channels; whatever model.kind says), reading inputs that carry `channels` (default: the
+    channels it was trained on, which must then be `in_chans` many). A bag's features are combined as
+    model.bag_combine says."""
+    from training.models import channel_bag, channel_vit
 
-    trained = tuple(int(c) for c in state["channel_ids"].tolist())
+    bag = "channel_embed" not in state
+    what = "a bag-of-channels model" if bag else "channel-adaptive"
+    trained = tuple(int(c) for c in state["bag_channel_ids" if bag else "channel_ids"].tolist())
     if channels is None and in_chans != len(trained):
-        raise UserError(f"{path} is channel-adaptive, trained on channels {''.join(map(str, trained))!r}: "
+        raise UserError(f"{path} is {what}, trained on channels {''.join(map(str, trained))!r}: "
                         f"say which {in_chans} of them the images carry (data.channels)")
     channels = trained if channels is None else tuple(channels)
-    backbone = channel_vit(model_config, trained, img_size)
+    backbone = (channel_bag if bag else channel_vit)(model_config, trained, img_size)
     backbone.load_state_dict(state)
     try:
         backbone.select_input_channels(channels)
     except ValueError as exc:
         raise UserError(f"data.channels={''.join(map(str, channels))!r} for {path}: {exc}") from None
-    log.info("loaded channel-adaptive backbone (%s/%d, trained on channels %s) from %s, reading channels %s",
-             model_config.arch, model_config.patch_size, "".join(map(str, trained)), path,
-             "".join(map(str, channels)))
-    return backbone
-
-
-def _load_channel_bag(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,
-                      channels: tuple[int, ...] | None, path: Path) -> nn.Module:
-    """The bag-of-channels ViT of a checkpoint (whatever model.kind says), reading inputs that carry
-    `channels` (default: the channels it was trained on, which must then be `in_chans` many), their
-    features combined as model.bag_combine says."""
-    from training.models import channel_bag
-
-    trained = tuple(int(c) for c in state["bag_channel_ids"].tolist())
-    if channels is None and in_chans != len(trained):
-        raise UserError(f"{path} is a bag-of-channels model trained on channels {''.join(map(str, trained))!r}: "
-                        f"say which {in_chans} of them the images carry (data.channels)")
-    channels = trained if channels is None else tuple(channels)
-    backbone = channel_bag(model_config, trained, img_size)
-    backbone.load_state_dict(state)
-    try:
-        backbone.select_input_channels(channels)
-    except ValueError as exc:
-        raise UserError(f"data.channels={''.join(map(str, channels))!r} for {path}: {exc}") from None
-    log.info("loaded bag-of-channels backbone (%s/%d, trained on channels %s) from %s, reading channels %s, "
-             "combined by %s", model_config.arch, model_config.patch_size, "".join(map(str, trained)), path,
-             "".join(map(str, channels)), model_config.bag_combine)
+    log.info("loaded %s backbone (%s/%d, trained on channels %s) from %s, reading channels %s%s",
+             "bag-of-channels" if bag else "channel-adaptive", model_config.arch, model_config.patch_size,
+             "".join(map(str, trained)), path, "".join(map(str, channels)),
+             f", combined by {model_config.bag_combine}" if bag else "")
     return backbone
 
 
