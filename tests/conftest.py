@@ -1,6 +1,8 @@
 """Suite-wide settings: small thread pools on the 2-core CI machine, and the GPU marker."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -8,6 +10,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+def pytest_report_header(config):
+    """The free space where the temporary directories go: a full disk shows up as errors in setup."""
+    free = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+    return f"free disk in {tempfile.gettempdir()}: {free:.1f} GiB (the suite needs about 7 GiB at its peak)"
 
 
 def pytest_collection_modifyitems(config, items):
