@@ -121,8 +121,8 @@ class Monitoring(Construct):
                            "check `squeue` and `sinfo`; static nodes (cluster.min_nodes) stay up without jobs.")
 
     def _alarm(self, construct_id: str, expression: cw.MathExpression, minutes: int, description: str) -> cw.Alarm:
-        """An alarm that fires when `expression` (1 or 0 per 5-minute period) is 1 for `minutes` on end."""
-        periods = minutes // 5
+        """An alarm that fires when `expression` (1 or 0 per PERIOD) is 1 for `minutes` on end."""
+        periods = minutes // int(PERIOD.to_minutes())
         return cw.Alarm(self, construct_id, metric=expression, threshold=1, evaluation_periods=periods,
                         datapoints_to_alarm=periods, treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
                         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

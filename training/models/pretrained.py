@@ -106,22 +106,21 @@ def _load_channel_adaptive(state: dict[str, torch.Tensor], model_config: ModelCo
     from training.models import channel_bag, channel_vit
 
     bag = "channel_embed" not in state
-    what = "a bag-of-channels model" if bag else "channel-adaptive"
+    name, build = ("bag-of-channels", channel_bag) if bag else ("channel-adaptive", channel_vit)
     trained = tuple(int(c) for c in state["bag_channel_ids" if bag else "channel_ids"].tolist())
     if channels is None and in_chans != len(trained):
-        raise UserError(f"{path} is {what}, trained on channels {''.join(map(str, trained))!r}: "
+        raise UserError(f"{path} is a {name} model, trained on channels {''.join(map(str, trained))!r}: "
                         f"say which {in_chans} of them the images carry (data.channels)")
     channels = trained if channels is None else tuple(channels)
-    backbone = (channel_bag if bag else channel_vit)(model_config, trained, img_size)
+    backbone = build(model_config, trained, img_size)
     backbone.load_state_dict(state)
     try:
         backbone.select_input_channels(channels)
     except ValueError as exc:
         raise UserError(f"data.channels={''.join(map(str, channels))!r} for {path}: {exc}") from None
     log.info("loaded %s backbone (%s/%d, trained on channels %s) from %s, reading channels %s%s",
-             "bag-of-channels" if bag else "channel-adaptive", model_config.arch, model_config.patch_size,
-             "".join(map(str, trained)), path, "".join(map(str, channels)),
-             f", combined by {model_config.bag_combine}" if bag else "")
+             name, model_config.arch, model_config.patch_size, "".join(map(str, trained)), path,
+             "".join(map(str, channels)), f", combined by {model_config.bag_combine}" if bag else "")
     return backbone
 
 
