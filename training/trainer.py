@@ -27,9 +27,9 @@ prints one line naming the epoch and step and exits 2). Nothing is saved for tha
 checkpoint.pth remains the last good checkpoint.
 
 Collapse: every step's teacher statistics (training/dino/loss.py, summed over ranks in the same
-all_reduce) go to the collapse detector (training/dino/collapse.py); the first step at which a
-collapse has held for train.collapse_patience_steps logs one WARNING on rank 0, and the step lines
-of metrics.jsonl carry "collapse". Under train.stop_on_collapse every rank stops after that step,
+all_reduce) go to the collapse detector (training/dino/collapse.py); the first step at which the
+mean of the last train.collapse_patience_steps steps looks collapsed logs one WARNING on rank 0, and
+the step lines of metrics.jsonl carry "collapse". Under train.stop_on_collapse every rank stops after that step,
 checkpoint.pth is saved, and TrainingCollapsedError (a UserError: a deterministic failure, not
 retried) ends the run.
 """
@@ -324,10 +324,10 @@ def run_epoch(
 
 
 def collapse_detector(state: TrainState, steps_per_epoch: int) -> CollapseDetector | None:
-    """The run's detector, counting in the loss's `collapse_streaks` (checkpointed with the loss)."""
+    """The run's detector, keeping its window in the loss's `collapse_state` (checkpointed with the loss)."""
     if state.config.train.collapse_patience_steps == 0:
         return None
-    return CollapseDetector(CollapseRule.from_config(state.config, steps_per_epoch), state.loss_fn.collapse_streaks)
+    return CollapseDetector(CollapseRule.from_config(state.config, steps_per_epoch), state.loss_fn.collapse_state)
 
 
 def judge_collapse(state: TrainState, ctx: DistContext, hooks: LoopHooks, teacher: list[float],
@@ -411,7 +411,7 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
     `teacher_entropy`, `teacher_batch_entropy` and `center_norm` are the window's means of the
     teacher statistics (training/dino/loss.py), beside `log_out_dim`, ln(model.out_dim): the
     entropy of a uniform output, the ceiling both entropies collapse towards; `collapse` (only when
-    one holds) the kind the collapse detector found in the window."""
+    one holds) the kind the collapse detector found at a step of the window."""
     lr, wd, momentum = state.schedules.at(max(state.global_step - 1, 0))
     steps = max(window.steps, 1)
     return {

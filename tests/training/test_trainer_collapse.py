@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
 
 FLAT_TEACHER = {"dino.teacher_temp": 10.0, "dino.warmup_teacher_temp": 10.0, "train.collapse_patience_steps": 2}
-"""Three steps of learning-rate warm-up (one epoch), then collapsed for two steps: flagged at step 5."""
+"""Three steps of learning-rate warm-up (one epoch), then a window of two collapsed steps: flagged at step 5."""
 
 
 def step_lines(layout):
@@ -34,7 +34,7 @@ def test_a_collapsed_run_is_flagged_once_with_its_statistics(tmp_path, caplog):
     assert train(config, CPU, loader_factory=scripted(3)).global_step == 6
     warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert warnings[0].startswith("DINO collapse (uniform) for 2 steps up to global step 5")
+    assert warnings[0].startswith("DINO collapse (uniform) over the 2 steps up to global step 5")
     lines = step_lines(RunLayout.from_config(config))
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
     for line in lines:
@@ -56,7 +56,9 @@ def test_stop_on_collapse_saves_and_is_a_deterministic_failure_not_retried(tmp_p
         train(config, CPU, loader_factory=scripted(3))
     saved = torch.load(layout.latest_checkpoint, weights_only=False)
     assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (1, 2, 5)
-    assert saved["dino_loss"]["_extra_state"] == {"collapse_streaks": {"uniform": 2}}
+    detector = saved["dino_loss"]["_extra_state"]["collapse_state"]  # the window of steps 4 and 5, warned
+    assert detector["warned"] == ["uniform"] and len(detector["window"]) == 2
+    assert all(entropy == pytest.approx(math.log(256), abs=1e-3) for entropy, _ in detector["window"])
     assert step_lines(layout)[-1]["step"] == 5 and step_lines(layout)[-1]["collapse"] == "uniform"
     marker = read_marker(layout.failure_marker)
     assert marker["class"] == "deterministic" and marker["error"].startswith("TrainingCollapsedError: stopped by")
@@ -67,7 +69,7 @@ def test_stop_on_collapse_saves_and_is_a_deterministic_failure_not_retried(tmp_p
     assert out.strip() == "not-retried"
     assert "TrainingCollapsedError" in err and "not retried (a deterministic failure" in err
 
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # resubmitted unchanged: the checkpoint's count goes on
-    with pytest.raises(TrainingCollapsedError, match=r"for 3 steps up to global step 6"):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # resubmitted unchanged: the checkpoint's window goes on
+    with pytest.raises(TrainingCollapsedError, match=r"over the 2 steps up to global step 6"):
         train(config, CPU, loader_factory=scripted(3))
     assert torch.load(layout.latest_checkpoint, weights_only=False)["global_step"] == 6

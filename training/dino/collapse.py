@@ -9,16 +9,19 @@ the balance fails the loss curve hardly shows it, but the teacher's target distr
     one-hot   every image gets the same prototype: the batch mean's entropy (and with it the
               per-image entropy, which it bounds from above) close to 0
 
-`CollapseDetector.observe` judges each step's statistics (their mean over ranks, so every rank
-decides the same); a kind that holds for `patience_steps` steps in a row after the warm-up is a
-collapse. The thresholds and the runs they were measured on are in docs/training.md.
+`CollapseDetector.observe` judges the mean of the statistics over the last `patience_steps` steps
+after the warm-up (their mean over ranks, so every rank decides the same): a window mean that looks
+like a kind is a collapse. A mean, not a count of steps in a row: a near-uniform run's per-step
+entropy is noisy, and a run whose steps dip in and out of the margin never makes a long streak
+although its window mean sits inside it (docs/training.md, "Collapse"). The thresholds and the runs
+they were measured on are in docs/training.md.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from training.config import Config
@@ -46,7 +49,7 @@ class CollapseRule:
     one_hot_entropy: float
     """One-hot: the entropy of the batch-mean distribution is below this many nats."""
     patience_steps: int
-    """Steps in a row a kind must hold to count as a collapse."""
+    """Steps after the warm-up whose mean is judged (the window), and so the earliest a collapse shows."""
     after_step: int
     """Steps up to this global step are not judged (the warm-ups)."""
 
@@ -64,7 +67,7 @@ class CollapseRule:
         return math.log(self.out_dim)
 
     def kind(self, teacher_entropy: float, batch_entropy: float) -> str | None:
-        """Which collapse one step's statistics look like, or None for neither."""
+        """Which collapse these statistics (a window's means) look like, or None for neither."""
         if teacher_entropy >= self.log_out_dim - self.uniform_margin:
             return UNIFORM
         if batch_entropy < self.one_hot_entropy and teacher_entropy < self.one_hot_entropy:
@@ -74,20 +77,17 @@ class CollapseRule:
 
 @dataclass(frozen=True)
 class Collapse:
-    """A kind that has held for at least the rule's patience, up to and including `step`."""
+    """A kind that the window ending at global step `step` looks like."""
 
     kind: str
     step: int
-    steps: int
-    """Steps in a row it has held."""
     teacher_entropy: float
+    """Mean over the window of the per-image entropy of the teacher's target."""
     batch_entropy: float
+    """Mean over the window of the entropy of the batch-mean target."""
     rule: CollapseRule
-
-    @property
-    def new(self) -> bool:
-        """Whether this step completes the patience: the one step that warns."""
-        return self.steps == self.rule.patience_steps
+    new: bool
+    """Whether this is the first step at which the run looks like this kind: the one step that warns."""
 
     def describe(self) -> str:
         """One line: what collapsed, the evidence, and the usual remedies."""
@@ -100,28 +100,39 @@ class Collapse:
             evidence = (f"entropy of the batch-mean target {self.batch_entropy:.3f} nats (per image "
                         f"{self.teacher_entropy:.3f}), below {rule.one_hot_entropy:g}: every image gets the same "
                         "prototype")
-        return (f"DINO collapse ({self.kind}) for {self.steps} steps up to global step {self.step}: {evidence}; "
-                f"usual remedies: {REMEDIES[self.kind]}")
+        return (f"DINO collapse ({self.kind}) over the {rule.patience_steps} steps up to global step {self.step}: "
+                f"{evidence}; usual remedies: {REMEDIES[self.kind]}")
 
 
 class CollapseDetector:
-    """Counts, per kind, the steps in a row that looked collapsed.
+    """Judges the mean teacher statistics of the last `patience_steps` steps after the warm-up.
 
-    The counts live in `streaks` (a dict the caller may own: the trainer passes the DINO loss's
-    `collapse_streaks`, which checkpoints carry), so a resumed run judges as an uninterrupted one.
+    Its state lives in `state` (a dict the caller may own: the trainer passes the DINO loss's
+    `collapse_state`, which checkpoints carry), so a resumed run judges as an uninterrupted one:
+    "window", the [teacher_entropy, batch_entropy] of those steps, oldest first; "warned", the kinds
+    already reported, so each kind warns once however often the window leaves and re-enters it.
     """
 
-    def __init__(self, rule: CollapseRule, streaks: dict[str, int] | None = None) -> None:
+    def __init__(self, rule: CollapseRule, state: dict[str, Any] | None = None) -> None:
         self.rule = rule
-        self.streaks = {} if streaks is None else streaks
+        self.state = {} if state is None else state
 
     def observe(self, step: int, teacher_entropy: float, batch_entropy: float) -> Collapse | None:
-        """Judge global step `step` (1-based, the step just trained); the collapse if one holds."""
-        kind = self.rule.kind(teacher_entropy, batch_entropy) if step > self.rule.after_step else None
-        count = self.streaks.get(kind, 0) + 1 if kind else 0
-        self.streaks.clear()
-        if kind:
-            self.streaks[kind] = count
-        if kind is None or count < self.rule.patience_steps:
+        """Judge global step `step` (1-based, the step just trained); the collapse if its window shows one."""
+        if step <= self.rule.after_step:
             return None
-        return Collapse(kind, step, count, teacher_entropy, batch_entropy, self.rule)
+        window = self.state.setdefault("window", [])
+        window.append([float(teacher_entropy), float(batch_entropy)])
+        del window[: -self.rule.patience_steps]
+        if len(window) < self.rule.patience_steps:
+            return None
+        mean_teacher = math.fsum(row[0] for row in window) / len(window)
+        mean_batch = math.fsum(row[1] for row in window) / len(window)
+        kind = self.rule.kind(mean_teacher, mean_batch)
+        if kind is None:
+            return None
+        warned = self.state.setdefault("warned", [])
+        new = kind not in warned
+        if new:
+            warned.append(kind)
+        return Collapse(kind, step, mean_teacher, mean_batch, self.rule, new)

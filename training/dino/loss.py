@@ -6,6 +6,9 @@ shows a collapse (training/dino/collapse.py): the loss alone does not.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -45,7 +48,7 @@ class DINOLoss(nn.Module):
     temperature); together they prevent collapse. The centre is a buffer so it is checkpointed.
     After each call `teacher_stats` holds this rank's `teacher_statistics` of the step's target
     (the centre before its update: the one the target used), on the device, not synchronised.
-    `collapse_streaks` is the collapse detector's state (training/dino/collapse.py), kept here so
+    `collapse_state` is the collapse detector's state (training/dino/collapse.py), kept here so
     that checkpoints carry it without a key of their own.
     """
 
@@ -65,8 +68,8 @@ class DINOLoss(nn.Module):
         self.teacher_temps = teacher_temps
         self.register_buffer("center", torch.zeros(1, out_dim))
         self.teacher_stats: torch.Tensor | None = None
-        self.collapse_streaks: dict[str, int] = {}
-        self.register_load_state_dict_pre_hook(_accept_checkpoints_without_streaks)
+        self.collapse_state: dict[str, Any] = {}
+        self.register_load_state_dict_pre_hook(_accept_checkpoints_without_detector_state)
 
     def forward(self, student_out: torch.Tensor, teacher_out: torch.Tensor, epoch: int) -> torch.Tensor:
         temp = float(self.teacher_temps[min(epoch, len(self.teacher_temps) - 1)])
@@ -84,12 +87,12 @@ class DINOLoss(nn.Module):
         self.update_center(teacher_out)
         return total / n_terms
 
-    def get_extra_state(self) -> dict[str, dict[str, int]]:
-        return {"collapse_streaks": dict(self.collapse_streaks)}
+    def get_extra_state(self) -> dict[str, dict[str, Any]]:
+        return {"collapse_state": copy.deepcopy(self.collapse_state)}
 
-    def set_extra_state(self, state: dict[str, dict[str, int]]) -> None:
-        self.collapse_streaks.clear()  # in place: a detector may hold this dict
-        self.collapse_streaks.update(state.get("collapse_streaks", {}))
+    def set_extra_state(self, state: dict[str, dict[str, Any]]) -> None:
+        self.collapse_state.clear()  # in place: a detector may hold this dict
+        self.collapse_state.update(copy.deepcopy(state.get("collapse_state", {})))
 
     @torch.no_grad()
     def update_center(self, teacher_out: torch.Tensor) -> None:
@@ -103,6 +106,8 @@ class DINOLoss(nn.Module):
         self.center.mul_(self.center_momentum).add_(batch_center * (1 - self.center_momentum))
 
 
-def _accept_checkpoints_without_streaks(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
-    """Checkpoints written before the collapse detector have no extra state: resume them with none."""
-    state_dict.setdefault(prefix + "_extra_state", {"collapse_streaks": {}})
+def _accept_checkpoints_without_detector_state(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """Checkpoints written before the collapse detector have no extra state: resume them with none.
+    Those written under its earlier rule (a count of steps in a row, "collapse_streaks") start its
+    window afresh: set_extra_state reads only "collapse_state"."""
+    state_dict.setdefault(prefix + "_extra_state", {"collapse_state": {}})

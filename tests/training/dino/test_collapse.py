@@ -1,6 +1,6 @@
 """Collapse detection: the teacher statistics against scipy's entropy on small batches, and the
-detector's judgement on synthetic sequences of statistics (healthy, uniform, one-hot, interrupted,
-resumed from a checkpointed loss)."""
+detector's judgement on synthetic sequences of statistics (healthy, uniform, one-hot, noisy,
+interrupted, resumed from a checkpointed loss), each checked against the window means computed here."""
 
 import math
 
@@ -63,9 +63,9 @@ def test_the_extremes_are_zero_and_ln_out_dim_even_where_probabilities_underflow
     assert all(math.isfinite(v) for v in teacher_statistics(sharp, torch.zeros(1, dim)).tolist())
 
 
-def judge(sequence, rule=RULE, streaks=None, first_step=1):
+def judge(sequence, rule=RULE, state=None, first_step=1):
     """The detector's verdict per step of `sequence` as (kind or None, whether it warns)."""
-    detector = CollapseDetector(rule, streaks)
+    detector = CollapseDetector(rule, state)
     verdicts = []
     for step, stats in enumerate(sequence, start=first_step):
         collapse = detector.observe(step, *stats)
@@ -78,9 +78,9 @@ def test_a_healthy_run_is_never_flagged_and_the_warm_up_is_not_judged():
     assert judge([FLAT] * 4 + [HEALTHY] * 10) == [None] * 14  # a flat start during the warm-up is normal
 
 
-def test_uniform_is_flagged_after_the_patience_and_warns_once():
+def test_uniform_is_flagged_once_the_window_is_full_and_warns_once():
     verdicts = judge([FLAT] * 10)
-    assert verdicts[:6] == [None] * 6  # steps 1-4 warm-up, 5-6 not yet patient
+    assert verdicts[:6] == [None] * 6  # steps 1-4 warm-up, 5-6 fill the window
     assert verdicts[6:] == [(UNIFORM, True)] + [(UNIFORM, False)] * 3
 
 
@@ -90,11 +90,51 @@ def test_one_hot_needs_both_entropies_near_zero():
     assert judge([sharp_but_diverse] * 8) == [None] * 8
 
 
-def test_an_interrupted_streak_starts_again_and_a_new_collapse_warns_again():
+def window_verdicts(sequence, rule=RULE):
+    """The reference: at each step after the warm-up with a full window, the kind its plain means show."""
+    out = []
+    for step in range(1, len(sequence) + 1):
+        window = sequence[max(rule.after_step, step - rule.patience_steps):step]
+        if step <= rule.after_step or len(window) < rule.patience_steps:
+            out.append(None)
+            continue
+        teacher, batch = np.mean(window, axis=0)
+        if teacher >= LN256 - rule.uniform_margin:
+            out.append(UNIFORM)
+        elif teacher < rule.one_hot_entropy and batch < rule.one_hot_entropy:
+            out.append(ONE_HOT)
+        else:
+            out.append(None)
+    return out
+
+
+def test_a_noisy_near_uniform_run_never_in_the_margin_long_is_flagged_by_its_mean():
+    """As measured on the masked-channels runs: single steps dip in and out of the margin (never
+    `patience` in a row), but their mean sits inside it."""
+    noisy = [HEALTHY] * 4 + [(LN256 - 0.02, LN256 - 0.01), (LN256 - 0.05, LN256 - 0.01),
+                             (LN256 - 0.45, LN256 - 0.2)] * 6
+    inside = "".join("i" if LN256 - t < RULE.uniform_margin else "o" for t, _ in noisy[4:])
+    assert max(map(len, inside.split("o"))) == RULE.patience_steps - 1  # a streak rule would wait forever
+    verdicts = judge(noisy)
+    assert [v and v[0] for v in verdicts] == window_verdicts(noisy)
+    assert verdicts[:6] == [None] * 6 and verdicts[6] == (UNIFORM, True)  # (0.02 + 0.05 + 0.45) / 3 < 0.2
+    assert verdicts[7:] == [(UNIFORM, False)] * (len(noisy) - 7)
+
+
+def test_a_healthy_run_with_noisy_steps_is_never_flagged():
+    rng = np.random.default_rng(1)
+    healthy = [(LN256 - 0.36 - rng.uniform(0, 1.0), 5.3 + rng.uniform(-0.2, 0.2)) for _ in range(200)]
+    assert judge(healthy, rule=CollapseRule(256, 0.3, 0.5, 50, 31)) == [None] * 200
+
+
+def test_a_window_that_leaves_and_returns_does_not_warn_again_but_a_new_kind_does():
     sequence = [HEALTHY] * 4 + [FLAT, FLAT, HEALTHY, FLAT, FLAT, FLAT, HEALTHY] + [SAME_PROTOTYPE] * 3
     verdicts = judge(sequence)
+    assert [v and v[0] for v in verdicts] == window_verdicts(sequence)
     assert [i + 1 for i, v in enumerate(verdicts) if v] == [10, 14]
     assert verdicts[9] == (UNIFORM, True) and verdicts[13] == (ONE_HOT, True)
+    again = judge([HEALTHY] * 4 + [FLAT] * 3 + [HEALTHY] * 3 + [FLAT] * 3)
+    assert [v for v in again if v] == [(UNIFORM, True), (UNIFORM, False)]
 
 
 def test_values_just_outside_the_thresholds_are_healthy():
@@ -103,18 +143,22 @@ def test_values_just_outside_the_thresholds_are_healthy():
 
 
 def test_a_resumed_run_judges_as_an_uninterrupted_one():
-    """The counts live in the DINO loss's state_dict, which checkpoints carry."""
-    sequence = [HEALTHY] * 4 + [FLAT] * 8
+    """The window lives in the DINO loss's state_dict, which checkpoints carry."""
+    sequence = [HEALTHY] * 4 + [FLAT, HEALTHY, FLAT] + [FLAT] * 6
     uninterrupted = judge(sequence)
     loss = DINOLoss(256, 4, teacher_temps=np.array([0.04]))
-    first = judge(sequence[:6], streaks=loss.collapse_streaks)
+    first = judge(sequence[:9], state=loss.collapse_state)
     saved = loss.state_dict()
     resumed = DINOLoss(256, 4, teacher_temps=np.array([0.04]))
     resumed.load_state_dict(saved)
-    assert first + judge(sequence[6:], streaks=resumed.collapse_streaks, first_step=7) == uninterrupted
+    assert first + judge(sequence[9:], state=resumed.collapse_state, first_step=10) == uninterrupted
+    assert uninterrupted[8] == (UNIFORM, True) and uninterrupted[9] == (UNIFORM, False)  # not a second warning
     older = DINOLoss(256, 4, teacher_temps=np.array([0.04]))
     older.load_state_dict({"center": torch.ones(1, 256)})  # a checkpoint from before the detector
-    assert older.collapse_streaks == {} and float(older.center.sum()) == 256
+    assert older.collapse_state == {} and float(older.center.sum()) == 256
+    streak_rule = DINOLoss(256, 4, teacher_temps=np.array([0.04]))  # one from the earlier streak rule
+    streak_rule.load_state_dict({"center": torch.ones(1, 256), "_extra_state": {"collapse_streaks": {"uniform": 7}}})
+    assert streak_rule.collapse_state == {}
 
 
 def test_the_rule_waits_for_the_later_warm_up_and_reads_the_config():
@@ -129,7 +173,7 @@ def test_the_warning_names_the_kind_the_evidence_and_the_remedies():
     detector = CollapseDetector(RULE)
     collapse = [detector.observe(step, *FLAT) for step in range(1, 8)][-1]
     text = collapse.describe()
-    assert text.startswith("DINO collapse (uniform) for 3 steps up to global step 7")
+    assert text.startswith("DINO collapse (uniform) over the 3 steps up to global step 7")
     assert f"{FLAT[0]:.3f} nats" in text and "ln(out_dim) = 5.545" in text
     for remedy in ("dino.teacher_temp", "optim.lr", "model.out_dim", "model.norm_last_layer"):
         assert remedy in text
