@@ -52,5 +52,5 @@ def test_demo_pretraining_beats_random_backbone_and_raw_pixels(tmp_path):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if line["kind"] == "step"]
     assert steps and not [line["step"] for line in steps if "collapse" in line]
-    margin = Config().train.collapse_uniform_margin  # not one step within it, let alone 50 in a row
+    margin = Config().train.collapse_uniform_margin  # not one step within it, so no window mean either
     assert max(line["teacher_entropy"] for line in steps) < steps[0]["log_out_dim"] - margin
