@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import Config
-from training.errors import MissingInputError
+from training.errors import MissingInputError, UserError
 from training.eval.tables import markdown_table
 from training.planning.bill import comparison_bill
 from training.rundir import RunLayout, tags
@@ -91,7 +91,8 @@ def scores_entry(config: Config, parent: RunLayout, run: RunLayout, combination:
     names = config.data.for_combination(combination).channel_names or tuple(f"ch{c}" for c in combination)
     knn, linear = run_results(run, selector)
     return {"run": run.root.relative_to(parent.root).as_posix(), "channels": combination,
-            "channel_names": list(names), "knn": knn_scores(knn), "linear": linear_scores(linear)}
+            "channel_names": list(names), "knn": knn_scores(knn), "knn_whitened": bool(knn.get("whitened", False)),
+            "linear": linear_scores(linear)}
 
 
 def combination_entry(config: Config, layout: RunLayout, combination: str) -> dict[str, Any]:
@@ -152,8 +153,23 @@ def build_comparison(config: Config, layout: RunLayout) -> dict[str, Any]:
     if config.data.compare_channel_adaptive:
         for kind in config.data.channel_adaptive_kinds:
             models[kind] = channel_adaptive_model(config, layout, kind)
-    return {"combinations": list(combinations), "models": models, "contribution": contribution(entries),
+    return {"combinations": list(combinations), "models": models, "knn_whitened": same_knn_rule(models),
+            "contribution": contribution(entries),
             "bill": comparison_bill(layout, list(combinations))}  # None until `summary --jobs` has run
+
+
+def same_knn_rule(models: dict[str, Any]) -> bool:
+    """Whether every run's kNN whitened its features (eval.knn_whiten); refused when the runs
+    disagree, since a whitened kNN and a plain one do not compare."""
+    runs = {True: [], False: []}
+    for model in models.values():
+        for entry in model["combinations"].values():
+            runs[entry["knn_whitened"]].append(entry["run"])
+    if runs[True] and runs[False]:
+        raise UserError(f"the kNN of {', '.join(runs[True])} whitened its features and that of "
+                        f"{', '.join(runs[False])} did not: run `knn` again on them all with the same "
+                        "--set eval.knn_whiten=true or false, then `compare`")
+    return bool(runs[True])
 
 
 def _pct(value: float | None) -> str:
@@ -238,6 +254,8 @@ def comparison_markdown(comparison: dict[str, Any]) -> str:
     """comparison.md: the models side by side (with channel-adaptive ones), each model's table
     against its baselines, then what each channel adds."""
     parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
+    if comparison.get("knn_whitened"):
+        parts += ["Every kNN here whitened its features first (eval.knn_whiten).", ""]
     adaptive = adaptive_models(comparison)
     if adaptive:
         others = " and ".join(f"one {MODEL_NAMES[m]}" for m in adaptive)

@@ -1,7 +1,8 @@
 """Global weighted kNN as scDINO (and DINO before it) evaluates a representation.
 
 Each query image votes with its k most similar reference images (cosine similarity of L2-normalised
-features); a neighbour with similarity s adds exp(s / T) to its class. Queries are processed in
+features); a neighbour with similarity s adds exp(s / T) to its class. With eval.knn_whiten the
+features are whitened first (`whiten`), a rule of our own that scDINO does not apply. Queries are processed in
 batches sized so that the (batch x references) similarity block stays under a memory budget: 100k
 references at 384 dimensions need the 150 MB of features plus a few hundred MB of working space.
 """
@@ -149,6 +150,30 @@ def confusion_matrix(truth: np.ndarray, predicted: np.ndarray, num_classes: int)
     return counts
 
 
+def whiten(features: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
+    """Every row whitened by the reference rows' covariance, then L2-normalised again (eval.knn_whiten).
+
+    The covariance is scikit-learn's Ledoit-Wolf estimate (the sample covariance shrunk towards a
+    multiple of the identity by the amount that minimises the expected error, so it is invertible
+    even with fewer references than dimensions), fitted on the reference rows only: no label and no
+    query takes part. Rows become (x - mean) V diag(1 / sqrt(eigenvalues)): directions in which the
+    references hardly vary weigh as much in the cosine as those in which they vary most. Features
+    without any spread (a collapsed model: every row alike) are returned unchanged.
+    """
+    from sklearn.covariance import LedoitWolf
+
+    reference = np.asarray(features[reference_rows], np.float64)
+    if len(reference) < 2 or not np.ptp(reference, axis=0).any():
+        log.warning("kNN whitening skipped: the %d reference features do not vary", len(reference))
+        return features
+    estimate = LedoitWolf().fit(reference)
+    eigenvalues, vectors = np.linalg.eigh(estimate.covariance_)
+    eigenvalues = np.maximum(eigenvalues, eigenvalues.max() * 1e-12)
+    white = (np.asarray(features, np.float64) - estimate.location_) @ (vectors / np.sqrt(eigenvalues))
+    norms = np.linalg.norm(white, axis=1, keepdims=True)
+    return (white / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
 def reference_query(labels: dict[str, Any], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Labels of the held-out images (labels.json) and the seeded reference and query rows of them:
     the kNN, the linear probe and fine-tuning all use this one split."""
@@ -161,7 +186,7 @@ def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.nda
                  settings: EvalConfig, num_classes: int) -> dict[str, Any]:
     """The knn.json entry of one feature set: accuracy per k, and per class at the best k."""
     ref, query = rows
-    x = feature_set.features
+    x = whiten(feature_set.features, ref) if settings.knn_whiten else feature_set.features
     result = knn_classify(x[ref], labels[ref], x[query], labels[query], ks=settings.knn_k,
                           temperature=settings.knn_temperature, num_classes=num_classes, progress=True)
     best = result.best_k
@@ -185,7 +210,7 @@ def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], s
     y, ref, query = reference_query(labels, settings.knn_train_fraction, seed)
     num_classes = len(labels["class_names"])
     return {
-        "seed": seed, "temperature": settings.knn_temperature,
+        "seed": seed, "temperature": settings.knn_temperature, "whitened": settings.knn_whiten,
         "train_fraction": settings.knn_train_fraction, "ks": list(settings.knn_k),
         "n_reference": int(len(ref)), "n_query": int(len(query)), "class_names": labels["class_names"],
         "tags": {tag: evaluate_tag(fs, y, (ref, query), settings, num_classes) for tag, fs in sets.items()},

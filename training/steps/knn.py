@@ -32,7 +32,8 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     write_json_atomic(layout.knn_json, result)
     table = markdown_table(*knn_rows(result))
     text = (f"# Global kNN (top-1 / top-2 accuracy, %)\n\n{result['n_reference']} reference and "
-            f"{result['n_query']} query images (seed {config.run.seed}), T={config.eval.knn_temperature}.\n\n"
+            f"{result['n_query']} query images (seed {config.run.seed}), T={config.eval.knn_temperature}"
+            f"{', features whitened (eval.knn_whiten)' if config.eval.knn_whiten else ''}.\n\n"
             f"{table}\n")
     write_text_atomic(layout.knn_md, text)
     print(table)

@@ -305,3 +305,19 @@ def test_every_kept_kind_is_a_model_of_its_own(adaptive_runs):
     assert per_rank["channel_vit"] > 2 * per_rank[KIND]  # C x the tokens against one channel's
     markdown = parent.comparison_md.read_text()
     assert "against one ChannelViT model and one bag-of-channels model" in markdown
+
+
+def test_a_whitened_knn_and_a_plain_one_are_not_compared(runs, capsys):
+    parent, args = runs
+    first = parent.combination(COMBINATIONS[0]).knn_json
+    first.write_text(json.dumps({**json.loads(first.read_text()), "whitened": True}))
+    assert main(["compare", *args]) == 2
+    error = capsys.readouterr().err
+    assert "eval.knn_whiten" in error and f"channels_{COMBINATIONS[0]}" in error
+    assert not parent.comparison_json.exists()
+    for combo in COMBINATIONS[1:]:
+        path = parent.combination(combo).knn_json
+        path.write_text(json.dumps({**json.loads(path.read_text()), "whitened": True}))
+    assert main(["compare", *args]) == 0
+    assert json.loads(parent.comparison_json.read_text())["knn_whitened"] is True
+    assert "whitened its features first (eval.knn_whiten)" in parent.comparison_md.read_text()
