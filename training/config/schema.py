@@ -63,7 +63,8 @@ class DataConfig:
     each combination without retraining: `compare` then puts the ways side by side, each with its
     training compute, which answers whether one model serves every combination as well as scDINO's
     per-combination models and at what cost. Needs data.channel_combinations, each a subset of
-    data.channels."""
+    data.channels. With eval.knn_whiten the kNN compares a bag of channels' concatenated features
+    with the per-combination models' on equal terms (docs/performance.md)."""
     channel_adaptive_kinds: tuple[str, ...] = ("bag_of_channels",)
     """The model.kind of each channel-adaptive model data.compare_channel_adaptive trains:
     "bag_of_channels" (kept: within reach of the per-combination models at a fraction of their
