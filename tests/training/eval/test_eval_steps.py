@@ -35,7 +35,7 @@ def test_knn_with_labels_but_no_features_names_features(empty_run, tmp_path, cap
 def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_checkpoint(tmp_path):
     """data.compare_channel_adaptive end to end on CPU: one tiny bag-of-channels pretraining, then
     the evaluation steps on combination 02 read its checkpoint and only channels 0 and 2, each
-    encoded on its own and concatenated."""
+    encoded on its own and concatenated; knn again with eval.knn_whiten says so in its files."""
     import json
 
     from eval_tiny_run import run_dir, run_step, write_config, write_images
@@ -64,3 +64,8 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     assert not (evaluation.root / "checkpoints").exists() and not (parent.root / "checkpoints").exists()
     assert set(json.loads(evaluation.knn_json.read_text())["tags"]) == {"final", "raw_pixels", "random_init"}
     assert evaluation.linear_json.is_file()
+    assert json.loads(evaluation.knn_json.read_text())["whitened"] is False
+    assert run_step(config, "knn", *on_02, "--set", "eval.knn_whiten=true") == 0  # the concatenation whitened
+    whitened = json.loads(evaluation.knn_json.read_text())
+    assert whitened["whitened"] is True and set(whitened["tags"]) == {"final", "raw_pixels", "random_init"}
+    assert "features whitened (eval.knn_whiten)" in evaluation.knn_md.read_text()
