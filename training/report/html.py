@@ -181,7 +181,9 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
                       for c in comparison["models"][PER_COMBINATION]["combinations"])
-    return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>",
+    whitened = (["<p>Every kNN here whitened its features first (eval.knn_whiten), not scDINO's plain cosine.</p>"]
+                if comparison.get("knn_whitened") else [])
+    return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>", *whitened,
             *channel_adaptive_lines(comparison),
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
             html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]

@@ -127,6 +127,7 @@ def test_markdown_and_report_show_the_table_and_figure(runs, capsys):
     assert "Channel combinations" in html and cell in html and 'href="channels_01/report.html"' in html
     assert "data:image/png;base64" in html
     assert "No kNN results yet" not in html, "the parent run trains nothing: no empty result sections"
+    assert "eval.knn_whiten" not in html and "eval.knn_whiten" not in markdown, "plain kNN: nothing to say"
 
 
 def test_gpu_runs_count_gpu_seconds(tmp_path):
@@ -321,3 +322,5 @@ def test_a_whitened_knn_and_a_plain_one_are_not_compared(runs, capsys):
     assert main(["compare", *args]) == 0
     assert json.loads(parent.comparison_json.read_text())["knn_whitened"] is True
     assert "whitened its features first (eval.knn_whiten)" in parent.comparison_md.read_text()
+    assert main(["report", *args]) == 0
+    assert "whitened its features first (eval.knn_whiten)" in parent.report.read_text()
