@@ -136,7 +136,9 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
     parts.append("<h2>Global kNN (top-1 / top-2 %)</h2>")
     if knn:
         parts.append(f"<p>{knn['n_reference']} reference and {knn['n_query']} query images, seed "
-                     f"{knn['seed']}, T={knn['temperature']}.</p>" + html_table(*knn_rows(knn)))
+                     f"{knn['seed']}, T={knn['temperature']}"
+                     f"{', features whitened (eval.knn_whiten)' if knn.get('whitened') else ''}.</p>"
+                     + html_table(*knn_rows(knn)))
     else:
         parts.append(missing("kNN results", "knn"))
     parts += [figures(layout, entries, "knn"), figures(layout, entries, "confusion")]

@@ -69,3 +69,5 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     whitened = json.loads(evaluation.knn_json.read_text())
     assert whitened["whitened"] is True and set(whitened["tags"]) == {"final", "raw_pixels", "random_init"}
     assert "features whitened (eval.knn_whiten)" in evaluation.knn_md.read_text()
+    assert run_step(config, "report", *on_02) == 0
+    assert "features whitened (eval.knn_whiten)" in evaluation.report.read_text()
