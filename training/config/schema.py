@@ -381,8 +381,8 @@ class EvalConfig:
     knn_whiten: bool = False
     """Whiten the features before the kNN (training/eval/knn.py `whiten`: the reference rows'
     Ledoit-Wolf covariance, no labels). Off: scDINO's kNN. On, every feature tag of the run is
-    whitened alike; on the synthetic sets it raised kNN top-1 by 4.5 to 21.5 points for every model, and
-    more for a bag of channels' concatenated features (docs/performance.md)."""
+    whitened alike; on the synthetic sets it raised every model's kNN top-1 by 4.5 to 21.5 points,
+    a bag of channels' concatenated features the most (docs/performance.md)."""
     batch_size: int = 64
     """Images per forward pass when extracting features."""
     image_size: int = 224

@@ -37,6 +37,8 @@ model trained once and evaluated on every combination is keyed by its kind (mode
 MODEL_NAMES = {PER_COMBINATION: "one model per combination", "bag_of_channels": "bag-of-channels model",
                "channel_vit": "ChannelViT model"}
 """How tables name each way."""
+WHITENED_NOTE = "Every kNN here whitened its features first (eval.knn_whiten), not scDINO's plain cosine."
+"""What comparison.md and the report say when the runs' kNN whitened their features."""
 
 
 def adaptive_models(comparison: dict[str, Any]) -> list[str]:
@@ -255,7 +257,7 @@ def comparison_markdown(comparison: dict[str, Any]) -> str:
     against its baselines, then what each channel adds."""
     parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
     if comparison.get("knn_whitened"):
-        parts += ["Every kNN here whitened its features first (eval.knn_whiten).", ""]
+        parts += [WHITENED_NOTE, ""]
     adaptive = adaptive_models(comparison)
     if adaptive:
         others = " and ".join(f"one {MODEL_NAMES[m]}" for m in adaptive)

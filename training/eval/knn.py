@@ -2,9 +2,10 @@
 
 Each query image votes with its k most similar reference images (cosine similarity of L2-normalised
 features); a neighbour with similarity s adds exp(s / T) to its class. With eval.knn_whiten the
-features are whitened first (`whiten`), a rule of our own that scDINO does not apply. Queries are processed in
-batches sized so that the (batch x references) similarity block stays under a memory budget: 100k
-references at 384 dimensions need the 150 MB of features plus a few hundred MB of working space.
+features are whitened first (`whiten`), a rule of our own that scDINO does not apply. Queries are
+processed in batches sized so that the (batch x references) similarity block stays under a memory
+budget: 100k references at 384 dimensions need the 150 MB of features plus a few hundred MB of
+working space.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from training.rundir.features import FeatureSet
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 256 * 2**20
+WHITENED = "features whitened (eval.knn_whiten)"
+"""How knn.md and the report say that a kNN whitened its features."""
 
 
 @dataclass

@@ -16,10 +16,12 @@ from typing import Any
 from training.eval.compare import (
     MODEL_NAMES,
     PER_COMBINATION,
+    WHITENED_NOTE,
     adaptive_models,
     comparison_rows,
     side_by_side_rows,
 )
+from training.eval.knn import WHITENED
 from training.eval.tables import finetune_rows, knn_rows, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
@@ -137,7 +139,7 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
     if knn:
         parts.append(f"<p>{knn['n_reference']} reference and {knn['n_query']} query images, seed "
                      f"{knn['seed']}, T={knn['temperature']}"
-                     f"{', features whitened (eval.knn_whiten)' if knn.get('whitened') else ''}.</p>"
+                     f"{', ' + WHITENED if knn.get('whitened') else ''}.</p>"
                      + html_table(*knn_rows(knn)))
     else:
         parts.append(missing("kNN results", "knn"))
@@ -183,8 +185,7 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
                       for c in comparison["models"][PER_COMBINATION]["combinations"])
-    whitened = (["<p>Every kNN here whitened its features first (eval.knn_whiten), not scDINO's plain cosine.</p>"]
-                if comparison.get("knn_whitened") else [])
+    whitened = [f"<p>{esc(WHITENED_NOTE)}</p>"] if comparison.get("knn_whitened") else []
     return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>", *whitened,
             *channel_adaptive_lines(comparison),
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
