@@ -25,8 +25,6 @@ from training.rundir.features import FeatureSet
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 256 * 2**20
-WHITENED = "features whitened (eval.knn_whiten)"
-"""How knn.md and the report say that a kNN whitened its features."""
 
 
 @dataclass

@@ -15,6 +15,14 @@ def _epoch(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def knn_setup(knn: dict[str, Any]) -> str:
+    """One sentence saying how a knn.json was measured: the split, seed, temperature, and whether the
+    features were whitened (eval.knn_whiten); knn.md and the report both open their table with it."""
+    whitened = ", features whitened (eval.knn_whiten)" if knn.get("whitened") else ""
+    return (f"{knn['n_reference']} reference and {knn['n_query']} query images (seed {knn['seed']}), "
+            f"T={knn['temperature']}{whitened}.")
+
+
 def knn_rows(knn: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per feature tag, one 'top-1 / top-2' column per k."""
     ks = [int(k) for k in knn["ks"]]

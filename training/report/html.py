@@ -21,8 +21,7 @@ from training.eval.compare import (
     comparison_rows,
     side_by_side_rows,
 )
-from training.eval.knn import WHITENED
-from training.eval.tables import finetune_rows, knn_rows, linear_rows
+from training.eval.tables import finetune_rows, knn_rows, knn_setup, linear_rows
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
@@ -137,10 +136,7 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
              figures(layout, entries, "curves") or missing("training curves", "plots")]
     parts.append("<h2>Global kNN (top-1 / top-2 %)</h2>")
     if knn:
-        parts.append(f"<p>{knn['n_reference']} reference and {knn['n_query']} query images, seed "
-                     f"{knn['seed']}, T={knn['temperature']}"
-                     f"{', ' + WHITENED if knn.get('whitened') else ''}.</p>"
-                     + html_table(*knn_rows(knn)))
+        parts.append(f"<p>{esc(knn_setup(knn))}</p>" + html_table(*knn_rows(knn)))
     else:
         parts.append(missing("kNN results", "knn"))
     parts += [figures(layout, entries, "knn"), figures(layout, entries, "confusion")]

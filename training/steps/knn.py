@@ -23,18 +23,15 @@ log = logging.getLogger(__name__)
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """kNN of every feature tag on one shared split; write knn.json and knn.md, print the table."""
     from training.atomic import write_json_atomic, write_text_atomic
-    from training.eval.knn import WHITENED, evaluate_feature_sets
-    from training.eval.tables import knn_rows, markdown_table
+    from training.eval.knn import evaluate_feature_sets
+    from training.eval.tables import knn_rows, knn_setup, markdown_table
     from training.rundir.artifacts import load_labels, load_tagged_features
 
     labels = load_labels(layout)
     result = evaluate_feature_sets(load_tagged_features(layout, labels), labels, config.eval, config.run.seed)
     write_json_atomic(layout.knn_json, result)
     table = markdown_table(*knn_rows(result))
-    text = (f"# Global kNN (top-1 / top-2 accuracy, %)\n\n{result['n_reference']} reference and "
-            f"{result['n_query']} query images (seed {config.run.seed}), T={config.eval.knn_temperature}"
-            f"{', ' + WHITENED if config.eval.knn_whiten else ''}.\n\n"
-            f"{table}\n")
+    text = f"# Global kNN (top-1 / top-2 accuracy, %)\n\n{knn_setup(result)}\n\n{table}\n"
     write_text_atomic(layout.knn_md, text)
     print(table)
     log.info("wrote %s and %s", layout.knn_json, layout.knn_md.name)

@@ -324,3 +324,16 @@ def test_a_whitened_knn_and_a_plain_one_are_not_compared(runs, capsys):
     assert "whitened its features first (eval.knn_whiten)" in parent.comparison_md.read_text()
     assert main(["report", *args]) == 0
     assert "whitened its features first (eval.knn_whiten)" in parent.report.read_text()
+
+
+def test_the_channel_adaptive_model_whitened_alone_is_not_compared(adaptive_runs, capsys):
+    """The mix that matters: the per-combination runs plain, the channel-adaptive model's evaluations whitened."""
+    parent, args = adaptive_runs
+    for combo in COMBINATIONS:
+        path = parent.channel_adaptive(KIND).evaluation(combo).knn_json
+        path.write_text(json.dumps({**json.loads(path.read_text()), "whitened": True}))
+    assert main(["compare", *args]) == 2
+    error = capsys.readouterr().err
+    assert f"the kNN of channel_adaptive_{KIND}/channels_{COMBINATIONS[0]}" in error
+    assert f"whitened its features and that of channels_{COMBINATIONS[0]}, " in error
+    assert "eval.knn_whiten" in error and not parent.comparison_json.exists()
