@@ -194,12 +194,15 @@ class ModelConfig:
     a learned embedding of its original channel id, the present channels' tokens concatenated
     (ChannelViT); C times the tokens, so several times the compute per step, and on the synthetic set
     it collapses (docs/performance.md) (training/models/channel_vit.py, docs/training.md)."""
-    bag_combine: Literal["concat", "concat_normalized", "mean"] = "concat"
-    """How a "bag_of_channels" model turns a combination's per-channel CLS features into one feature
-    (ignored by the other kinds): "concat" in channel order (C x embed_dim wide), "concat_normalized"
-    the same with each channel's feature L2-normalised first (every channel weighs the same),
-    "mean" their average (embed_dim wide). An evaluation-time choice: the same checkpoint serves all
-    three. The default is the one measured best on the synthetic set (docs/performance.md)."""
+    bag_combine: Literal["concat", "concat_normalized", "mean", "concat_pairs"] = "concat_pairs"
+    """How a "bag_of_channels" model turns a combination's channels into one feature (ignored by the
+    other kinds): "concat" their CLS features in channel order (C x embed_dim wide),
+    "concat_normalized" the same with each channel's feature L2-normalised first (every channel
+    weighs the same), "mean" their average (embed_dim wide), "concat_pairs" (default) the "concat"
+    features followed by one per pair of channels, the pair encoded as one image, the mean of its
+    two channels ((C + C(C-1)/2) x embed_dim wide; C(C+1)/2 encodings per image at evaluation, 15
+    for 5 channels, instead of C). An evaluation-time choice: the same checkpoint serves all four.
+    The default is the one measured best on the synthetic sets (docs/performance.md)."""
     bag_channels_per_image: int = 1
     """How many distinct channels of each image a "bag_of_channels" pretraining step encodes, each as
     an image of its own (drawn per image and step; teacher and student see the same ones). 1 is the

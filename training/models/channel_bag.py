@@ -23,13 +23,22 @@ from torch.nn import functional as F
 
 from training.models.vit import DinoVisionTransformer
 
-Combine = Literal["concat", "concat_normalized", "mean"]
-COMBINE_RULES: tuple[str, ...] = ("concat", "concat_normalized", "mean")
+Combine = Literal["concat", "concat_normalized", "mean", "concat_pairs"]
+COMBINE_RULES: tuple[str, ...] = ("concat", "concat_normalized", "mean", "concat_pairs")
+
+
+def channel_pairs(channels: int) -> list[tuple[int, int]]:
+    """The pairs (i, j), i < j, of a combination's channel positions, in the order "concat_pairs" lays
+    out their features: (0, 1), (0, 2), ..., (1, 2), ..."""
+    return [(i, j) for i in range(channels) for j in range(i + 1, channels)]
 
 
 def combined_dim(embed_dim: int, channels: int, combine: str) -> int:
-    """Width of a combination's feature: C x D when concatenated, D when averaged."""
-    return embed_dim if combine == "mean" or channels == 1 else embed_dim * channels
+    """Width of a combination's feature: C x D when concatenated, D when averaged, (C + C(C-1)/2) x D
+    with the channel pairs."""
+    if combine == "mean" or channels == 1:
+        return embed_dim
+    return embed_dim * (channels + len(channel_pairs(channels)) if combine == "concat_pairs" else channels)
 
 
 class ChannelBagViT(DinoVisionTransformer):
@@ -38,7 +47,11 @@ class ChannelBagViT(DinoVisionTransformer):
     `combine` is how a multi-channel input's per-channel CLS features (each (B, D), after the final
     norm) become one row: "concat" in x's channel order (B, C x D); "concat_normalized" the same
     after L2-normalising each channel's feature, so every channel weighs the same in a cosine
-    similarity whatever its feature norm; "mean" their average (B, D).
+    similarity whatever its feature norm; "mean" their average (B, D); "concat_pairs" the "concat"
+    features followed by one CLS feature per pair of channels (`channel_pairs` order), each pair
+    encoded as ONE single-channel image, the mean of its two channels: a picture in which the model
+    sees where one stain lies relative to another, which no single channel shows
+    (B, (C + C(C-1)/2) x D).
     """
 
     def __init__(self, *, channel_ids: Sequence[int], combine: Combine = "concat", **kwargs) -> None:
@@ -75,6 +88,10 @@ class ChannelBagViT(DinoVisionTransformer):
         if x.shape[1] == 1:
             return super().forward(x)
         batch, n_chans = x.shape[:2]
+        if self.combine == "concat_pairs":
+            pairs = channel_pairs(n_chans)
+            x = torch.cat([x, torch.stack([(x[:, i] + x[:, j]) / 2 for i, j in pairs], dim=1)], dim=1)
+            n_chans += len(pairs)
         features = super().forward(x.reshape(batch * n_chans, 1, *x.shape[-2:])).reshape(batch, n_chans, -1)
         if self.combine == "mean":
             return features.mean(dim=1)

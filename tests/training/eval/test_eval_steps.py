@@ -58,7 +58,8 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     evaluation = model.evaluation("02")
     final = json.loads((evaluation.features("final") / "index.json").read_text())
     assert final["checkpoint"] == str(model.latest_checkpoint) and final["channels"] == "02"
-    assert final["dim"] == 2 * 192 and final["bag_combine"] == "concat", "ViT-tiny's CLS per channel, concatenated"
+    assert final["dim"] == 3 * 192 and final["bag_combine"] == "concat_pairs", \
+        "ViT-tiny's CLS for channel 0, channel 2 and their mean image, concatenated"
     raw = load_features(evaluation.features("raw_pixels"))
     assert raw.features.shape[1] == 2 * 4 * 4, "two channels, pooled to eval.raw_pixels_size=4"
     assert not (evaluation.root / "checkpoints").exists() and not (parent.root / "checkpoints").exists()

@@ -5,6 +5,7 @@ its channels' CLS features, and checkpoints evaluated on any subset of the train
 from __future__ import annotations
 
 import contextlib
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_a_single_channel_is_one_image_through_a_one_channel_vit():
         torch.testing.assert_close(model(local), reference_cls(model, local), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("combine", ["concat", "concat_normalized", "mean"])
+@pytest.mark.parametrize("combine", ["concat", "concat_normalized", "mean", "concat_pairs"])
 def test_a_combination_is_built_from_each_channel_encoded_alone(combine):
     model = bag_model((0, 1, 2, 3, 4), combine)
     x = torch.randn(2, 3, 32, 32)
@@ -64,6 +65,9 @@ def test_a_combination_is_built_from_each_channel_encoded_alone(combine):
         expected = torch.stack(per_channel).mean(dim=0)
     elif combine == "concat":
         expected = torch.cat(per_channel, dim=1)  # in the input's channel order
+    elif combine == "concat_pairs":  # then every pair, (0, 1), (0, 2), (1, 2), as the mean of its two channels
+        pair_images = [(x[:, i : i + 1] + x[:, j : j + 1]) / 2 for i, j in itertools.combinations(range(3), 2)]
+        expected = torch.cat(per_channel + [reference_cls(model, image) for image in pair_images], dim=1)
     else:
         expected = torch.cat([f / f.norm(dim=1, keepdim=True) for f in per_channel], dim=1)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
@@ -136,8 +140,9 @@ def test_a_checkpoint_serves_any_subset_of_its_channels_and_refuses_others(tmp_p
     assert isinstance(loaded, ChannelBagViT) and loaded.trained_channels == (0, 1, 3, 4)
     x = torch.randn(2, 2, 32, 32)
     with torch.no_grad():
-        expected = torch.cat([teacher.backbone.eval()(x[:, :1]), teacher.backbone(x[:, 1:])], dim=1)
-        torch.testing.assert_close(loaded(x), expected)
+        single = teacher.backbone.eval()
+        expected = torch.cat([single(x[:, :1]), single(x[:, 1:]), single(x.mean(dim=1, keepdim=True))], dim=1)
+        torch.testing.assert_close(loaded(x), expected)  # model.bag_combine's default: concat_pairs
     with pytest.raises(UserError, match="trained on channels '0134'"):
         load_backbone(path, plain.model, 1, channels=(2,))
 
