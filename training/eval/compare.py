@@ -39,11 +39,22 @@ MODEL_NAMES = {PER_COMBINATION: "one model per combination", "bag_of_channels": 
 """How tables name each way."""
 WHITENED_NOTE = "Every kNN here whitened its features first (eval.knn_whiten), not scDINO's plain cosine."
 """What comparison.md and the report say when the runs' kNN whitened their features."""
+PLAIN_ADAPTIVE_NOTE = ("Every kNN here is scDINO's plain cosine, which weighs each channel's part of a "
+                       "channel-adaptive model's feature alike; to compare channel-adaptive models, run the knn "
+                       "steps and compare again with eval.knn_whiten=true (docs/performance.md measures both).")
+"""What they say when channel-adaptive models are compared under the plain kNN."""
 
 
 def adaptive_models(comparison: dict[str, Any]) -> list[str]:
     """The channel-adaptive models' keys in comparison["models"], in data.channel_adaptive_kinds order."""
     return [key for key in comparison["models"] if key != PER_COMBINATION]
+
+
+def knn_note(comparison: dict[str, Any]) -> str | None:
+    """The line comparison.md and the report give on how the kNN compared features, if any."""
+    if comparison.get("knn_whitened"):
+        return WHITENED_NOTE
+    return PLAIN_ADAPTIVE_NOTE if adaptive_models(comparison) else None
 
 
 def knn_scores(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -256,8 +267,9 @@ def comparison_markdown(comparison: dict[str, Any]) -> str:
     """comparison.md: the models side by side (with channel-adaptive ones), each model's table
     against its baselines, then what each channel adds."""
     parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
-    if comparison.get("knn_whitened"):
-        parts += [WHITENED_NOTE, ""]
+    note = knn_note(comparison)
+    if note:
+        parts += [note, ""]
     adaptive = adaptive_models(comparison)
     if adaptive:
         others = " and ".join(f"one {MODEL_NAMES[m]}" for m in adaptive)

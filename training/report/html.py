@@ -16,9 +16,9 @@ from typing import Any
 from training.eval.compare import (
     MODEL_NAMES,
     PER_COMBINATION,
-    WHITENED_NOTE,
     adaptive_models,
     comparison_rows,
+    knn_note,
     side_by_side_rows,
 )
 from training.eval.tables import finetune_rows, knn_rows, knn_setup, linear_rows
@@ -181,8 +181,9 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
         return []
     links = ", ".join(f'<a href="{esc(relative_link(layout, layout.combination(c).report))}">{esc(c)}</a>'
                       for c in comparison["models"][PER_COMBINATION]["combinations"])
-    whitened = [f"<p>{esc(WHITENED_NOTE)}</p>"] if comparison.get("knn_whitened") else []
-    return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>", *whitened,
+    note = knn_note(comparison)
+    knn_line = [f"<p>{esc(note)}</p>"] if note else []
+    return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>", *knn_line,
             *channel_adaptive_lines(comparison),
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",
             html_table(*comparison_rows(comparison)), figures(layout, entries, "combinations")]

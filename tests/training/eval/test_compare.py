@@ -4,6 +4,7 @@ run wrote (knn.json, linear.json, timings.json, the checkpoint), and the report 
 from __future__ import annotations
 
 import json
+from html import escape as html_escape
 
 import pytest
 import torch
@@ -245,9 +246,12 @@ def test_markdown_shows_both_models_side_by_side_with_their_compute(adaptive_run
         "total training compute", f"{per_total:.0f} cpu_rank_s, {per_flops:.3g} PFLOP (3 pretrainings)", "",
         f"{ADAPTIVE_WALL_S * ADAPTIVE_RANKS:.0f} gpu_s, {adaptive_flops:.3g} PFLOP (1 pretraining)", ""]
     assert "## The bag-of-channels model, trained once on channels 01234, against its baselines" in markdown
+    plain_note = "plain cosine, which weighs each channel's part of a channel-adaptive model's feature alike"
+    assert plain_note in markdown and "eval.knn_whiten=true" in markdown  # the fixture's kNN are plain
     assert main(["report", *args]) == 0
     html = parent.report.read_text()
     assert "bag-of-channels model" in html and figures[2] in html and "1 pretraining" in html
+    assert html_escape(plain_note) in html
 
 
 def test_without_the_option_the_comparison_has_one_model(adaptive_runs):
@@ -257,6 +261,7 @@ def test_without_the_option_the_comparison_has_one_model(adaptive_runs):
     assert list(json.loads(parent.comparison_json.read_text())["models"]) == ["per_combination"]
     markdown = parent.comparison_md.read_text()
     assert "bag-of-channels" not in markdown and "##" not in markdown
+    assert "plain cosine" not in markdown  # nothing to say about scDINO's own kNN among its own runs
 
 
 def test_a_missing_evaluation_names_its_file_and_the_step_to_run(adaptive_runs, capsys):
@@ -337,3 +342,9 @@ def test_the_channel_adaptive_model_whitened_alone_is_not_compared(adaptive_runs
     assert f"the kNN of channel_adaptive_{KIND}/channels_{COMBINATIONS[0]}" in error
     assert f"whitened its features and that of channels_{COMBINATIONS[0]}, " in error
     assert "eval.knn_whiten" in error and not parent.comparison_json.exists()
+    for combo in COMBINATIONS:  # every run whitened: compared, and said so instead of the plain-kNN advice
+        path = parent.combination(combo).knn_json
+        path.write_text(json.dumps({**json.loads(path.read_text()), "whitened": True}))
+    assert main(["compare", *args]) == 0
+    markdown = parent.comparison_md.read_text()
+    assert "whitened its features first (eval.knn_whiten)" in markdown and "plain cosine, which" not in markdown
