@@ -67,8 +67,9 @@ class DataConfig:
     diluted by their uninformative channels in the kNN (docs/performance.md)."""
     channel_adaptive_kinds: tuple[str, ...] = ("bag_of_channels",)
     """The model.kind of each channel-adaptive model data.compare_channel_adaptive trains:
-    "bag_of_channels" (kept: within reach of the per-combination models at a fraction of their
-    compute on the synthetic set) and/or "channel_vit" (collapses there; docs/performance.md)."""
+    "bag_of_channels" (kept: with eval.knn_whiten, level with or ahead of the per-combination models
+    on the synthetic sets for a third of their compute) and/or "channel_vit" (collapses there;
+    docs/performance.md)."""
     folder_depth_for_labels: int = 0
     """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
     channel_axis: Literal["auto", "first", "last"] = "auto"

@@ -16,7 +16,8 @@ bag-of-channels checkpoint from a plain one (training/models/pretrained.py).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+import itertools
+from typing import Literal, Sequence, get_args
 
 import torch
 from torch.nn import functional as F
@@ -24,13 +25,13 @@ from torch.nn import functional as F
 from training.models.vit import DinoVisionTransformer
 
 Combine = Literal["concat", "concat_normalized", "mean", "concat_pairs"]
-COMBINE_RULES: tuple[str, ...] = ("concat", "concat_normalized", "mean", "concat_pairs")
+COMBINE_RULES: tuple[str, ...] = get_args(Combine)
 
 
 def channel_pairs(channels: int) -> list[tuple[int, int]]:
     """The pairs (i, j), i < j, of a combination's channel positions, in the order "concat_pairs" lays
     out their features: (0, 1), (0, 2), ..., (1, 2), ..."""
-    return [(i, j) for i in range(channels) for j in range(i + 1, channels)]
+    return list(itertools.combinations(range(channels), 2))
 
 
 def combined_dim(embed_dim: int, channels: int, combine: str) -> int:
@@ -38,7 +39,7 @@ def combined_dim(embed_dim: int, channels: int, combine: str) -> int:
     with the channel pairs."""
     if combine == "mean" or channels == 1:
         return embed_dim
-    return embed_dim * (channels + len(channel_pairs(channels)) if combine == "concat_pairs" else channels)
+    return embed_dim * (channels * (channels + 1) // 2 if combine == "concat_pairs" else channels)
 
 
 class ChannelBagViT(DinoVisionTransformer):
@@ -89,9 +90,9 @@ class ChannelBagViT(DinoVisionTransformer):
             return super().forward(x)
         batch, n_chans = x.shape[:2]
         if self.combine == "concat_pairs":
-            pairs = channel_pairs(n_chans)
-            x = torch.cat([x, torch.stack([(x[:, i] + x[:, j]) / 2 for i, j in pairs], dim=1)], dim=1)
-            n_chans += len(pairs)
+            first, second = zip(*channel_pairs(n_chans))
+            x = torch.cat([x, (x[:, list(first)] + x[:, list(second)]) / 2], dim=1)
+            n_chans = x.shape[1]
         features = super().forward(x.reshape(batch * n_chans, 1, *x.shape[-2:])).reshape(batch, n_chans, -1)
         if self.combine == "mean":
             return features.mean(dim=1)
