@@ -19,13 +19,25 @@ launcher can restart training (slurm/heal.sh):
   process whose NCCL watchdog thread itself is stuck.
 Values already in the environment win.
 
-`cleanup` waits at a barrier before destroying the group: without it a
-non-zero rank sometimes aborts during teardown ("terminate called without an active exception").
+A finished run must also exit cleanly, or the launcher counts it as failed. Two things make gloo
+abort a process after its last step ("terminate called without an active exception", SIGABRT):
+- a rank that tears down while another still talks to it: `cleanup` waits at a barrier first;
+- a group that outlives `destroy_process_group`: its worker threads then release their last work
+  during interpreter shutdown, when they can no longer take the GIL. The functions of
+  torch.distributed.nn.functional take `group=group.WORLD` as a default argument, bound at their
+  first import, and DDP and FSDP import that module lazily: imported after the group exists, they
+  hold it for the life of the process. So this module imports it first, while no group exists,
+  and `cleanup` collects garbage before the barrier. Measured with examples/ddp_minimal.py, two
+  gloo ranks under torchrun on one machine: 4 aborts in 30 runs as it was, none in 80 with the
+  import, none in 40 with only the garbage collection.
+  (Under FSDP2, DTensor's caches still hold the group through its device mesh; the same teardown
+  through `cleanup` ran 40 times without an abort.)
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import subprocess
@@ -35,6 +47,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before any group exists: see the module docstring
 
 from training.cli import RANKS_LOGGER
 
@@ -151,14 +164,18 @@ def init_distributed(env: DistEnv | None = None, *, timeout_min: float = 30.0) -
 
 
 def cleanup(ctx: DistContext, *, failed: bool = False) -> None:
-    """Barrier, then destroy the group (the barrier avoids a teardown abort on non-zero ranks).
+    """Barrier, then destroy the group, so that the process exits cleanly (see the module docstring).
 
     After a failure the barrier is skipped: the other ranks may never reach it.
     """
-    if ctx.distributed and dist.is_initialized():
-        if not failed:
-            dist.barrier()
-        dist.destroy_process_group()
+    if not (ctx.distributed and dist.is_initialized()):
+        return
+    # Frees models left in reference cycles (they would hold the group), and lets gloo's threads
+    # release the works already finished before the barrier takes them as prior work.
+    gc.collect()
+    if not failed:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 @contextmanager
