@@ -65,7 +65,8 @@ clock = time.monotonic
 MUST_MATCH_ON_RESUME = ("model.arch", "model.patch_size", "model.out_dim", "model.use_bn_in_head",
                         "model.norm_last_layer", "data.channels", "train.parallel")
 """Settings a run cannot change when it resumes: the saved weights or optimizer state would not load."""
-FOLLOWED_ON_RESUME = ("run.seed", "data.holdout_fraction", "model.drop_path_rate", "dino", "optim")
+FOLLOWED_ON_RESUME = ("run.seed", "data.holdout_fraction", "data.normalization", "model.drop_path_rate", "dino",
+                      "optim")
 """Settings (keys or whole sections) a resumed run takes from the new config, with a warning: the
 run goes on, but it is no longer the run an uninterrupted job with either config would have made."""
 

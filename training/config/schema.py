@@ -86,6 +86,14 @@ class DataConfig:
     checkpoint is evaluated on the images it did not train on."""
     mean_std_fraction: float = 0.2
     """Fraction of training images used to estimate the per-channel mean and std."""
+    normalization: Literal["dataset", "per_image"] = "dataset"
+    """How pixels are standardised for the encoder, after the per-image min-max scaling every loader
+    does. "dataset" (scDINO): minus the dataset's per-channel mean, over its std (mean_std.json).
+    "per_image": each channel of each image z-scored with its own mean and std, taken over the whole
+    image before cropping (CHAMMI-75's channel-adaptive DINO recipe), so that a stain whose level and
+    spread vary from image to image meets the encoder on one scale. Pretraining, features, the
+    linear probe, fine-tuning and the attention plots all follow it; the DALI loader does not
+    support "per_image"."""
     mean_std_file: str = ""
     """A JSON file {"mean": [...], "std": [...]} with one value per image channel (scDINO's
     mean_and_std_of_dataset.txt) used instead of <run>/mean_std.json; empty means the run's own."""
@@ -110,6 +118,9 @@ class DataConfig:
             )
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.per_image_normalization and self.loader == "dali":
+            raise ConfigError("data.normalization=per_image is not supported by data.loader=dali (its crops are "
+                              "normalised with one mean and std per channel): use data.loader=packed or auto")
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -154,6 +165,10 @@ class DataConfig:
     @property
     def in_chans(self) -> int:
         return len(self.channels)
+
+    @property
+    def per_image_normalization(self) -> bool:
+        return self.normalization == "per_image"
 
 
 @dataclass(frozen=True)
@@ -470,6 +485,10 @@ class Config:
     def __post_init__(self) -> None:
         """A combination's step trains (or, under run.channel_adaptive, evaluates) on the combination's
         channels (see run.combination); a channel-adaptive model is of the kind run.channel_adaptive names."""
+        if self.data.per_image_normalization and not self.eval.normalize:
+            raise ConfigError("eval.normalize=false evaluates on unnormalised images, but data.normalization="
+                              "per_image trains on per-image z-scored ones: set eval.normalize=true, or "
+                              "data.normalization=dataset to evaluate scDINO weights as scDINO does")
         self._select_channel_adaptive()
         combination = self.run.combination
         if not combination:

@@ -34,6 +34,9 @@ BLUR_SIGMA = (0.1, 1.5)
 BRIGHTNESS_P = 0.8
 BRIGHTNESS_RANGE = (0.5, 1.25)
 SOLARIZE_THRESHOLD = 0.5
+PER_IMAGE_EPS = 1e-7
+"""Added to each image channel's variance under data.normalization=per_image (CHAMMI-75's instance
+norm uses the same): a constant channel becomes 0 rather than NaN."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,27 @@ def pad_to_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
     return batch, heights, widths
 
 
+def per_image_stats(batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std (B, C) of each channel of each image of a (possibly zero-padded) batch over its
+    own pixels only, the std from the biased variance plus PER_IMAGE_EPS (data.normalization=per_image)."""
+    if bool((heights == batch.shape[-2]).all() and (widths == batch.shape[-1]).all()):
+        var, mean = torch.var_mean(batch.double(), dim=(-2, -1), correction=0)
+    else:
+        rows = torch.arange(batch.shape[-2], device=batch.device) < heights.to(batch.device)[:, None]
+        cols = torch.arange(batch.shape[-1], device=batch.device) < widths.to(batch.device)[:, None]
+        mask = (rows[:, :, None] & cols[:, None, :])[:, None].double()
+        count = (heights * widths).to(batch.device, torch.float64)[:, None]
+        x = batch.double()
+        mean = (x * mask).sum((-2, -1)) / count
+        var = ((x - mean[..., None, None]) ** 2 * mask).sum((-2, -1)) / count
+    return mean.float(), torch.sqrt(var + PER_IMAGE_EPS).float()
+
+
+def normalised_constants(mean: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """0, 1, the solarisation sum 1 (x -> 1 - x) and its threshold, in normalised units."""
+    return -mean / std, (1 - mean) / std, (1 - 2 * mean) / std, (SOLARIZE_THRESHOLD - mean) / std
+
+
 CHUNK_BYTES = 2 << 20
 """On the CPU, crops are finished in chunks of about this many output bytes, so that the
 temporaries of a chunk stay in cache and the allocator recycles them instead of faulting in
@@ -265,20 +289,23 @@ def crop_rows(batch: torch.Tensor, source: torch.Tensor, top: torch.Tensor, heig
 class BatchMultiCrop:
     """DINO multi-crop of a batch: `(images (B, C, H, W) in [0, 1]) -> [global1, global2, local...]`.
 
-    Each output is (B, C, size, size), normalised. `images` may also be a list of (C, h, w)
+    Each output is (B, C, size, size), normalised: with the dataset's `mean` and `std`, or with
+    `per_image` each crop with the mean and std of its own source image's channels, taken over the
+    whole image before cropping (data.normalization=per_image). `images` may also be a list of (C, h, w)
     tensors of different sizes. Randomness comes only from `generator`, so a batch seed makes the
     crops reproducible whatever the number of workers, and the same on any device. With `out`
     (from `allocate`), the crops are written into those buffers and the returned tensors are
     views of them.
     """
 
-    def __init__(self, dino: DinoConfig, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(self, dino: DinoConfig, mean: Sequence[float], std: Sequence[float], *,
+                 per_image: bool = False) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
         self.std = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
+        self.per_image = per_image
         self.global_views, self.local_view = scdino_views(dino)
         self.local_number = dino.local_crops_number
         self.channels = len(mean)
-        self._shift = -self.mean / self.std
 
     def allocate(self, batch: int, *, device: torch.device | str = "cpu", pin: bool = False) -> CropBuffers:
         """Output buffers for one batch of `batch` images, optionally in pinned host memory; zeroed,
@@ -295,19 +322,22 @@ class BatchMultiCrop:
         b = batch.shape[0]
         if out is not None and out.globals.shape[0] != 2 * b:
             raise ValueError(f"output buffers hold {out.globals.shape[0] // 2} images, the batch has {b}")
-        globals_ = self._views(batch, heights, widths, self.global_views, generator, out and out.globals)
+        stats = per_image_stats(batch, heights, widths) if self.per_image else None
+        globals_ = self._views(batch, heights, widths, stats, self.global_views, generator, out and out.globals)
         locals_ = None
         if self.local_number:
             views = [self.local_view] * self.local_number
-            locals_ = self._views(batch, heights, widths, views, generator, out and out.locals)
+            locals_ = self._views(batch, heights, widths, stats, views, generator, out and out.locals)
         return CropBuffers(globals_, locals_).views(b)
 
-    def _views(self, batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec],
+    def _views(self, batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
+               stats: tuple[torch.Tensor, torch.Tensor] | None, views: list[ViewSpec],
                generator: torch.Generator, out: torch.Tensor | None) -> torch.Tensor:
         """All crops of the given views of one size, view-major: (len(views) * B, C, S, S).
 
         Everything per crop (matrices, affine factors, clamp bounds, bands) is prepared for the
-        whole group at once; the loop over chunks then only slices it.
+        whole group at once; the loop over chunks then only slices it. `stats` are the images'
+        own (mean, std) (B, C) under per_image, else None for the dataset's.
         """
         b, n, size, device = batch.shape[0], len(views), views[0].size, batch.device
         source = torch.arange(b).repeat(n)
@@ -315,14 +345,18 @@ class BatchMultiCrop:
         row_taps = self._matrices(draws, draws["boxes"][:, 0], draws["boxes"][:, 2], size, batch.shape[-2], "vflip")
         col_taps = self._matrices(draws, draws["boxes"][:, 1], draws["boxes"][:, 3], size, batch.shape[-1], "hflip")
         first, last = row_bands(*row_taps)
-        low, high, _, _ = self._normalised_constants()
-        bright = draws["bright"][:, None, None, None]
+        if stats is None:
+            mean, std = (t.to(device).expand(n * b, -1, -1, -1) for t in (self.mean, self.std))
+        else:
+            mean, std = (t[source.to(device)][:, :, None, None] for t in stats)
+        low, high, flip_sum, threshold = normalised_constants(mean, std)
+        bright = draws["bright"][:, None, None, None].to(device)
         group = {"boxes": draws["boxes"].long(), "rows": as_matrices(*row_taps, batch.shape[-2]),
                  "solarize": draws["solarize"], "first": first, "last": last, "source": source.to(device),
                  "cols": as_matrices(*col_taps, batch.shape[-1]).to(device).transpose(1, 2),
-                 "scale": (draws["brightness"][:, :, None, None] / self.std).to(device),
-                 "low": torch.where(bright, low, -math.inf).to(device),
-                 "high": torch.where(bright, high, math.inf).to(device)}
+                 "scale": draws["brightness"][:, :, None, None].to(device) / std, "shift": low,
+                 "low": torch.where(bright, low, -math.inf), "high": torch.where(bright, high, math.inf),
+                 "flip_sum": flip_sum, "threshold": threshold}
         shape = (n * b, batch.shape[1], size, size)
         if out is None:
             out = empty_output(shape) if device.type == "cpu" else torch.empty(shape, device=device)
@@ -359,22 +393,14 @@ class BatchMultiCrop:
         y0 = torch.minimum(boxes[:, 0], torch.tensor(batch.shape[-2] - kh))
         rows = chunk["rows"].gather(2, (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1)).to(device)
         window = crop_rows(batch, chunk["source"], y0.to(device), kh)
-        window.mul_(chunk["scale"]).add_(self._shift.to(device))
+        window.mul_(chunk["scale"]).add_(chunk["shift"])
         across = torch.bmm(window.view(k, c * kh, batch.shape[-1]), chunk["cols"]).view(k, c, kh, size)
         bands = ((chunk["first"] - y0[:, None]).to(device), (chunk["last"] - y0[:, None]).to(device))
         banded_row_product(rows, across, out, bands)
         torch.maximum(out, chunk["low"], out=out)  # a clamp with tensor bounds is not vectorised: 10x slower
         torch.minimum(out, chunk["high"], out=out)
-        solarized = torch.nonzero(chunk["solarize"])[:, 0].tolist()
-        if solarized:
-            _, _, flip_sum, threshold = (t.to(device)[0] for t in self._normalised_constants())
-            for i in solarized:
-                torch.where(out[i] > threshold, flip_sum - out[i], out[i], out=out[i])
-
-    def _normalised_constants(self) -> tuple[torch.Tensor, ...]:
-        """0, 1, the solarisation sum 1 (x -> 1 - x) and its threshold, in normalised units."""
-        mean, std = self.mean, self.std
-        return -mean / std, (1 - mean) / std, (1 - 2 * mean) / std, (SOLARIZE_THRESHOLD - mean) / std
+        for i in torch.nonzero(chunk["solarize"])[:, 0].tolist():
+            torch.where(out[i] > chunk["threshold"][i], chunk["flip_sum"][i] - out[i], out[i], out=out[i])
 
 
 def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec], b: int,

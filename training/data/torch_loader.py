@@ -33,7 +33,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import BatchMultiCrop, CropBuffers, resize_full, resize_shorter_side
+from training.data.augment import (
+    BatchMultiCrop,
+    CropBuffers,
+    as_batch,
+    per_image_stats,
+    resize_full,
+    resize_shorter_side,
+)
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats
@@ -226,7 +233,7 @@ class PretrainTransform:
     raw = False
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.multicrop = BatchMultiCrop(config.dino, mean, std)
+        self.multicrop = BatchMultiCrop(config.dino, mean, std, per_image=config.data.per_image_normalization)
 
     def __call__(self, images, labels, idx, generator, out: CropBuffers | None = None):
         return self.multicrop(images, generator, out=out), labels
@@ -259,7 +266,7 @@ class RawTransform:
     raw = True
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.multicrop = BatchMultiCrop(config.dino, mean, std)
+        self.multicrop = BatchMultiCrop(config.dino, mean, std, per_image=config.data.per_image_normalization)
 
     def __call__(self, images, labels, idx, seed: int):
         return RawBatch(images, seed, self.multicrop), labels
@@ -273,10 +280,14 @@ def crops_on_device(crops: list[torch.Tensor] | RawBatch, device: torch.device) 
 
 
 class EvalTransform:
-    """Batch -> (images resized as eval.resize says and normalised, labels, dataset indices)."""
+    """Batch -> (images resized as eval.resize says and normalised, labels, dataset indices).
 
-    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], resize: str = "square_bicubic") -> None:
-        self.size, self.resize = size, resize
+    Normalised with the dataset's `mean` and `std`, or with `per_image` with each image's own
+    channels' mean and std, taken before resizing as the pretraining crops take them."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], resize: str = "square_bicubic",
+                 *, per_image: bool = False) -> None:
+        self.size, self.resize, self.per_image = size, resize, per_image
         self.mean = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
         self.std = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
 
@@ -290,7 +301,10 @@ class EvalTransform:
             if not isinstance(resized, torch.Tensor):
                 raise UserError("images of different shapes met in one evaluation batch under eval.resize="
                                 f"{self.resize}: use eval.resize=square_bicubic or one image per batch")
-        return (resized - self.mean) / self.std, labels, idx
+        mean, std = self.mean, self.std
+        if self.per_image:
+            mean, std = (t[:, :, None, None] for t in per_image_stats(*as_batch(images)))
+        return (resized - mean) / std, labels, idx
 
 
 def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
@@ -317,7 +331,8 @@ def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, 
     sampler = DistributedBatchSampler(np.asarray(indices), batch_size, rank=rank,
                                       world_size=world_size, seed=config.run.seed, shuffle=False,
                                       drop_last=False, pad=False)
-    transform = EvalTransform(config.eval.image_size, mean, std, config.eval.resize)
+    transform = EvalTransform(config.eval.image_size, mean, std, config.eval.resize,
+                              per_image=config.data.per_image_normalization)
     dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform, substitute=False)
     return checked_loader(dataset, sampler, config)
 

@@ -139,7 +139,8 @@ def build_train_loader(config: Config, data: FinetuneData,
     sampler = DistributedBatchSampler(data.train, settings.finetune_batch_size, rank=ctx.rank,
                                       world_size=ctx.world_size, seed=config.run.seed, shuffle=True,
                                       drop_last=False, pad=True)
-    transform = EvalTransform(settings.image_size, data.mean, data.std)
+    transform = EvalTransform(settings.image_size, data.mean, data.std,
+                              per_image=config.data.per_image_normalization)
     dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
                            RandomFlips(transform) if settings.finetune_flips else transform, substitute=True)
     return checked_loader(dataset, sampler, config), sampler

@@ -57,21 +57,42 @@ def holdout_digest(indices: np.ndarray) -> str:
     return hashlib.sha1(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
 
 
-def checkpoint_epoch(path: Path) -> int | None:
-    """Completed epochs stored in a checkpoint (memory-mapped: the weights are not read)."""
+def _checkpoint_entry(path: Path, key: str) -> Any:
+    """One top-level entry of a checkpoint, None when unreadable (memory-mapped: the weights are not read)."""
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except (RuntimeError, OSError, ValueError) as exc:
-        log.debug("no epoch readable from %s: %s", path, exc)
+        log.debug("no %s readable from %s: %s", key, path, exc)
         return None
-    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return state.get(key) if isinstance(state, dict) else None
+
+
+def checkpoint_epoch(path: Path) -> int | None:
+    """Completed epochs stored in a checkpoint."""
+    epoch = _checkpoint_entry(path, "epoch")
     return int(epoch) if isinstance(epoch, int) else None
+
+
+def warn_if_normalised_otherwise(config: Config, path: Path) -> None:
+    """A checkpoint of this product records the data.normalization it trained with; features taken
+    with the other one are not what the model learnt to read, so say so (an external checkpoint
+    without a config is trusted)."""
+    saved = _checkpoint_entry(path, "config")
+    trained = (saved or {}).get("data", {}).get("normalization", "dataset") if isinstance(saved, dict) else None
+    if trained is not None and trained != config.data.normalization:
+        log.warning("%s was trained with data.normalization=%s but its features are taken with %s: set "
+                    "data.normalization=%s as in its pretraining", path, trained, config.data.normalization, trained)
+
+
+LEGACY_META = {"normalization": "dataset"}
+"""What features written before a key existed were computed with, so that they stay up to date."""
 
 
 def _common_meta(config: Config, digest: str) -> dict[str, Any]:
     bag = {"bag_combine": config.model.bag_combine} if config.model.kind == "bag_of_channels" else {}
     return {
         **bag,
+        "normalization": config.data.normalization,
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
@@ -198,7 +219,7 @@ def _up_to_date(directory: Path, plan: TagPlan) -> bool:
     except DamagedFileError as exc:
         log.warning("features/%s: %s %s; computing it again", plan.tag, exc.path, exc.problem)
         return False
-    return index is not None and all(index.get(k) == v for k, v in plan.meta.items())
+    return index is not None and all(index.get(k, LEGACY_META.get(k)) == v for k, v in plan.meta.items())
 
 
 def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.device) -> Encoder:
@@ -215,6 +236,7 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
     else:
         from training.models.pretrained import load_backbone
 
+        warn_if_normalised_otherwise(config, plan.checkpoint)
         model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key,
                               channels=config.data.channel_indices)
     return model.to(device).eval()

@@ -132,6 +132,7 @@ def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> l
 
 def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
     """Attention maps of the final teacher for one held-out image per class."""
+    from training.data.augment import as_batch, per_image_stats
     from training.data.dataset import open_dataset
     from training.data.stats import load_mean_std
     from training.models.pretrained import load_backbone
@@ -141,7 +142,10 @@ def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, ou
     model = load_backbone(checkpoint, config.model, dataset.in_chans, which=config.eval.checkpoint_key).eval()
     size, entries = config.eval.image_size, []
     for index, cls in _one_image_per_class(labels, config.run.seed, config.eval.attention_images_per_class):
-        image = F.interpolate(dataset[index][0][None], size=(size, size), mode="bilinear", antialias=True)[0]
+        source = dataset[index][0][None]
+        image = F.interpolate(source, size=(size, size), mode="bilinear", antialias=True)[0]
+        if config.data.per_image_normalization:
+            mean, std = (t[0, :, None, None] for t in per_image_stats(*as_batch(source)))
         maps = cls_attention(model, (image - mean) / std, config.model.patch_size)
         name = labels["class_names"][cls]
         title = f"{name}: {dataset.paths[index]}"

@@ -50,6 +50,33 @@ def test_rerun_skips_what_is_up_to_date_and_force_recomputes(config):
     assert [t for t in TAGS if after[t] != before[t]] == ["final"]
 
 
+def test_features_of_the_other_normalisation_are_computed_again(config, caplog):
+    """data.normalization is part of what makes features up to date, both ways; files written
+    before the key existed count as the dataset normalisation and are kept. Checkpoints trained
+    with the dataset's normalisation, read with per-image, get a warning naming the fix."""
+    features = run_dir(config) / "features"
+    mtimes = lambda: {t: (features / t / "features.npy").stat().st_mtime_ns for t in TAGS}  # noqa: E731
+    dataset = load_features(features / "final").features
+    assert run_step(config, "features", "--set", "data.normalization=per_image") == 0
+    warned = [r.getMessage() for r in caplog.records if "data.normalization=dataset" in r.getMessage()]
+    assert len(warned) == 3 and all("set data.normalization=dataset as in its pretraining" in m for m in warned)
+    caplog.clear()
+    per_image = mtimes()
+    assert not np.allclose(load_features(features / "final").features, dataset, atol=1e-3)
+    assert run_step(config, "features") == 0
+    assert not [r for r in caplog.records if "as in its pretraining" in r.getMessage()]
+    restored = mtimes()
+    assert all(restored[t] != per_image[t] for t in TAGS)
+    np.testing.assert_allclose(load_features(features / "final").features, dataset, atol=1e-6)
+    for tag in TAGS:
+        index = features / tag / "index.json"
+        legacy = json.loads(index.read_text())
+        assert legacy.pop("normalization") == "dataset"
+        index.write_text(json.dumps(legacy))
+    assert run_step(config, "features") == 0
+    assert mtimes() == restored
+
+
 def test_unknown_epoch_is_a_one_line_error(config, capsys):
     assert run_step(config, "features", "--epochs", "7") == 2
     assert "no checkpoint for epoch(s) [7]; available: [1, 2]" in capsys.readouterr().err
