@@ -67,3 +67,32 @@ def test_umap_is_reproducible_for_a_seed(manifest):
     again = umap_embedding(features, seed=3, n_neighbors=30, min_dist=0.4)
     assert first.shape == (40, 2)
     np.testing.assert_allclose(first, again)
+
+
+def test_attention_under_per_image_normalisation_reads_instance_normalised_images(manifest, tmp_path, monkeypatch):
+    """The attention maps see what the model was fed under data.normalization=per_image: each
+    image's channels z-scored with their own statistics (torch's instance norm), then resized."""
+    import torch
+    import torch.nn.functional as F
+
+    from training.config import load_config
+    from training.data.dataset import open_dataset
+    from training.plots import figures
+    from training.rundir import RunLayout
+    from training.rundir.artifacts import final_weights, load_labels
+
+    plots, _ = manifest
+    root = plots.parent
+    config = load_config(root / "config.yaml").replace({"data.normalization": "per_image"})
+    seen = []
+    monkeypatch.setattr(figures, "cls_attention", lambda model, image, patch: seen.append(image) or
+                        torch.rand(3, image.shape[-2] // patch, image.shape[-1] // patch))
+    layout = RunLayout.from_config(config)
+    entries = figures.attention_plots(config, load_labels(layout), final_weights(layout), tmp_path)
+    assert len(entries) == len(CLASSES) == len(seen)
+    dataset, size = open_dataset(config), config.eval.image_size
+    chosen = figures._one_image_per_class(load_labels(layout), config.run.seed, config.eval.attention_images_per_class)
+    for (index, _), image in zip(chosen, seen, strict=True):
+        reference = F.interpolate(F.instance_norm(dataset[index][0][None], eps=1e-7), size=(size, size),
+                                  mode="bilinear", antialias=True)[0]
+        torch.testing.assert_close(image, reference, atol=2e-4, rtol=0)
