@@ -80,6 +80,18 @@ def test_a_batch_stays_valid_until_the_next_is_asked_for(make_config):
     assert len(set(storages)) == min(loader.ring, len(loader))  # a few buffers, reused in turn
 
 
+def test_device_augmentation_under_per_image_normalisation_gives_the_same_crops(make_config):
+    config = make_config({"model.out_dim": 64, "data.normalization": "per_image"})
+    crops, _ = next(iter(build_pretrain_loader(config, rank=0, world_size=1, mean=MEAN, std=STD)[0]))
+    raw, _ = next(iter(build_pretrain_loader(config.replace({"data.gpu_augment": True}), rank=0, world_size=1,
+                                             mean=MEAN, std=STD)[0]))
+    plain, _ = next(iter(build_pretrain_loader(config.replace({"data.normalization": "dataset"}), rank=0,
+                                               world_size=1, mean=MEAN, std=STD)[0]))
+    for a, b, c in zip(crops, crops_on_device(raw, torch.device("cpu")), plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        assert not torch.allclose(a, c, atol=1e-2)
+
+
 def test_device_augmentation_gives_the_same_crops_and_loss(make_config):
     config = make_config({"model.out_dim": 64})
     cpu_loader, _ = build_pretrain_loader(config, rank=0, world_size=1, mean=MEAN, std=STD)
@@ -121,8 +133,9 @@ def test_bench_loader_reports_three_paths_at_native_size(make_config, tmp_path, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_augmentation_matches_the_cpu_path(make_config):
-    config = make_config({"model.out_dim": 64})
+@pytest.mark.parametrize("normalization", ["dataset", "per_image"])
+def test_cuda_augmentation_matches_the_cpu_path(make_config, normalization):
+    config = make_config({"model.out_dim": 64, "data.normalization": normalization})
     crops, _ = next(iter(build_pretrain_loader(config, rank=0, world_size=1, mean=MEAN, std=STD)[0]))
     raw, _ = next(iter(build_pretrain_loader(config.replace({"data.gpu_augment": True}), rank=0, world_size=1,
                                              mean=MEAN, std=STD)[0]))
