@@ -182,7 +182,7 @@ def per_image_stats(batch: torch.Tensor, heights: torch.Tensor, widths: torch.Te
     """Mean and std (B, C) of each channel of each image of a (possibly zero-padded) batch over its
     own pixels only, the std from the biased variance plus PER_IMAGE_EPS (data.normalization=per_image)."""
     if bool((heights == batch.shape[-2]).all() and (widths == batch.shape[-1]).all()):
-        var, mean = torch.var_mean(batch.double(), dim=(-2, -1), correction=0)
+        var, mean = torch.var_mean(batch, dim=(-2, -1), correction=0)
     else:
         rows = torch.arange(batch.shape[-2], device=batch.device) < heights.to(batch.device)[:, None]
         cols = torch.arange(batch.shape[-1], device=batch.device) < widths.to(batch.device)[:, None]
