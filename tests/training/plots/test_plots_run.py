@@ -86,7 +86,7 @@ def test_attention_under_per_image_normalisation_reads_instance_normalised_image
     config = load_config(root / "config.yaml").replace({"data.normalization": "per_image"})
     seen = []
     monkeypatch.setattr(figures, "cls_attention", lambda model, image, patch: seen.append(image) or
-                        torch.rand(3, image.shape[-2] // patch, image.shape[-1] // patch))
+                        np.random.rand(3, image.shape[-2] // patch, image.shape[-1] // patch))
     layout = RunLayout.from_config(config)
     entries = figures.attention_plots(config, load_labels(layout), final_weights(layout), tmp_path)
     assert len(entries) == len(CLASSES) == len(seen)
