@@ -119,6 +119,8 @@ def test_resume_refuses_a_changed_model_and_warns_about_a_changed_schedule(tmp_p
     with pytest.raises(UserError, match=r"model.out_dim=256 \(now 512\).*another run.output_dir"):
         train(run_config(tmp_path, **{"model.out_dim": 512}), CPU, loader_factory=factory(2))
     caplog.set_level("WARNING", logger="training.trainer")
-    result = train(run_config(tmp_path, **{"optim.epochs": 3}), CPU, loader_factory=factory(2))
+    result = train(run_config(tmp_path, **{"optim.epochs": 3, "data.normalization": "per_image"}), CPU,
+                   loader_factory=factory(2))
     assert "optim.epochs: 2 -> 3" in caplog.text and "optim.lr" not in caplog.text
+    assert "data.normalization: 'dataset' -> 'per_image'" in caplog.text
     assert result.epochs_completed == 3

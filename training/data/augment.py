@@ -194,6 +194,16 @@ def per_image_stats(batch: torch.Tensor, heights: torch.Tensor, widths: torch.Te
     return mean.float(), torch.sqrt(var + PER_IMAGE_EPS).float()
 
 
+def normalise(resized: torch.Tensor, images: torch.Tensor | Sequence[torch.Tensor], mean: torch.Tensor,
+              std: torch.Tensor, per_image: bool) -> torch.Tensor:
+    """Whole images `resized` (B, C, h, w) from `images` (their sources, a batch or a list), minus
+    the dataset's `mean` over its `std` (broadcastable), or with `per_image` with each source's own
+    channel statistics (taken before resizing, as the pretraining crops take them)."""
+    if per_image:
+        mean, std = (t[:, :, None, None] for t in per_image_stats(*as_batch(images)))
+    return (resized - mean) / std
+
+
 def normalised_constants(mean: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """0, 1, the solarisation sum 1 (x -> 1 - x) and its threshold, in normalised units."""
     return -mean / std, (1 - mean) / std, (1 - 2 * mean) / std, (SOLARIZE_THRESHOLD - mean) / std

@@ -33,14 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import (
-    BatchMultiCrop,
-    CropBuffers,
-    as_batch,
-    per_image_stats,
-    resize_full,
-    resize_shorter_side,
-)
+from training.data.augment import BatchMultiCrop, CropBuffers, normalise, resize_full, resize_shorter_side
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats
@@ -227,13 +220,18 @@ def checked_loader(dataset: Dataset, sampler: Sampler, config: Config) -> Checke
     )
 
 
+def multicrop_for(config: Config, mean: Sequence[float], std: Sequence[float]) -> BatchMultiCrop:
+    """The pretraining multi-crop `config` asks for (dino views, data.normalization)."""
+    return BatchMultiCrop(config.dino, mean, std, per_image=config.data.per_image_normalization)
+
+
 class PretrainTransform:
     """Batch -> (crops, labels): DINO multi-crop, normalised, into `out` buffers when given."""
 
     raw = False
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.multicrop = BatchMultiCrop(config.dino, mean, std, per_image=config.data.per_image_normalization)
+        self.multicrop = multicrop_for(config, mean, std)
 
     def __call__(self, images, labels, idx, generator, out: CropBuffers | None = None):
         return self.multicrop(images, generator, out=out), labels
@@ -266,7 +264,7 @@ class RawTransform:
     raw = True
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.multicrop = BatchMultiCrop(config.dino, mean, std, per_image=config.data.per_image_normalization)
+        self.multicrop = multicrop_for(config, mean, std)
 
     def __call__(self, images, labels, idx, seed: int):
         return RawBatch(images, seed, self.multicrop), labels
@@ -301,10 +299,15 @@ class EvalTransform:
             if not isinstance(resized, torch.Tensor):
                 raise UserError("images of different shapes met in one evaluation batch under eval.resize="
                                 f"{self.resize}: use eval.resize=square_bicubic or one image per batch")
-        mean, std = self.mean, self.std
-        if self.per_image:
-            mean, std = (t[:, :, None, None] for t in per_image_stats(*as_batch(images)))
-        return (resized - mean) / std, labels, idx
+        return normalise(resized, images, self.mean, self.std, self.per_image), labels, idx
+
+
+def eval_transform(config: Config, mean: Sequence[float], std: Sequence[float],
+                   resize: str | None = None) -> EvalTransform:
+    """The evaluation transform `config` asks for (eval.image_size, eval.resize unless `resize`
+    says otherwise, data.normalization)."""
+    return EvalTransform(config.eval.image_size, mean, std, resize or config.eval.resize,
+                         per_image=config.data.per_image_normalization)
 
 
 def torch_pretrain_loader(config: Config, images, sampler: Sampler, mean: Sequence[float],
@@ -331,8 +334,7 @@ def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, 
     sampler = DistributedBatchSampler(np.asarray(indices), batch_size, rank=rank,
                                       world_size=world_size, seed=config.run.seed, shuffle=False,
                                       drop_last=False, pad=False)
-    transform = EvalTransform(config.eval.image_size, mean, std, config.eval.resize,
-                              per_image=config.data.per_image_normalization)
+    transform = eval_transform(config, mean, std)
     dataset = BatchDataset(images, config.data.channel_indices, config.data.on_bad_image, transform, substitute=False)
     return checked_loader(dataset, sampler, config)
 

@@ -36,6 +36,7 @@ from training.data.torch_loader import (
     EvalTransform,
     build_eval_loader,
     checked_loader,
+    eval_transform,
 )
 from training.distributed import DistContext, all_reduce_max, all_reduce_sum, ranks_log
 from training.errors import UserError
@@ -113,7 +114,8 @@ class RandomFlips:
 
 def build_classifier(config: Config, checkpoint: Path, num_classes: int) -> Classifier:
     """The checkpoint's teacher backbone (as the `features` step loads it) and a seeded new head."""
-    backbone = load_backbone(checkpoint, config.model, config.data.in_chans, which="teacher")
+    backbone = load_backbone(checkpoint, config.model, config.data.in_chans, which="teacher",
+                             normalization=config.data.normalization)
     return Classifier(backbone, num_classes, seed=config.run.seed)
 
 
@@ -139,8 +141,7 @@ def build_train_loader(config: Config, data: FinetuneData,
     sampler = DistributedBatchSampler(data.train, settings.finetune_batch_size, rank=ctx.rank,
                                       world_size=ctx.world_size, seed=config.run.seed, shuffle=True,
                                       drop_last=False, pad=True)
-    transform = EvalTransform(settings.image_size, data.mean, data.std,
-                              per_image=config.data.per_image_normalization)
+    transform = eval_transform(config, data.mean, data.std, resize="square_bicubic")
     dataset = BatchDataset(open_images(config), config.data.channel_indices, config.data.on_bad_image,
                            RandomFlips(transform) if settings.finetune_flips else transform, substitute=True)
     return checked_loader(dataset, sampler, config), sampler

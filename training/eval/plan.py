@@ -57,31 +57,15 @@ def holdout_digest(indices: np.ndarray) -> str:
     return hashlib.sha1(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
 
 
-def _checkpoint_entry(path: Path, key: str) -> Any:
-    """One top-level entry of a checkpoint, None when unreadable (memory-mapped: the weights are not read)."""
+def checkpoint_epoch(path: Path) -> int | None:
+    """Completed epochs stored in a checkpoint (memory-mapped: the weights are not read)."""
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except (RuntimeError, OSError, ValueError) as exc:
-        log.debug("no %s readable from %s: %s", key, path, exc)
+        log.debug("no epoch readable from %s: %s", path, exc)
         return None
-    return state.get(key) if isinstance(state, dict) else None
-
-
-def checkpoint_epoch(path: Path) -> int | None:
-    """Completed epochs stored in a checkpoint."""
-    epoch = _checkpoint_entry(path, "epoch")
+    epoch = state.get("epoch") if isinstance(state, dict) else None
     return int(epoch) if isinstance(epoch, int) else None
-
-
-def warn_if_normalised_otherwise(config: Config, path: Path) -> None:
-    """A checkpoint of this product records the data.normalization it trained with; features taken
-    with the other one are not what the model learnt to read, so say so (an external checkpoint
-    without a config is trusted)."""
-    saved = _checkpoint_entry(path, "config")
-    trained = (saved or {}).get("data", {}).get("normalization", "dataset") if isinstance(saved, dict) else None
-    if trained is not None and trained != config.data.normalization:
-        log.warning("%s was trained with data.normalization=%s but its features are taken with %s: set "
-                    "data.normalization=%s as in its pretraining", path, trained, config.data.normalization, trained)
 
 
 LEGACY_META = {"normalization": "dataset"}
@@ -236,7 +220,6 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
     else:
         from training.models.pretrained import load_backbone
 
-        warn_if_normalised_otherwise(config, plan.checkpoint)
         model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key,
-                              channels=config.data.channel_indices)
+                              channels=config.data.channel_indices, normalization=config.data.normalization)
     return model.to(device).eval()

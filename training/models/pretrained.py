@@ -69,17 +69,22 @@ def adapt_patch_embedding(weight: torch.Tensor, in_chans: int, method: str = "me
 
 
 def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: str = "teacher",
-                  channels: tuple[int, ...] | None = None) -> nn.Module:
+                  channels: tuple[int, ...] | None = None, normalization: str | None = None) -> nn.Module:
     """Build the backbone for `model_config` and load the checkpoint's `which` weights into it.
 
     A channel-adaptive checkpoint (it holds `channel_embed`) gives the channel-adaptive ViT whatever
     model.kind says, with the channels it was trained on; `channels` (data.channels of the evaluation,
     original ids) then picks their embeddings, so one model serves every combination unretrained.
+    `normalization` (data.normalization of the images it will read) is checked against the one the
+    checkpoint's run trained with (`warn_if_normalised_otherwise`).
     """
     path = Path(path)
     if not path.is_file():
         raise MissingInputError("checkpoint", path, "pretrain")
-    state = backbone_state_dict(load_checkpoint(path), which)
+    checkpoint = load_checkpoint(path)
+    if normalization is not None:
+        warn_if_normalised_otherwise(checkpoint, normalization, path)
+    state = backbone_state_dict(checkpoint, which)
     _check_arch(state, model_config, path)
     tokens = state["pos_embed"].shape[1] - 1
     img_size = math.isqrt(tokens) * model_config.patch_size
@@ -95,6 +100,19 @@ def load_backbone(path: Path, model_config: ModelConfig, in_chans: int, which: s
     log.info("loaded %s backbone (%s/%d, %d channels) from %s", which, model_config.arch,
              model_config.patch_size, in_chans, path)
     return backbone
+
+
+def warn_if_normalised_otherwise(checkpoint: dict[str, Any], normalization: str, path: Path) -> None:
+    """Our checkpoints record the data.normalization their run trained with (before the key existed:
+    "dataset"); inputs normalised the other way are not what the model learnt to read, so say so.
+    A checkpoint without our config (DINO's, scDINO's) is trusted."""
+    saved = checkpoint.get("config")
+    if not isinstance(saved, dict):
+        return
+    trained = saved.get("data", {}).get("normalization", "dataset")
+    if trained != normalization:
+        log.warning("%s was trained with data.normalization=%s but is read here with %s: set "
+                    "data.normalization=%s as in its pretraining", path, trained, normalization, trained)
 
 
 def _load_channel_adaptive(state: dict[str, torch.Tensor], model_config: ModelConfig, img_size: int, in_chans: int,

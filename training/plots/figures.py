@@ -132,24 +132,24 @@ def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> l
 
 def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
     """Attention maps of the final teacher for one held-out image per class."""
-    from training.data.augment import as_batch, per_image_stats
+    from training.data.augment import normalise
     from training.data.dataset import open_dataset
     from training.data.stats import load_mean_std
     from training.models.pretrained import load_backbone
 
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in load_mean_std(config))
     dataset = open_dataset(config)
-    model = load_backbone(checkpoint, config.model, dataset.in_chans, which=config.eval.checkpoint_key).eval()
+    model = load_backbone(checkpoint, config.model, dataset.in_chans, which=config.eval.checkpoint_key,
+                          normalization=config.data.normalization).eval()
     size, entries = config.eval.image_size, []
     for index, cls in _one_image_per_class(labels, config.run.seed, config.eval.attention_images_per_class):
         source = dataset[index][0][None]
-        image = F.interpolate(source, size=(size, size), mode="bilinear", antialias=True)[0]
-        if config.data.per_image_normalization:
-            mean, std = (t[0, :, None, None] for t in per_image_stats(*as_batch(source)))
-        maps = cls_attention(model, (image - mean) / std, config.model.patch_size)
+        image = F.interpolate(source, size=(size, size), mode="bilinear", antialias=True)
+        normalised = normalise(image, source, mean, std, config.data.per_image_normalization)[0]
+        maps = cls_attention(model, normalised, config.model.patch_size)
         name = labels["class_names"][cls]
         title = f"{name}: {dataset.paths[index]}"
-        fig = plot_attention(image.numpy(), maps, channel_names(config), title)
+        fig = plot_attention(image[0].numpy(), maps, channel_names(config), title)
         stem = f"attention_{_safe(name)}_{index}"
         entries.append(_entry("attention", f"Attention, {name}", save_figure(fig, out, stem, pdf=False),
                               "Top: input channels; bottom: CLS attention of each head in the last block."))

@@ -123,6 +123,28 @@ def test_two_torchrun_ranks_reproduce_one_process(single, source, tmp_path, para
     assert state["head.weight"].shape == (len(CLASSES), 192)  # gathered whole, also from FSDP shards
 
 
+def test_training_images_follow_per_image_normalisation(source, single):
+    """Fine-tuning reads its training images as `features` does: under data.normalization=per_image,
+    each image instance-normalised (torch's reference), then resized."""
+    from torch.nn import functional as F
+
+    from training.config import load_config
+    from training.data.augment import resize_full
+    from training.data.dataset import open_images, to_scaled_tensor
+    from training.distributed import DistContext, DistEnv
+    from training.eval.finetune import build_train_loader, finetune_inputs
+
+    _, overrides = single
+    config = load_config(source, [o for o in overrides if o != "--set"] + ["data.normalization=per_image"])
+    _, data = finetune_inputs(config, RunLayout.from_config(config))
+    loader, _ = build_train_loader(config, data, DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None))
+    images, _, indices = next(iter(loader))
+    stored = open_images(config)
+    sources = torch.stack([to_scaled_tensor(stored.read(int(i)), config.data.channel_indices) for i in indices])
+    expected = resize_full(F.instance_norm(sources, eps=1e-7), config.eval.image_size)
+    torch.testing.assert_close(images, expected, atol=2e-4, rtol=0)
+
+
 def test_flips_only_mirror_images_and_follow_the_batch_seed():
     from training.eval.finetune import RandomFlips
 
