@@ -134,6 +134,53 @@ def losses(run_dir):
     return [line["loss"] for line in lines if line["kind"] == "step"]
 
 
+def step_sizes(run_dir) -> tuple[float, float]:
+    """The largest learning rate of the run and the teacher's EMA weight on the student, 1 - momentum."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if line["kind"] == "step"]
+    return max(line["lr"] for line in steps), 1.0 - min(line["momentum"] for line in steps)
+
+
+STRAY_FRACTION = 1e-3
+"""At most this fraction of a model's elements may end more than STRAY_STEP of one step apart."""
+STRAY_STEP = 0.05
+
+
+def trained_alike(one: dict, two: dict, step: float, bound: float) -> list[str]:
+    """What is wrong when two trainings on the same global batches are compared: none when they
+    agree up to float rounding.
+
+    The tolerance follows from AdamW, not from one CPU's rounding: each step moves an element by at
+    most ~1.004 x lr over its first three steps (the bias-corrected m / sqrt(v) is a weighted mean of
+    gradients over their weighted root-mean-square), so rounding noise that flips the sign of a
+    near-zero gradient moves that element by up to two steps: no element may stray beyond `bound`.
+    Such gradients are rare: at most STRAY_FRACTION of the elements may end more than STRAY_STEP x
+    `step` apart. A rank that skips the averaging trains on half the batch, and most elements stray.
+    """
+    diffs = torch.cat([(two[key].double() - value.double()).abs().flatten() for key, value in one.items()])
+    stray = float((diffs > STRAY_STEP * step).double().mean())
+    problems = []
+    if stray > STRAY_FRACTION:
+        problems.append(f"{stray:.2%} of the elements differ by more than {STRAY_STEP:.0%} of a step ({step:.3g})")
+    if float(diffs.max()) > bound:
+        problems.append(f"an element differs by {float(diffs.max()):.3g}, beyond the bound {bound:.3g}")
+    return problems
+
+
+def assert_two_ranks_match_one(one_dir, two_dir) -> None:
+    """Two ranks trained as one rank did: losses, student and teacher weights, and the loss centre."""
+    assert losses(two_dir) == pytest.approx(losses(one_dir), rel=1e-3)
+    lr, ema = step_sizes(one_dir)
+    one = torch.load(one_dir / "checkpoints/checkpoint.pth", weights_only=False)
+    two = torch.load(two_dir / "checkpoints/checkpoint.pth", weights_only=False)
+    bound = 2 * STEPS * lr * 1.05  # a sign flip at every step, AdamW's 1.004 and weight decay with margin
+    assert trained_alike(one["student"], two["student"], lr, bound) == []
+    # the teacher moves by (1 - momentum) x the student's distance from it, at most STEPS steps
+    assert trained_alike(one["teacher"], two["teacher"], ema * lr, ema * STEPS * bound) == []
+    center = one["dino_loss"]["center"]
+    assert torch.allclose(two["dino_loss"]["center"], center, atol=1e-4 * float(center.abs().max()))
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, parallel):
     single = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
@@ -145,21 +192,49 @@ def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, parall
         assert rank0 == rank1  # bit-identical replicas of the student and the teacher
     else:
         assert rank0 != [0.0, 0.0] and rank1 == [0.0, 0.0]  # FSDP gathers the full state on rank 0 only
-    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
-    one = torch.load(tmp_path / "one/checkpoints/checkpoint.pth", weights_only=False)
+    assert_two_ranks_match_one(tmp_path / "one", tmp_path / "two")
     two = torch.load(tmp_path / "two/checkpoints/checkpoint.pth", weights_only=False)
-    for which in ("student", "teacher"):
-        for key, value in one[which].items():
-            # AdamW turns float-rounding noise in near-zero gradients into up to a few % of one
-            # step (lr ~8e-4 here); a rank that missed the averaging would differ by whole steps
-            assert torch.allclose(two[which][key], value, atol=5e-5), (which, key)
-    assert torch.allclose(two["dino_loss"]["center"], one["dino_loss"]["center"], atol=1e-6)
     assert len(two["rng"]) == 2
     if parallel == "ddp":
         # The group was freed at cleanup and its threads joined: none is left to abort the exit.
         # (Under FSDP2, DTensor's caches keep the group: only the clean exit of both ranks is checked.)
         threads = [json.loads((tmp_path / f"two/gloo_threads_{rank}.json").read_text()) for rank in (0, 1)]
         assert threads == [0, 0]
+
+
+def _keep_local_gradients(state, bucket):
+    """A DDP communication hook that returns the rank's own gradients: no all-reduce."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _worker_without_allreduce(rank, world_size, port, out_dir, parallel):
+    import training.parallel
+
+    wrap = training.parallel.DistributedDataParallel
+
+    def ddp_that_does_not_average(*args, **kwargs):
+        model = wrap(*args, **kwargs)
+        model.register_comm_hook(None, _keep_local_gradients)
+        return model
+
+    training.parallel.DistributedDataParallel = ddp_that_does_not_average
+    _worker(rank, world_size, port, out_dir, parallel)
+
+
+def test_the_comparison_fails_when_the_ranks_do_not_average_their_gradients(tmp_path):
+    # The mutation: each rank steps on its own half of the batch. The check above must catch it.
+    single = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
+    train(run_config(tmp_path / "one", 1), single, loader_factory=fixed_loader)
+    mp.spawn(_worker_without_allreduce, args=(2, free_port(), str(tmp_path / "two"), "ddp"), nprocs=2, join=True)
+    lr, _ = step_sizes(tmp_path / "one")
+    one = torch.load(tmp_path / "one/checkpoints/checkpoint.pth", weights_only=False)
+    two = torch.load(tmp_path / "two/checkpoints/checkpoint.pth", weights_only=False)
+    problems = trained_alike(one["student"], two["student"], lr, 2 * STEPS * lr * 1.05)
+    assert problems and "of the elements differ" in problems[0]
+    with pytest.raises(AssertionError):
+        assert_two_ranks_match_one(tmp_path / "one", tmp_path / "two")
 
 
 EXAMPLE_EXIT = """

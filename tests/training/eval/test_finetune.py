@@ -117,7 +117,8 @@ def test_two_torchrun_ranks_reproduce_one_process(single, source, tmp_path, para
     result = json.loads((tmp_path / "two" / "linear" / "finetune.json").read_text())
     assert (result["world_size"], result["parallel"]) == (2, parallel)
     assert history(tmp_path / "two", "val_images") == [9] * 4  # both shards, no image twice
-    assert history(tmp_path / "two", "val_top1") == history(single[0], "val_top1")
+    # an image on a decision boundary may flip with the summation order of the all-reduce: one of 9
+    assert history(tmp_path / "two", "val_top1") == pytest.approx(history(single[0], "val_top1"), abs=1 / 9 + 1e-9)
     assert history(tmp_path / "two", "train_loss") == pytest.approx(history(single[0], "train_loss"), rel=1e-3)
     state = torch.load(tmp_path / "two" / "linear" / "finetune.pth", weights_only=False)["model"]
     assert state["head.weight"].shape == (len(CLASSES), 192)  # gathered whole, also from FSDP shards
