@@ -2,6 +2,8 @@
 
 - no import circles between modules of training/ (function-level imports count too);
 - a pipeline step imports no other step;
+- the instance table, the dated prices and the bill sit on the ground floor (standard library and each
+  other only), and no room but the planner itself and the steps imports the planner;
 - only training/rundir/layout.py spells a run file's name (code and shell scripts ask it);
 - the command line starts without torch, numpy or the step libraries.
 """
@@ -104,6 +106,42 @@ def test_steps_import_no_other_step():
     offenders = {name: sorted(m for m in deps if m.startswith("training.steps.") and m != "training.steps")
                  for name, deps in graph.items() if name.startswith("training.steps.")}
     assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+GROUND_FLOOR = {
+    "training.instances": set(),
+    "training.prices": {"training.instances"},
+    "training.bill": {"training.instances", "training.prices"},
+}
+"""The rooms every other room may read: what each imports of the package (nothing above them)."""
+
+
+def test_the_instance_table_prices_and_bill_import_only_the_ground_floor():
+    graph = import_graph()
+    assert {name: graph[name] for name in GROUND_FLOOR} == GROUND_FLOOR
+
+
+@pytest.mark.parametrize("module", sorted(GROUND_FLOOR))
+def test_the_ground_floor_needs_only_the_standard_library(module):
+    tree = ast.parse(package_modules()[module].read_text())
+    top = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    top |= {node.module.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    assert top - set(sys.stdlib_module_names) - {"training"} == set()
+
+
+def test_only_the_planner_and_the_steps_import_the_planner():
+    graph = import_graph()
+    readers = {name for name, deps in graph.items() if any(d.startswith("training.planning") for d in deps)}
+    assert {name for name in readers if not name.startswith(("training.planning", "training.steps"))} == set()
+
+
+def test_the_cdk_app_reads_only_the_instance_table_of_the_package():
+    stacks = sorted((REPO / "stacks").glob("*.py"))
+    assert stacks
+    modules = package_modules()
+    used = {module for path in stacks for module in imported_modules(path, modules)}
+    assert used == {"training.instances"}
 
 
 def run_file_names() -> set[str]:

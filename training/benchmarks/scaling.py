@@ -13,7 +13,7 @@ Inside one node the intra-node bus bandwidth applies; across nodes the inter-nod
 1.5x the bytes of DDP (all-gather in forward and backward, reduce-scatter of gradients) and pays only
 when the replicated training state does not fit beside the activations. A bf16 gradient-compression
 hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths, GPU memory and
-peaks come from the one instance table (training/planning/instances.py, each with its source)
+peaks come from the one instance table (training/instances.py, each with its source)
 unless a measured `--busbw-json` (slurm/nccl_tests.slurm) replaces them.
 
 Inputs, field by field, and who writes them:
@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from training.planning.instances import INSTANCES, InstanceFacts
+from training.instances import INSTANCES, InstanceFacts
 
 GB = 1e9
 
@@ -49,7 +49,7 @@ class Interconnect:
 
     @classmethod
     def of(cls, facts: InstanceFacts) -> "Interconnect":
-        """An instance type's figures from the one table (training/planning/instances.py), where
+        """An instance type's figures from the one table (training/instances.py), where
         each bandwidth and peak names its source: published nccl-tests figures where they exist,
         stated bounds otherwise; dense tensor-core peaks from NVIDIA's datasheets."""
         return cls(facts.gpus, facts.gpu.memory_gb, facts.intra_busbw_gbs, facts.inter_busbw_gbs,

@@ -36,7 +36,7 @@ from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.request import StepBenchRequest
 from training.config import Config
 from training.distributed import DistContext, DistEnv
-from training.planning.instances import peak_flops_of
+from training.instances import peak_flops_of
 
 log = logging.getLogger(__name__)
 

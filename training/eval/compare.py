@@ -20,7 +20,6 @@ from typing import Any
 from training.config import Config
 from training.errors import MissingInputError, UserError
 from training.eval.tables import markdown_table
-from training.planning.bill import comparison_bill
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
     checkpoint_progress,
@@ -29,7 +28,7 @@ from training.rundir.artifacts import (
     read_metrics,
     read_timings,
 )
-from training.rundir.summary import knn_headline
+from training.rundir.summary import comparison_bill, knn_headline
 
 PER_COMBINATION = "per_combination"
 """The "models" key of scDINO's way: one pretraining per channel combination. Each channel-adaptive

@@ -26,9 +26,9 @@ from training.benchmarks.flops import (
 from training.benchmarks.scaling import Interconnect, StepProfile, profile_from_step_json, with_measured_busbw
 from training.config import Config
 from training.errors import UserError
-from training.planning.instances import InstanceFacts
+from training.instances import InstanceFacts
 from training.planning.model import Compute, Storage, Target, Workload, scaled_batch
-from training.planning.prices import Price
+from training.prices import Price
 from training.rundir import RunLayout
 
 PUBLISHED_MFU = {True: 0.22, False: 0.066}

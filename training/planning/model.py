@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from training.benchmarks.scaling import Interconnect, StepProfile, efficiency, replicated_state_gb
-from training.planning.prices import Price
+from training.prices import Price
 
 GIB = 2**30
 PAGE_CACHE_FRACTION = 0.5

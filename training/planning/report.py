@@ -6,10 +6,10 @@ import argparse
 from typing import Callable
 
 from training.config import Config
+from training.instances import INSTANCES, LOCAL
 from training.planning import inputs
-from training.planning.instances import INSTANCES, LOCAL
 from training.planning.model import plan
-from training.planning.prices import on_demand
+from training.prices import on_demand
 from training.rundir import RunLayout
 
 

@@ -6,7 +6,7 @@ Written by `make demo` at the end of the pipeline, and by anyone who wants one f
 kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
 time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end) and
 the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those jobs, beside the
-planner's prediction (training/planning/bill.py). The summary ends the pipeline: it also puts the
+planner's prediction (training/bill.py). The summary ends the pipeline: it also puts the
 bill into comparison.json and report.html where the run has them, which were written before it.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.atomic import write_json_atomic
+from training.bill import build_bill, combination_bills
 from training.rundir import tags
 from training.rundir.artifacts import load_knn, read_optional_json, read_timings
 from training.rundir.layout import RunLayout
@@ -106,8 +107,6 @@ def bill_lines(bill: dict[str, Any] | None) -> list[str]:
 
 def write_summary(layout: RunLayout, *, jobs_file: Path | None = None, wall_seconds: int | None = None) -> dict:
     """Build and write results.json; `jobs_file` lists "step jobid" lines of the jobs just run."""
-    from training.planning.bill import build_bill
-
     listed = parse_jobs(jobs_file.read_text()) if jobs_file and jobs_file.is_file() else None
     jobs = job_seconds(listed) if listed is not None else None
     bill = build_bill(listed, plan=read_optional_json(layout.plan)) if listed else None
@@ -115,3 +114,9 @@ def write_summary(layout: RunLayout, *, jobs_file: Path | None = None, wall_seco
     write_json_atomic(layout.results, summary, indent=2)
     log.info("wrote %s", layout.results)
     return summary
+
+
+def comparison_bill(layout: RunLayout, combinations: list[str]) -> dict[str, Any] | None:
+    """The bill of comparison.json, from the run's results.json (written by `summary`): None before it."""
+    results = read_optional_json(layout.results) or {}
+    return combination_bills(results.get("bill"), list(combinations))

@@ -37,9 +37,9 @@ def add_bill_to_outputs(layout: RunLayout) -> None:
     import logging
 
     from training.atomic import write_json_atomic
-    from training.planning.bill import comparison_bill
     from training.report.html import rewrite_report
     from training.rundir.artifacts import read_optional_json
+    from training.rundir.summary import comparison_bill
 
     comparison = read_optional_json(layout.comparison_json)
     if comparison is not None:

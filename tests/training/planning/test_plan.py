@@ -13,8 +13,8 @@ import pytest
 
 from training.cli import main
 from training.config import load_config
+from training.instances import INSTANCES
 from training.planning import inputs
-from training.planning.instances import INSTANCES
 from training.planning.model import Storage, steps_per_epoch
 from training.rundir import RunLayout
 

@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from training.planning.instances import LOCAL, instance_of_partition
-from training.planning.prices import on_demand
+from training.instances import LOCAL, instance_of_partition
+from training.prices import on_demand
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +180,3 @@ def combination_bills(bill: dict[str, Any] | None, combinations: list[str]) -> d
                 for kind in kinds}
     return {"unit": bill["unit"], "source": bill["source"], "per_combination": per,
             "channel_adaptive": adaptive or None, "total": bill["total"]}
-
-
-def comparison_bill(layout, combinations: list[str]) -> dict[str, Any] | None:
-    """The bill of comparison.json, from the run's results.json (written by `summary`): None before it."""
-    from training.rundir.artifacts import read_optional_json
-
-    results = read_optional_json(layout.results) or {}
-    return combination_bills(results.get("bill"), list(combinations))

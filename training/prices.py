@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.planning.instances import READ
+from training.instances import READ
 
 
 @dataclass(frozen=True)
