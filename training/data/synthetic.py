@@ -9,6 +9,9 @@ rotation, size and elongation of the cell and its nucleus, a second marker (chan
 coarse texture, per-channel gain, background, noise and debris of neighbouring cells. A randomly
 initialised network mostly measures how much of each channel is bright, which the size nuisance
 scrambles, so a trained representation does clearly better than either baseline.
+
+`render_cells` draws cells at a given centre and scale with their extents (label masks): the
+synthetic screen (training/data/synthetic_screen.py) places them into larger fields of view.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ PHENOTYPES = (
 CELL_RADIUS = 10.0
 """Mean cell radius at 50 px; the size spread below is nuisance shared by every class."""
 PUNCTA = 7
+MASK_MARGIN = 1.0
+"""A cell's extent (its label mask in a screen) reaches this many px beyond the middle of its membrane."""
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -69,35 +74,45 @@ def _jitter(rng: np.random.Generator, mean: float, spread: float, n: int) -> np.
     return (mean * np.exp(spread * rng.standard_normal(n))).astype(np.float32)[:, None, None]
 
 
-def _frame(rng: np.random.Generator, n: int, size: int) -> dict[str, np.ndarray]:
-    """Cell coordinates (u along the long axis, v across) of n randomly placed, rotated, sized cells."""
+def _frame(rng: np.random.Generator, n: int, size: int, centres: np.ndarray | None = None,
+           cell_px: int | None = None) -> dict[str, np.ndarray]:
+    """Cell coordinates (u along the long axis, v across) of n randomly rotated, sized cells in
+    size x size images; `centres` (n, 2) as (x, y) in pixels, drawn near the middle when None.
+    Cells are drawn at the scale they have in a `cell_px` image (default: `size`), CELL_RADIUS at 50."""
+    cell_px = size if cell_px is None else cell_px
     grid = np.arange(size, dtype=np.float32)
     y, x = grid[None, :, None], grid[None, None, :]
-    cx = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
-    cy = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
+    if centres is None:
+        cx = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
+        cy = size / 2 + rng.uniform(-0.24, 0.24, n).astype(np.float32)[:, None, None] * size
+    else:
+        cx, cy = (np.asarray(centres, dtype=np.float32)[:, i, None, None] for i in (0, 1))
     theta = rng.uniform(0, 2 * np.pi, n).astype(np.float32)[:, None, None]
-    radius = _jitter(rng, CELL_RADIUS * size / 50, 0.22, n)
+    radius = _jitter(rng, CELL_RADIUS * cell_px / 50, 0.22, n)
     elong = rng.uniform(1.0, 1.6, n).astype(np.float32)[:, None, None]
     u = (x - cx) * np.cos(theta) + (y - cy) * np.sin(theta)
     v = -(x - cx) * np.sin(theta) + (y - cy) * np.cos(theta)
-    return {"u": u, "v": v, "a": radius * np.sqrt(elong), "b": radius / np.sqrt(elong), "radius": radius}
+    return {"u": u, "v": v, "a": radius * np.sqrt(elong), "b": radius / np.sqrt(elong), "radius": radius,
+            "cell_px": cell_px}
 
 
-def _puncta(rng: np.random.Generator, f: dict[str, np.ndarray], size: int) -> np.ndarray:
+def _puncta(rng: np.random.Generator, f: dict[str, np.ndarray]) -> np.ndarray:
     """A few small bright spots scattered over the cytoplasm."""
     n = f["u"].shape[0]
     angle = rng.uniform(0, 2 * np.pi, (n, PUNCTA, 1, 1))
     reach = rng.uniform(0.45, 0.85, (n, PUNCTA, 1, 1))
     pu = (reach * np.cos(angle) * f["a"][:, None]).astype(np.float32)
     pv = (reach * np.sin(angle) * f["b"][:, None]).astype(np.float32)
-    sigma = 0.9 * size / 50
+    sigma = 0.9 * f["cell_px"] / 50
     dist2 = (f["u"][:, None] - pu) ** 2 + (f["v"][:, None] - pv) ** 2
     return np.exp(-dist2 / (2 * sigma ** 2)).sum(axis=1).clip(0, 1.5)
 
 
-def _compartments(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> dict[str, np.ndarray]:
-    """Body, membrane ring, nucleus, puncta and polar-cap masks of n cells."""
-    f = _frame(rng, n, size)
+def _compartments(rng: np.random.Generator, p: Phenotype, n: int, size: int,
+                  centres: np.ndarray | None = None, cell_px: int | None = None) -> dict[str, np.ndarray]:
+    """Body, membrane ring, nucleus, puncta and polar-cap masks of n cells, and each cell's extent:
+    the pixels less than MASK_MARGIN px outside its membrane (the middle of the ring)."""
+    f = _frame(rng, n, size, centres, cell_px)
     u, v, a, b = f["u"], f["v"], f["a"], f["b"]
     rc = np.sqrt((u / a) ** 2 + (v / b) ** 2)
     frac = _jitter(rng, 0.45, 0.12, n)
@@ -111,14 +126,17 @@ def _compartments(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> 
         "body": body,
         "ring": np.exp(-(((rc - 1) * f["radius"]) / 1.3) ** 2),
         "nucleus": _sigmoid((1 - rn) * 8),
-        "puncta": _puncta(rng, f, size) * body,
+        "puncta": _puncta(rng, f) * body,
         "cap": body * _sigmoid((cap_side - 0.45) * 12),
+        "extent": (rc - 1) * f["radius"] < MASK_MARGIN,
     }
 
 
-def _render(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> np.ndarray:
-    """Five noiseless channels (n, 5, size, size): membrane, cytoplasm, DNA, marker, second marker."""
-    m = _compartments(rng, p, n, size)
+def render_cells(rng: np.random.Generator, p: Phenotype, n: int, size: int, centres: np.ndarray | None = None,
+                 cell_px: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Five noiseless channels (n, 5, size, size) of n cells of phenotype `p` (membrane, cytoplasm,
+    DNA, marker, second marker) and their extents (n, size, size) bool; see _frame for the arguments."""
+    m = _compartments(rng, p, n, size, centres, cell_px)
     body, nucleus = m["body"], m["nucleus"]
     cytoplasm = body * (1 - 0.8 * nucleus)
     grains = np.clip(_texture(rng, n, size, p.grain_scale), 0, None)
@@ -133,7 +151,7 @@ def _render(rng: np.random.Generator, p: Phenotype, n: int, size: int) -> np.nda
         nucleus * (1 + 0.15 * fine),
         marker,
         second,
-    ], axis=1)
+    ], axis=1), m["extent"]
 
 
 def _nuisance(rng: np.random.Generator, clean: np.ndarray) -> np.ndarray:
@@ -165,8 +183,9 @@ def _debris(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     return np.exp(-dist2 / (2 * r ** 2)).astype(np.float32)
 
 
-def _mix_channels(rng: np.random.Generator, base: np.ndarray, channels: int) -> np.ndarray:
-    """Any channel count from the five base channels: the first few, or extra fixed mixtures."""
+def mix_channels(rng: np.random.Generator, base: np.ndarray, channels: int) -> np.ndarray:
+    """Any channel count from the five base channels (axis 1 of `base`): the first few, or extra
+    fixed mixtures of all five."""
     if channels <= base.shape[1]:
         return base[:, :channels]
     weights = rng.dirichlet(np.ones(base.shape[1]), size=channels - base.shape[1]).astype(np.float32)
@@ -182,8 +201,8 @@ def generate(classes: int = 5, per_class: int = 200, channels: int = 5, size: in
     rng = np.random.default_rng(seed)
     images, labels = [], []
     for label, phenotype in enumerate(PHENOTYPES[:classes]):
-        clean = _render(rng, phenotype, per_class, size)
-        images.append(_nuisance(rng, _mix_channels(np.random.default_rng([seed, 7]), clean, channels)))
+        clean, _ = render_cells(rng, phenotype, per_class, size)
+        images.append(_nuisance(rng, mix_channels(np.random.default_rng([seed, 7]), clean, channels)))
         labels.append(np.full(per_class, label))
     return np.concatenate(images), np.concatenate(labels), [p.name for p in PHENOTYPES[:classes]]
 

@@ -1,10 +1,15 @@
-"""synth-data: write the embedded synthetic dataset (N-channel 16-bit TIFFs in class folders).
+"""synth-data: write the embedded synthetic dataset (N-channel 16-bit TIFFs in class folders), or
+with --screen a synthetic screen (fields of view, label masks, a plate map and load_data.csv).
 
     python -m training synth-data --out runs/demo/data/images --classes 5 --per-class 200
 
-`--out` defaults to data.source and `--channels` to the highest channel data.channels selects, so
-that a config's own `synth-data` call produces data its other steps can read. `--corrupt` adds one
-of each kind of bad image (empty, truncated, garbage, wrong channels, blank, wrong shape).
+    python -m training synth-data --screen --out runs/demo/data/screen --plates 4 --wells-per-plate 12
+
+`--out` defaults to data.source (a screen: the folder `screen` beside it) and `--channels` to the
+highest channel data.channels selects, so that a config's own `synth-data` call produces data its
+other steps can read. `--corrupt` adds one of each kind of bad image (empty, truncated, garbage,
+wrong channels, blank, wrong shape). A screen names its channels as data.channel_names does, else
+Membrane, Cytoplasm, DNA, Marker, Marker2 (training/data/synthetic_screen.py lists what it writes).
 """
 
 from __future__ import annotations
@@ -20,30 +25,66 @@ from training.rundir import RunLayout
 log = logging.getLogger(__name__)
 
 
+CLASS_OPTIONS = {"classes": 5, "per_class": 200, "size": 50}
+"""Defaults of the class-folder options, which a screen does not take (None in the parsed arguments
+when not given, so that a screen can refuse them)."""
+SCREEN_OPTIONS = ("plates", "batches", "wells_per_plate", "sites", "fov_size", "cells_per_fov", "batch_strength")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, help="output folder (default: data.source)")
-    parser.add_argument("--classes", type=int, default=5, help="number of classes (at most the number of built-in phenotypes)")
-    parser.add_argument("--per-class", type=int, default=200, help="images per class")
+    parser.add_argument("--out", type=Path, help="output folder (default: data.source; a screen: screen/ beside it)")
+    parser.add_argument("--classes", type=int, help="number of classes (at most the number of built-in phenotypes; "
+                                                    "default 5)")
+    parser.add_argument("--per-class", type=int, help="images per class (default 200)")
     parser.add_argument("--channels", type=int,
                         help="channels per image (default: enough for data.channels, at least 5)")
-    parser.add_argument("--size", type=int, default=50, help="image side in pixels")
+    parser.add_argument("--size", type=int, help="image side in pixels (default 50)")
     parser.add_argument("--seed", type=int, help="generator seed (default: run.seed)")
     parser.add_argument("--channels-first", action="store_true", help="store (C, H, W) instead of scDINO's (H, W, C)")
     parser.add_argument("--corrupt", action="store_true", help="also write bad images into the first class folder")
     parser.add_argument("--channel-order", metavar="DIGITS",
                         help="store the generated channels in this order, e.g. 31042 puts the marker (3) first")
+    screen = parser.add_argument_group("synthetic screen (--screen)")
+    screen.add_argument("--screen", action="store_true",
+                        help="write a screen: fields of view, label masks, plate map, load_data.csv, truth.csv")
+    screen.add_argument("--plates", type=int, help="plates (default 4)")
+    screen.add_argument("--batches", type=int, help="imaging batches the plates are split into (default 2)")
+    screen.add_argument("--wells-per-plate", type=int, help="wells used on each plate (default 12)")
+    screen.add_argument("--sites", type=int, help="fields of view per well (default 2)")
+    screen.add_argument("--fov-size", type=int, help="field of view side in pixels (default 256)")
+    screen.add_argument("--cells-per-fov", type=int, help="cells drawn in each field of view (default 20)")
+    screen.add_argument("--batch-strength", type=float,
+                        help="scale of the batch, plate and well imaging effects: 0 none, 1 default")
+    screen.add_argument("--per-channel-files", action="store_true",
+                        help="one single-channel TIFF per channel per field of view")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    channels = args.channels or max(5, max(config.data.channel_indices) + 1)
+    seed = config.run.seed if args.seed is None else args.seed
+    if args.screen:
+        return _write_screen(config, args, channels, seed)
+    given = [f"--{name.replace('_', '-')}" for name in SCREEN_OPTIONS if getattr(args, name) is not None]
+    if args.per_channel_files:
+        given.append("--per-channel-files")
+    if given:
+        raise UserError(f"{', '.join(given)} {'is a' if len(given) == 1 else 'are'} screen option"
+                        f"{'' if len(given) == 1 else 's'}: add --screen, or leave {'it' if len(given) == 1 else 'them'} "
+                        "out for class folders")
+    for name, default in CLASS_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return _write_class_folders(config, args, channels, seed)
+
+
+def _write_class_folders(config: Config, args: argparse.Namespace, channels: int, seed: int) -> int:
     from training.data.synthetic import PHENOTYPES, write_corrupt_files, write_dataset
 
     out = args.out or Path(config.data.source)
-    channels = args.channels or max(5, max(config.data.channel_indices) + 1)
     if not 1 <= args.classes <= len(PHENOTYPES):
         raise UserError(f"--classes must be between 1 and {len(PHENOTYPES)}, got {args.classes}")
     if args.per_class < 1 or args.size < 16 or channels < 1:
         raise UserError("--per-class must be >= 1, --size >= 16 and --channels >= 1")
-    seed = config.run.seed if args.seed is None else args.seed
     order = None
     if args.channel_order:
         order = tuple(int(c) for c in args.channel_order if c.isdigit())
@@ -56,4 +97,23 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         first = sorted(p for p in out.iterdir() if p.is_dir())[0]
         written = write_corrupt_files(first, channels, args.size, seed)
         log.info("wrote %d bad images into %s", len(written), first)
+    return 0
+
+
+def _write_screen(config: Config, args: argparse.Namespace, channels: int, seed: int) -> int:
+    from training.data.synthetic_screen import ScreenSpec, channel_names_for, write_screen
+
+    given = [f"--{name.replace('_', '-')}" for name in CLASS_OPTIONS if getattr(args, name) is not None]
+    given += [flag for flag, on in (("--channels-first", args.channels_first), ("--corrupt", args.corrupt),
+                                    ("--channel-order", args.channel_order)) if on]
+    if given:
+        raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to class folders, not to "
+                        "--screen (its images are channels-first fields of view: see --fov-size and --cells-per-fov)")
+    if not 1 <= channels <= 64:
+        raise UserError(f"--channels must be between 1 and 64, got {channels}")
+    configured = dict(zip(config.data.channel_indices, config.data.channel_names))
+    sizes = {name: getattr(args, name) for name in SCREEN_OPTIONS if getattr(args, name) is not None}
+    spec = ScreenSpec(**sizes, channel_names=channel_names_for(channels, configured),
+                      per_channel_files=args.per_channel_files, seed=seed)
+    write_screen(args.out or Path(config.data.source).parent / "screen", spec)
     return 0
