@@ -12,6 +12,27 @@
 # scripts/local-slurm.sh's SLURM_LOCAL_*.
 set -euo pipefail
 
+# The last line of a log that has been written whole, for the live view. A progress bar (tqdm)
+# redraws itself by writing "\r" and its new state, so a state, like a line, is whole only once
+# the next "\r" or "\n" follows it: what comes after the last one may be half-written, and so may
+# the first piece of a window cut from the end of a long log. Prints nothing when no line is whole.
+last_complete_line() {
+  local file=$1 window=${2:-4000} text
+  [ -r "$file" ] || return 0
+  text=$(tail -c "$window" "$file" | tr -d '\000' | tr '\r' '\n'; echo x)  # x keeps the trailing line ends
+  text=${text%x}
+  [[ $text == *$'\n'* ]] || return 0
+  text=${text%$'\n'*}
+  if (($(wc -c <"$file") > window)); then  # measured after reading: a log only grows
+    [[ $text == *$'\n'* ]] || return 0
+    text=${text#*$'\n'}
+  fi
+  printf '%s\n' "$text" | grep -av '^[[:space:]]*$' | tail -n 1 || true
+}
+
+# Sourced (tests/slurm/test_demo_log_tail.py): only define the function above.
+if [[ ${BASH_SOURCE[0]} != "$0" ]]; then return 0; fi
+
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
@@ -87,9 +108,9 @@ follow() {
       last=$line
     fi
     if [ -n "$running" ]; then
-      tail_line=$(tail -c 2000 "$LOG_DIR/scdino-${running% *}_${running#* }.out" 2>/dev/null |
-        tr '\r' '\n' | grep -av '^\s*$' | tail -n 1 || true)
-      tail_line=${tail_line:0:150}  # characters, not bytes: progress bars are multi-byte UTF-8
+      tail_line=$(last_complete_line "$LOG_DIR/scdino-${running% *}_${running#* }.out")
+      # Whole lines; a very long one is shortened visibly (characters, not bytes: bars are UTF-8).
+      ((${#tail_line} <= 200)) || tail_line="${tail_line:0:199}…"
       if [ -n "$tail_line" ] && [ "$tail_line" != "$last_tail" ]; then
         echo "         | $tail_line"
         last_tail=$tail_line

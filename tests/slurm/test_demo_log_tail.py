@@ -1,0 +1,56 @@
+"""The live view of `make demo` (scripts/demo.sh) shows the last line of a job's log that has been
+written whole: a progress bar's latest finished state, never a piece of one. Exercised by sourcing
+the script's function in bash, without Slurm."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from slurm_helpers import REPO
+
+BAR = "epoch 1/10: {pct:>3}%|{bar:<10}| {n}/31 [00:0{n}<00:13,  1.52it/s]"
+
+
+def bar(n: int) -> str:
+    return BAR.format(pct=round(100 * n / 31), bar="█" * (n // 3), n=n)
+
+
+def last_complete_line(path, window: int | None = None) -> str:
+    call = f'last_complete_line "$1"{" " + str(window) if window else ""}'
+    out = subprocess.run(["bash", "-c", f'source scripts/demo.sh && {call}', "_", str(path)], cwd=REPO,
+                         capture_output=True, check=True)
+    return out.stdout.decode()
+
+
+@pytest.mark.parametrize(("written", "shown"), [
+    # tqdm's redraws: "\r" then the new state; the last state is still being written
+    ("INFO start\n" + "".join(f"\r{bar(n)}" for n in (1, 2, 3)) + f"\r{bar(4)[:27]}", bar(3)),
+    # the same bar once its state is followed by the next redraw's "\r"
+    ("INFO start\n" + "".join(f"\r{bar(n)}" for n in (1, 2, 3)) + "\r", bar(3)),
+    # a closed bar, then a log line and blank lines (also "\r\n" line ends)
+    (f"\r{bar(31)}\nINFO epoch 1 done\r\n\r\n\n", "INFO epoch 1 done"),
+    # a log line half-written: the line before it is the latest whole one
+    ("INFO first\nINFO second is long", "INFO first"),
+    # nothing whole yet
+    (f"\r{bar(1)[:12]}", ""),
+    ("", ""),
+])
+def test_the_live_view_shows_the_latest_whole_state(tmp_path, written, shown):
+    log = tmp_path / "job.out"
+    log.write_bytes(written.encode())
+    assert last_complete_line(log) == (shown + "\n" if shown else "")
+
+
+def test_a_window_cut_from_a_long_log_never_shows_its_cut_first_piece(tmp_path):
+    log = tmp_path / "job.out"
+    whole = bar(5)
+    log.write_bytes(("x" * 500 + "\n" + whole + "\n" + "y" * 30).encode())
+    assert last_complete_line(log, window=len(whole.encode()) + 35) == whole + "\n"
+    # the window starts inside the bar, inside a multi-byte character: nothing whole in it
+    start = whole.encode().index("█".encode()) + 1
+    assert last_complete_line(log, window=len(whole.encode()) - start + 31) == ""
+
+
+def test_a_missing_log_shows_nothing(tmp_path):
+    assert last_complete_line(tmp_path / "not-yet.out") == ""
