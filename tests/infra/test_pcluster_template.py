@@ -382,3 +382,43 @@ def test_our_slurm_settings_are_in_the_configuration_the_head_node_generates_slu
                    for statement in policies_of_role(render.template, head_role))
     else:
         assert slurm["Database"] is None
+
+
+# --- limits a deploy would hit, and names we link to ------------------------------------------------------------
+
+TEMPLATE_URL_MAX_BYTES = 1_000_000
+"""CloudFormation: a template given by TemplateURL may hold at most 1 MB (nested stacks included)."""
+RESOURCES_MAX = 500
+USER_DATA_MAX_BYTES = 16 * 1024
+"""EC2: user data at most 16 KB before base64."""
+INTRINSIC_BYTES = 128
+"""What one Ref or GetAtt inside user data may take once resolved (a stack ARN is about 100)."""
+
+
+def _user_data_bytes(launch_template: dict) -> int:
+    """The user data's size once Fn::Sub has substituted its variables, each intrinsic counted as INTRINSIC_BYTES."""
+    script, variables = user_data(launch_template)
+    for name, value in variables.items():
+        text = joined(value) if isinstance(value, dict) else str(value)
+        script = script.replace("${" + name + "}", re.sub(r"<[^<>]*>", "x" * INTRINSIC_BYTES, text))
+    return len(re.sub(r"\$\{AWS::[A-Za-z]+\}", "x" * INTRINSIC_BYTES, script).encode())
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_the_stacks_fit_cloudformation_and_ec2_limits(rendered, label):
+    render = rendered[label]
+    for path in render.template_files():
+        assert path.stat().st_size < TEMPLATE_URL_MAX_BYTES, path.name
+    for template in [render.template, *render.nested]:
+        assert len(template["Resources"]) <= RESOURCES_MAX
+        for name, launch_template in resources(template, "AWS::EC2::LaunchTemplate").items():
+            assert _user_data_bytes(launch_template) < USER_DATA_MAX_BYTES, name
+
+
+def test_our_dashboard_links_to_parallelclusters_own(rendered, synth):
+    (dashboard,) = resources(rendered["default"].template, "AWS::CloudWatch::Dashboard").values()
+    theirs = joined(dashboard["Properties"]["DashboardName"]).replace("<Ref|AWS::Region>", SETTINGS["default"].region)
+    ours = [joined(item["Properties"]["DashboardBody"]) for item in synth.json["cluster"]["Resources"].values()
+            if item["Type"] == "AWS::CloudWatch::Dashboard"]
+    links = {link for body in ours for link in re.findall(r"#dashboards:name=([^)\\]+)\)", body)}
+    assert links == {theirs}, f"our dashboard links to {links}; ParallelCluster names its dashboard {theirs}"
