@@ -109,8 +109,6 @@ def _write_screen(config: Config, args: argparse.Namespace, channels: int, seed:
     if given:
         raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to class folders, not to "
                         "--screen (its images are channels-first fields of view: see --fov-size and --cells-per-fov)")
-    if not 1 <= channels <= 64:
-        raise UserError(f"--channels must be between 1 and 64, got {channels}")
     configured = dict(zip(config.data.channel_indices, config.data.channel_names))
     sizes = {name: getattr(args, name) for name in SCREEN_OPTIONS if getattr(args, name) is not None}
     spec = ScreenSpec(**sizes, channel_names=channel_names_for(channels, configured),

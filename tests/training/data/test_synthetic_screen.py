@@ -264,3 +264,12 @@ def test_screen_options_need_screen_and_a_foreign_folder_is_kept(tmp_path, capsy
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     assert main(["synth-data", "--screen", "--out", str(tmp_path / "mine"), *TINY]) == 2
     assert "not empty" in capsys.readouterr().err and (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_a_screen_written_again_in_place_leaves_nothing_of_the_old_one(tmp_path):
+    synth(tmp_path / "s", *TINY[2:], "--plates", "3")
+    synth(tmp_path / "s", *TINY)
+    _, rows = read_csv(tmp_path / "s" / "load_data.csv")
+    listed = {f"images/{r['Metadata_Plate']}/{r['FileName_Cell']}" for r in rows} | \
+        {f"masks/{r['Metadata_Plate']}/{r['ObjectsFileName_Cells']}" for r in rows}
+    assert set(all_files(tmp_path / "s")) == listed | {"load_data.csv", "platemap.csv", "truth.csv", "screen.json"}
