@@ -170,8 +170,8 @@ def queue_launch_templates(rendered: Rendered) -> dict[str, tuple[dict[str, Any]
     return found
 
 
-def compute_dna(launch_template: dict[str, Any]) -> dict[str, Any]:
-    """The dna.json a compute node's user data writes (the cookbook's attributes on that node)."""
+def launch_template_dna(launch_template: dict[str, Any]) -> dict[str, Any]:
+    """The dna.json a compute or login node's user data writes (the cookbook's attributes on that node)."""
     _, variables = user_data(launch_template)
     return json.loads(joined(variables["DnaJson"]))["cluster"]
 
