@@ -103,6 +103,20 @@ class DataConfig:
     """Which loader feeds training; auto uses the packed dataset when one exists."""
     gpu_augment: bool = False
     """Run multi-crop augmentation on the GPU as batched tensor operations."""
+    label_column: str = ""
+    """The per-cell table's column (packed/cells.arrow) that gives each cell's class for the split,
+    kNN, the linear probe and the plots, with or without the Metadata_ prefix (e.g. Treatment for
+    Metadata_Treatment). Empty: the class folder (Metadata_Class) of a dataset packed from class
+    folders, else one class for every cell. Cells without a value are left out of the evaluation."""
+    batch_column: str = ""
+    """The column naming each cell's imaging batch (e.g. Metadata_Batch or Metadata_Plate). Set, kNN
+    also reports "not same batch" accuracy (a query never votes with a cell of its own batch), as
+    imaging batches otherwise make any representation look better than it is. Empty: no batches."""
+    control_column: str = ""
+    """The column that marks control cells (e.g. Metadata_Treatment), for profiles normalised on the
+    controls (`export`); empty: no controls."""
+    control_value: str = ""
+    """The value of control_column that marks a control (e.g. DMSO)."""
 
     def __post_init__(self) -> None:
         if not self.channels or not self.channels.isdigit():
@@ -118,6 +132,10 @@ class DataConfig:
             )
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if bool(self.control_column) != bool(self.control_value):
+            raise ConfigError("data.control_column and data.control_value go together (e.g. control_column: "
+                              f"Metadata_Treatment, control_value: DMSO); got {self.control_column!r} and "
+                              f"{self.control_value!r}")
         if self.per_image_normalization and self.loader == "dali":
             raise ConfigError("data.normalization=per_image is not supported by data.loader=dali (its crops are "
                               "normalised with one mean and std per channel): use data.loader=packed or auto")
@@ -450,6 +468,15 @@ class EvalConfig:
     finetune_flips: bool = True
     """Random horizontal and vertical flips of the training images: cells have no orientation, so
     the label holds, and it is the only augmentation (crops could cut off what defines the class)."""
+    max_cells: int = 20000
+    """The most held-out cells that each epoch's features, kNN, the linear probe and the plots use:
+    above it, a seeded sample stratified by label (so evaluation costs the same at 10^4 and 10^7
+    cells); 0 uses every held-out cell."""
+    umap_max_points: int = 10000
+    """The most points of a UMAP plot (a seeded sample of the evaluated cells above it)."""
+    embed_all_cells: bool = True
+    """Features of the final checkpoint for every cell of the dataset, training and held-out, which
+    `export` writes as profiles; false: for the evaluated held-out cells only, as every epoch."""
 
     def __post_init__(self) -> None:
         if not self.knn_k or min(self.knn_k) < 1:
@@ -457,6 +484,9 @@ class EvalConfig:
         _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
         if self.raw_pixels_size < 1:
             raise ConfigError(f"eval.raw_pixels_size must be >= 1, got {self.raw_pixels_size}")
+        if self.max_cells < 0 or self.umap_max_points < 1:
+            raise ConfigError(f"eval.max_cells must be >= 0 (0: every held-out cell) and eval.umap_max_points "
+                              f">= 1, got {self.max_cells} and {self.umap_max_points}")
         self._check_finetune()
 
     def _check_finetune(self) -> None:

@@ -104,7 +104,8 @@ class PackedFeed:
         else:
             images = [np.ascontiguousarray(self.images.read(int(i))[self.channel_indices].transpose(1, 2, 0))
                       for i in indices]
-        return images, [self.images.labels[int(i)].reshape(1) for i in indices]
+        labels = np.asarray(self.images.labels)
+        return images, [np.array([labels[int(i)]], np.int64) for i in indices]
 
 
 def _coin(probability: float, device: str):

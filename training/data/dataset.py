@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.index import ImageIndex, scan_images
-from training.data.packed import PackedImages, check_not_half_packed, expected_format, is_packed
+from training.data.pack_tiffs import expected_format
+from training.data.packed import PackedImages, check_not_half_packed, is_packed
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
 from training.rundir import RunLayout
@@ -78,6 +79,10 @@ class TiffImages:
     def read_batch(self, indices: np.ndarray) -> list[np.ndarray]:
         return [self.read(int(i)) for i in indices]
 
+    def batch_categories(self) -> None:
+        """A TIFF folder has no per-cell table, so no batch column."""
+        return None
+
 
 def resolve_source(config: Config) -> tuple[str, Path]:
     """("packed", folder) or ("tiff", root), following data.loader ("auto" prefers packed)."""
@@ -95,25 +100,28 @@ def resolve_source(config: Config) -> tuple[str, Path]:
     return "tiff", source
 
 
-def load_index(config: Config) -> ImageIndex:
-    """The dataset's images and labels in dataset-index order, for either form."""
-    kind, folder = resolve_source(config)
-    if kind == "packed":
-        images = PackedImages(folder)
-        return ImageIndex(images.paths, images.labels.tolist(), images.class_names)
-    return scan_images(folder, config.data.folder_depth_for_labels).without(bad_image_paths(RunLayout.from_config(config)))
-
-
 def open_images(config: Config) -> PackedImages | TiffImages:
-    """Raw (C, H, W) access to every image of the configured dataset, all channels."""
+    """Raw (C, H, W) access to every image of the configured dataset, all channels, with the labels
+    and batches data.label_column and data.batch_column name."""
     kind, folder = resolve_source(config)
     if kind == "packed":
-        images = PackedImages(folder)
+        images = PackedImages(folder, label_column=config.data.label_column, batch_column=config.data.batch_column)
     else:
-        images = TiffImages(folder, load_index(config), config.data.channel_axis)
+        if config.data.label_column or config.data.batch_column:
+            raise UserError(f"data.label_column and data.batch_column name columns of a packed dataset's per-cell "
+                            f"table, and {folder} is a TIFF folder: run `python -m training prepare` first")
+        index = scan_images(folder, config.data.folder_depth_for_labels)
+        images = TiffImages(folder, index.without(bad_image_paths(RunLayout.from_config(config))),
+                            config.data.channel_axis)
     log.info("dataset: %d images, %d classes, %s form at %s", len(images), len(images.class_names), kind, folder)
     check_channels(images, config)
     return images
+
+
+def paths_of(images: PackedImages | TiffImages, rows: np.ndarray) -> list[str]:
+    """The paths of some cells, without listing every path of the dataset."""
+    paths = images.paths
+    return paths.take(rows) if hasattr(paths, "take") else [paths[int(i)] for i in rows]
 
 
 def check_channels(images: PackedImages | TiffImages, config: Config) -> None:

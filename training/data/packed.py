@@ -1,112 +1,103 @@
-"""The packed dataset: every image in one flat memory-mapped file, plus index.json.
+"""The packed dataset: every cell's pixels in a few large flat files, and one per-cell table.
 
-    packed/images.bin   raw pixels, each image stored channel-first (C, H, W) in C order, back to back
-    packed/index.json   paths, labels, class_names, shapes, offsets (in elements), dtype, channels,
-                        and images.bin's size and CRC-32 ("data_bytes", "data_crc32", computed while
-                        writing)
+    packed/index.json          format, pixel type, channels, the shape every cell shares (if any),
+                               the pixel files in order with each one's size in elements and bytes and
+                               its CRC-32, the table's size and CRC-32, where the images came from
+    packed/cells.arrow         the per-cell table (training/data/cells.py): path, pixel file, offset,
+                               size and every Metadata_ column, one row per cell
+    packed/images-00000.bin    raw pixels, each cell channel-first (C, H, W) in C order, back to back;
+    packed/images-00001.bin    one file per SHARD_BYTES or so
 
-Integrity: opening checks the index (parses, its lists agree, every image lies inside the data) and
-images.bin's size, in microseconds; the CRC-32 of every byte is checked on request (`verify`,
-`python -m training prepare --verify`). An index written before the checksum was recorded gets
-the size check (total_elements x item size) and nothing more. Damage is a DamagedFileError that
-names the file and says to rerun `prepare`.
+Why shards of a few GB rather than one file: FSx for Lustre loads a file lazily from its S3
+repository in whole on first read, and stripes a file over its storage servers by the file
+system's layout; a few-GB file is restored quickly and many of them spread over every server,
+where one file of hundreds of GB is restored before the first image reads and served by the
+servers its stripes land on. A Slurm array writes one part per task (`prepare --part`,
+`ingest --part`), and merging the parts links their pixel files into place: no pixel is copied.
 
-Images of different sizes are supported (offsets + shapes); when all share one shape the reader
-exposes the file as a single (N, C, H, W) array so a batch is one fancy-indexing copy. The memory
-map is opened lazily in each process (DataLoader workers share the page cache, not Python objects).
+Integrity: opening checks index.json and the size of every file against it, in microseconds;
+`verify` (`python -m training prepare --verify`) the CRC-32 of every byte. Damage is a
+DamagedFileError that names the file and says to rerun `prepare`.
 
-All images are stored in one pixel type: their own when they share it (the usual case), else the
-smallest type that holds every image (float32 for uint16 among float32; exact up to 32-bit types).
-Every image is min-max scaled on its own when read, so the stored type changes no result.
+A pack written before the table (format scdino-packed-v1: images.bin and an index.json listing
+every path, label, shape and offset) is converted once on first open, with a log line; a v1 pack
+in a read-only folder is read into memory instead, every time, with a warning.
+
+All cells are stored in one pixel type: their own when they share it (the usual case), else the
+smallest type that holds every image exactly (float32 for uint16 among float32). Each image is
+min-max scaled on its own when read, so the stored type changes no result.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import time
 import zlib
-from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, closing
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Iterable
 
 import numpy as np
-from tqdm import tqdm
+import pyarrow as pa
 
-from training.data.index import ImageIndex
-from training.data.tiff import BadImage, ChannelAxis, read_image
-from training.errors import DamagedFileError
+from training.atomic import write_json_atomic
+from training.data.cells import (
+    CELLS_FILE,
+    CLASS_COLUMN,
+    Categories,
+    CellTable,
+    StringColumn,
+    check_storage_columns,
+    storage_table,
+    write_table,
+)
+from training.errors import DamagedFileError, UserError
 from training.rundir.integrity import check_crc32, check_size, crc32_hex, parse_json, require_keys, rerun
 
 log = logging.getLogger(__name__)
 
-FORMAT = "scdino-packed-v1"
-IMAGES_FILE = "images.bin"
+FORMAT = "scdino-packed-v2"
+FORMAT_V1 = "scdino-packed-v1"
+PART_FORMAT = "scdino-packed-part-v1"
 INDEX_FILE = "index.json"
-VOTE_SAMPLE = 32
-"""How many leading images vote on the dataset's channel count and give its first pixel type."""
+PART_FILE = "part.json"
+IMAGES_FILE = "images.bin"
+"""The single pixel file of a v1 pack."""
+SHARD_BYTES = 4 << 30
+"""Pixel bytes per file before the writer starts the next one."""
 WIDEN_CHUNK = 1 << 24
-"""Elements converted at a time when the packed file is rewritten in a wider pixel type."""
-
+"""Elements converted at a time when a pixel file is rewritten in a wider pixel type."""
 
 REMEDY = rerun("prepare")
-INDEX_KEYS = ("format", "dtype", "channels", "paths", "labels", "class_names", "shapes", "offsets", "total_elements")
+INDEX_KEYS = ("format", "dtype", "channels", "shards", "table", "n_cells")
+V1_KEYS = ("format", "dtype", "channels", "paths", "labels", "class_names", "shapes", "offsets", "total_elements")
+NO_LABEL = "all"
+"""The one class of a dataset without a label column (every cell counts as one class)."""
+
+
+def shard_name(number: int) -> str:
+    return f"images-{number:05d}.bin"
 
 
 def is_packed(folder: Path) -> bool:
-    return (Path(folder) / INDEX_FILE).is_file() and (Path(folder) / IMAGES_FILE).is_file()
+    folder = Path(folder)
+    return (folder / INDEX_FILE).is_file() and ((folder / CELLS_FILE).is_file() or (folder / IMAGES_FILE).is_file())
 
 
 def check_not_half_packed(folder: Path) -> None:
-    """DamagedFileError when the run's packed folder holds one of its two files but not the other."""
-    index, images = Path(folder) / INDEX_FILE, Path(folder) / IMAGES_FILE
-    if index.is_file() != images.is_file():
-        present, absent = (index, images) if index.is_file() else (images, index)
-        raise DamagedFileError(absent, f"is missing ({present.name} is there)", REMEDY)
-
-
-@dataclass
-class PackReport:
-    """What `pack_images` wrote and what it had to leave out."""
-
-    n_images: int = 0
-    bad: list[BadImage] = field(default_factory=list)
-
-
-def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
-    """The channel count most of the leading readable images have, and a pixel type that holds all
-    of those images exactly (their own if they share one), so that a mixed folder rarely needs
-    the packed file rewritten later."""
-    votes: Counter = Counter()
-    for rel in index.paths[: VOTE_SAMPLE * 2]:
-        try:
-            image = read_image(root / rel, channel_axis)
-        except BadImage:
-            continue
-        votes[(image.shape[0], image.dtype.str)] += 1
-        if sum(votes.values()) >= VOTE_SAMPLE:
-            break
-    if not votes:
-        return 0, np.dtype(np.uint16)
-    (channels, _), _ = votes.most_common(1)[0]
-    types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
-    return channels, np.result_type(*types)
-
-
-def conform(image: np.ndarray, channels: int, path: str) -> np.ndarray:
-    """Check one image against the dataset's channel count."""
-    if image.shape[0] != channels:
-        raise BadImage(path, f"wrong shape: {image.shape[0]} channels, the dataset has {channels}")
-    return image
+    """DamagedFileError when the run's packed folder holds pixel files or a table but no index."""
+    folder = Path(folder)
+    if folder.is_dir() and not (folder / INDEX_FILE).is_file():
+        present = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".arrow"))
+        if present:
+            raise DamagedFileError(folder / INDEX_FILE, f"is missing ({present[0]} is there)", REMEDY)
 
 
 class PixelWriter:
-    """Appends images to the flat pixel file in one type, widening the type when an image needs it.
+    """Appends images to one flat pixel file in one type, widening the type when an image needs it.
 
     Widening rewrites what was written so far (once per new type, and only for a mixed folder);
     offsets count elements, not bytes, so those already recorded stay valid. The CRC-32 of the
@@ -132,102 +123,179 @@ class PixelWriter:
         dtype = np.promote_types(self.dtype, other)
         log.info("pixel types differ (%s and %s): packing every image as %s", self.dtype, other, dtype)
         self.file.close()
-        wider = self.path.with_name(self.path.name + ".wider")
-        self.crc = 0
-        with open(wider, "wb") as out:
-            if self.elements:
-                written = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.elements,))
-                for start in range(0, self.elements, WIDEN_CHUNK):
-                    data = written[start:start + WIDEN_CHUNK].astype(dtype).tobytes()
-                    out.write(data)
-                    self.crc = zlib.crc32(data, self.crc)
-                del written
-        os.replace(wider, self.path)
+        self.crc = widen_file(self.path, self.dtype, dtype, self.elements)
         self.dtype, self.file = dtype, open(self.path, "ab")
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.dtype.itemsize
 
     def close(self) -> None:
         self.file.close()
 
 
-READ_THREADS, READ_AHEAD = 8, 256
-"""Threads reading files for `prepare`, and how many images they may read ahead of the writer."""
+def widen_file(path: Path, dtype: np.dtype, wider: np.dtype, elements: int) -> int:
+    """Rewrite a pixel file of `elements` values in a wider type; returns the new file's CRC-32."""
+    tmp, crc = path.with_name(path.name + ".wider"), 0
+    with open(tmp, "wb") as out:
+        if elements:
+            written = np.memmap(path, dtype=dtype, mode="r", shape=(elements,))
+            for start in range(0, elements, WIDEN_CHUNK):
+                data = written[start:start + WIDEN_CHUNK].astype(wider).tobytes()
+                out.write(data)
+                crc = zlib.crc32(data, crc)
+            del written
+    os.replace(tmp, path)
+    return crc
 
 
-def _read_all(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> Iterator[np.ndarray | BadImage]:
-    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts.
+@dataclass
+class ShardRows:
+    """The table rows of the cells in one pixel file, collected while it is written."""
 
-    At most READ_AHEAD images wait in memory; closing the generator (a bad image under the `fail`
-    policy, an interrupt) cancels the reads not yet started instead of finishing the whole folder.
-    """
-    def read(rel: str) -> np.ndarray | BadImage:
-        try:
-            return read_image(root / rel, channel_axis)
-        except BadImage as bad:
-            bad.path = rel
-            return bad
+    paths: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    heights: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    metadata: dict[str, list] = field(default_factory=dict)
 
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        pending: deque[Future] = deque()
-        try:
-            for rel in index.paths:
-                pending.append(pool.submit(read, rel))
-                if len(pending) >= READ_AHEAD:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+    def add(self, path: str, offset: int, shape: tuple[int, ...], metadata: dict[str, Any]) -> None:
+        if not self.paths:
+            self.metadata = {name: [] for name in metadata}
+        elif metadata.keys() != self.metadata.keys():
+            raise ValueError(f"cell {path}: metadata columns {sorted(metadata)} differ from the first cell's "
+                             f"{sorted(self.metadata)}")
+        self.paths.append(path)
+        self.offsets.append(offset)
+        self.heights.append(int(shape[-2]))
+        self.widths.append(int(shape[-1]))
+        for name, value in metadata.items():
+            self.metadata[name].append(value)
 
-
-def _write_index(folder: Path, meta: dict) -> None:
-    (folder / INDEX_FILE).write_text(json.dumps(meta))
+    def table(self) -> pa.Table:
+        n = len(self.paths)
+        return storage_table(self.paths, np.zeros(n, np.uint16), self.offsets, self.heights, self.widths,
+                             self.metadata)
 
 
-def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: ChannelAxis,
-                on_bad: Callable[[BadImage], None], folder_depth_for_labels: int = 0) -> PackReport:
-    """Pack all good images of `index` into out_dir atomically (temp folder, then rename).
+class PartWriter:
+    """One part of a packed dataset (a whole `prepare`, or one task of a Slurm array): pixel files
+    of about SHARD_BYTES each, the table rows of each, and part.json, written last, which marks the
+    part complete. Memory holds the rows of one pixel file at a time."""
 
-    `on_bad(bad: BadImage)` is called for each bad image; it raises to stop (policy "fail").
-    """
-    root, out_dir = Path(root), Path(out_dir)
-    channels, dtype = expected_format(root, index, channel_axis)
+    def __init__(self, folder: Path, *, channels: int, dtype: np.dtype, shard_bytes: int = SHARD_BYTES) -> None:
+        self.folder, self.channels, self.dtype, self.shard_bytes = Path(folder), channels, np.dtype(dtype), shard_bytes
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True)
+        self.shards: list[dict[str, Any]] = []
+        self.shapes: set[tuple[int, int, int]] = set()
+        self.writer: PixelWriter | None = None
+        self.rows = ShardRows()
+
+    def append(self, image: np.ndarray, path: str, metadata: dict[str, Any] | None = None) -> None:
+        """Add one cell: its (C, H, W) pixels, its path and its Metadata_ values."""
+        if image.shape[0] != self.channels:
+            raise ValueError(f"{path}: {image.shape[0]} channels, the part has {self.channels}")
+        if self.writer is None or self.writer.nbytes >= self.shard_bytes:
+            self._next_shard()
+        offset = self.writer.append(image)
+        self.rows.add(path, offset, image.shape, metadata or {})
+        self.shapes.add(tuple(int(s) for s in image.shape))
+
+    def _next_shard(self) -> None:
+        self._close_shard()
+        number = len(self.shards)
+        self.writer = PixelWriter(self.folder / shard_name(number), self.dtype)
+        self.rows = ShardRows()
+
+    def _close_shard(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        table = f"cells-{len(self.shards):05d}.arrow"
+        write_table(self.folder / table, self.rows.table())
+        self.shards.append({"file": self.writer.path.name, "table": table, "dtype": self.writer.dtype.str,
+                            "elements": self.writer.elements, "bytes": self.writer.nbytes,
+                            "crc32": crc32_hex(self.writer.crc), "cells": len(self.rows.paths)})
+        self.dtype, self.writer = self.writer.dtype, None
+
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        """Close the last pixel file and write part.json (with `extra`, e.g. what was skipped and why)."""
+        self._close_shard()
+        shape = next(iter(self.shapes)) if len(self.shapes) == 1 else None
+        part = {"format": PART_FORMAT, "channels": self.channels, "shards": self.shards,
+                "shape": list(shape) if shape else None, "mixed_shapes": len(self.shapes) > 1,
+                "n_cells": sum(s["cells"] for s in self.shards), **extra}
+        write_json_atomic(self.folder / PART_FILE, part)
+        return part
+
+
+def read_part(folder: Path) -> dict[str, Any] | None:
+    """A finished part's part.json; None while the part is unfinished (or never started)."""
+    path = Path(folder) / PART_FILE
+    if not path.is_file():
+        return None
+    return require_keys(parse_json(path, REMEDY), ("format", "channels", "shards", "shape"), path, REMEDY)
+
+
+def merge_parts(parts: Iterable[Path], out_dir: Path, **extra: Any) -> dict[str, Any]:
+    """Make one packed dataset of finished parts, in order, atomically (temporary folder, then
+    rename). Pixel files are hard-linked (copied only across file systems), the tables concatenated
+    with each cell's pixel file numbered; files of another pixel type are rewritten in the widest."""
+    parts = [Path(p) for p in parts]
+    infos = [read_part(p) for p in parts]
+    missing = [str(p) for p, info in zip(parts, infos) if info is None]
+    if missing:
+        raise UserError(f"{len(missing)} part(s) are not finished ({', '.join(missing[:3])}): run their tasks "
+                        "again (finished parts are kept), then merge")
+    channels = {info["channels"] for info in infos if info["n_cells"]}
+    if len(channels) > 1:
+        raise UserError(f"the parts disagree on the channel count ({sorted(channels)}): rerun `prepare`")
+    out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    report, kept, shapes, offsets = PackReport(), [], [], []
     try:
-        with ExitStack() as stack:
-            writer = PixelWriter(tmp / IMAGES_FILE, dtype)
-            stack.callback(writer.close)
-            results = stack.enter_context(closing(_read_all(root, index, channel_axis)))
-            for i, result in enumerate(tqdm(results, total=len(index), desc="prepare", unit="img")):
-                try:
-                    if isinstance(result, BadImage):
-                        raise result
-                    image = conform(result, channels, index.paths[i])
-                except BadImage as bad:
-                    on_bad(bad)
-                    report.bad.append(bad)
-                    continue
-                offsets.append(writer.append(image))
-                kept.append(i)
-                shapes.append(list(image.shape))
-        _write_index(tmp, {
-            "format": FORMAT, "dtype": writer.dtype.str, "channels": channels,
-            "paths": [index.paths[i] for i in kept], "labels": [index.labels[i] for i in kept],
-            "class_names": index.class_names, "shapes": shapes, "offsets": offsets,
-            "total_elements": writer.elements, "source": str(root), "folder_depth_for_labels": folder_depth_for_labels,
-            "data_bytes": writer.elements * writer.dtype.itemsize, "data_crc32": crc32_hex(writer.crc),
-        })
-        _replace_dir(tmp, out_dir)
+        index = _merge_into(tmp, parts, infos, channels.pop() if channels else 0, extra)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report.n_images = len(kept)
-    return report
+    return index
 
 
-def _replace_dir(new: Path, target: Path) -> None:
+def _merge_into(tmp: Path, parts: list[Path], infos: list[dict], channels: int, extra: dict) -> dict[str, Any]:
+    shards = [(part, shard) for part, info in zip(parts, infos) for shard in info["shards"]]
+    dtype = np.result_type(*[np.dtype(s["dtype"]) for _, s in shards]) if shards else np.dtype(np.uint16)
+    files, tables = [], []
+    for number, (part, shard) in enumerate(shards):
+        target = tmp / shard_name(number)
+        link_or_copy(part / shard["file"], target)
+        entry = {"file": target.name, "elements": shard["elements"], "bytes": shard["bytes"], "crc32": shard["crc32"]}
+        if np.dtype(shard["dtype"]) != dtype:
+            entry["crc32"] = crc32_hex(widen_file(target, np.dtype(shard["dtype"]), dtype, shard["elements"]))
+            entry["bytes"] = shard["elements"] * dtype.itemsize
+        files.append(entry)
+        table = CellTable(part / shard["table"]).table
+        tables.append(table.set_column(1, "shard", pa.array(np.full(table.num_rows, number, np.uint16))))
+    merged = pa.concat_tables(tables, promote_options="permissive") if tables else storage_table([], *[[]] * 4)
+    table_bytes, table_crc = write_table(tmp / CELLS_FILE, merged)
+    shapes = {tuple(info["shape"]) for info in infos if info["n_cells"] and info["shape"]}
+    uniform = len(shapes) == 1 and not any(info.get("mixed_shapes") for info in infos)
+    index = {"format": FORMAT, "dtype": dtype.str, "channels": channels, "n_cells": merged.num_rows,
+             "shape": list(shapes.pop()) if uniform else None, "shards": files,
+             "table": {"file": CELLS_FILE, "bytes": table_bytes, "crc32": crc32_hex(table_crc)}, **extra}
+    write_json_atomic(tmp / INDEX_FILE, index)
+    return index
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def replace_dir(new: Path, target: Path) -> None:
     """Swap a finished folder into place; an existing one is removed only after the swap."""
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     if target.exists():
@@ -236,81 +304,206 @@ def _replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_packed_index(folder: Path) -> dict:
-    """index.json, checked to describe a packed dataset whose images all lie inside images.bin."""
+def read_packed_index(folder: Path) -> dict[str, Any]:
+    """index.json of a v2 pack, checked to list its files; a v1 index is converted first."""
     path = Path(folder) / INDEX_FILE
-    meta = require_keys(parse_json(path, REMEDY), INDEX_KEYS, path, REMEDY)
+    meta = parse_json(path, REMEDY)
+    if isinstance(meta, dict) and meta.get("format") == FORMAT_V1:
+        return convert_v1(Path(folder), meta)
+    meta = require_keys(meta, INDEX_KEYS, path, REMEDY)
     if meta["format"] != FORMAT:
         raise DamagedFileError(path, f"is not a {FORMAT} index (format {meta['format']!r})", REMEDY)
     try:
         np.dtype(meta["dtype"])
-        shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
-        offsets = np.asarray(meta["offsets"], dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise DamagedFileError(path, f"holds unreadable dtype, shapes or offsets ({exc})", REMEDY) from None
-    lengths = {len(meta["paths"]), len(meta["labels"]), len(shapes), len(offsets)}
-    ends = offsets + shapes.prod(axis=1)
-    if len(lengths) != 1 or (len(ends) and (ends.max() > int(meta["total_elements"]) or offsets.min() < 0)):
-        raise DamagedFileError(path, "is inconsistent (paths, labels, shapes and offsets disagree, or an image "
-                               "lies beyond total_elements)", REMEDY)
+        for shard in meta["shards"]:
+            int(shard["elements"]), int(shard["bytes"]), str(shard["file"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise DamagedFileError(path, f"holds an unreadable dtype or pixel-file list ({exc})", REMEDY) from None
     return meta
 
 
+def convert_v1(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """A v1 index (every path, label, shape and offset listed in JSON) as a v2 pack: cells.arrow
+    written beside it and index.json replaced, once; in memory when the folder is read-only."""
+    path = folder / INDEX_FILE
+    meta = require_keys(meta, V1_KEYS, path, REMEDY)
+    table = _v1_table(meta, path)
+    data = folder / IMAGES_FILE
+    data_bytes = int(meta.get("data_bytes", int(meta["total_elements"]) * np.dtype(meta["dtype"]).itemsize))
+    shapes = {tuple(s) for s in np.asarray(meta["shapes"], np.int64).reshape(-1, 3).tolist()}
+    index = {"format": FORMAT, "dtype": meta["dtype"], "channels": int(meta["channels"]), "n_cells": table.num_rows,
+             "shape": list(shapes.pop()) if len(shapes) == 1 else None,
+             "shards": [{"file": data.name, "elements": int(meta["total_elements"]), "bytes": data_bytes,
+                         "crc32": meta.get("data_crc32")}],
+             "source": meta.get("source"), "folder_depth_for_labels": meta.get("folder_depth_for_labels", 0),
+             "converted_from": FORMAT_V1}
+    try:
+        table_bytes, crc = write_table(folder / CELLS_FILE, table)
+        index["table"] = {"file": CELLS_FILE, "bytes": table_bytes, "crc32": crc32_hex(crc)}
+        write_json_atomic(path, index)
+        log.info("%s: converted the %s index (%d cells) to %s: the per-cell table %s, read from now on",
+                 folder, FORMAT_V1, table.num_rows, FORMAT, CELLS_FILE)
+    except OSError as exc:
+        log.warning("%s is a %s pack in a folder that cannot be written (%s): its index is read into memory on "
+                    "every open; rerun `python -m training prepare` to convert it", folder, FORMAT_V1, exc)
+        index["table"] = {"file": CELLS_FILE, "in_memory": table}
+    return index
+
+
+def _v1_table(meta: dict[str, Any], path: Path) -> pa.Table:
+    try:
+        shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
+        offsets = np.asarray(meta["offsets"], dtype=np.int64)
+        labels = np.asarray(meta["labels"], dtype=np.int64)
+        names = np.asarray(meta["class_names"], dtype=object)
+    except (TypeError, ValueError) as exc:
+        raise DamagedFileError(path, f"holds unreadable shapes, offsets or labels ({exc})", REMEDY) from None
+    lengths = {len(meta["paths"]), len(labels), len(shapes), len(offsets)}
+    ends = offsets + shapes.prod(axis=1) if len(lengths) == 1 else offsets
+    if len(lengths) != 1 or (len(ends) and (ends.max() > int(meta["total_elements"]) or offsets.min() < 0)) \
+            or (len(labels) and (labels.min() < 0 or labels.max() >= len(names))):
+        raise DamagedFileError(path, "is inconsistent (paths, labels, shapes and offsets disagree, or an image "
+                               "lies beyond total_elements)", REMEDY)
+    return storage_table(meta["paths"], np.zeros(len(offsets)), offsets, shapes[:, 1], shapes[:, 2],
+                         {CLASS_COLUMN: pa.array(list(names[labels]) if len(labels) else [], pa.string())})
+
+
 class PackedImages:
-    """Read access to a packed dataset; cheap to pickle (the memory map is reopened per process).
+    """Read access to a packed dataset; cheap to pickle (maps and table reopen per process).
 
-    Opening checks the index and the size of images.bin (DamagedFileError); `verify` its CRC-32."""
+    `labels` and `class_names` come from `label_column` (empty: the class folders, Metadata_Class,
+    where there are any, else one class for every cell); `batches` and `batch_names` from
+    `batch_column` (empty: none). Opening checks the index and the size of every file
+    (DamagedFileError); `verify` their CRC-32."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, label_column: str = "", batch_column: str = "") -> None:
         self.folder = Path(folder)
-        meta = read_packed_index(self.folder)
-        expected = meta.get("data_bytes", int(meta["total_elements"]) * np.dtype(meta["dtype"]).itemsize)
-        check_size(self.folder / IMAGES_FILE, expected, INDEX_FILE, REMEDY)
-        self.meta = meta
-        self.dtype = np.dtype(meta["dtype"])
-        self.paths: list[str] = meta["paths"]
-        self.labels = np.asarray(meta["labels"], dtype=np.int64)
-        self.channels = int(meta["channels"])
-        self.class_names: list[str] = meta["class_names"]
-        self.shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
-        self.offsets = np.asarray(meta["offsets"], dtype=np.int64)
-        unique = {tuple(s) for s in self.shapes.tolist()}
-        self.uniform_shape: tuple[int, int, int] | None = unique.pop() if len(unique) == 1 else None
-        self._flat: np.ndarray | None = None
+        self.meta = read_packed_index(self.folder)
+        for shard in self.meta["shards"]:
+            check_present_size(self.folder / shard["file"], int(shard["bytes"]))
+        table_entry = self.meta["table"]
+        if "in_memory" in table_entry:
+            self.table = CellTable(self.folder / CELLS_FILE, table=table_entry["in_memory"])
+            self.meta = {**self.meta, "table": {"file": CELLS_FILE}}
+        else:
+            check_present_size(self.folder / table_entry["file"], int(table_entry["bytes"]))
+            self.table = CellTable(self.folder / table_entry["file"])
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.channels = int(self.meta["channels"])
+        shape = self.meta.get("shape")
+        self.uniform_shape: tuple[int, int, int] | None = tuple(shape) if shape else None
+        self.label_column, self.batch_column = label_column, batch_column
+        self._maps: dict[int, np.ndarray] = {}
+        self._checked = False
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return int(self.meta["n_cells"])
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_flat": None}
+        return {**self.__dict__, "_maps": {}}
+
+    def _check_table(self) -> None:
+        if not self._checked:
+            check_storage_columns(self.table.table, self.table.path, REMEDY)
+            if self.table.table.num_rows != len(self):
+                raise DamagedFileError(self.table.path, f"has {self.table.table.num_rows} rows, {INDEX_FILE} "
+                                       f"records {len(self)} cells", REMEDY)
+            self._checked = True
+
+    def column(self, name: str) -> np.ndarray:
+        self._check_table()
+        return self.table.numbers(name)
 
     @property
-    def flat(self) -> np.ndarray:
-        if self._flat is None:
-            total = int(self.meta["total_elements"])
-            self._flat = np.memmap(self.folder / IMAGES_FILE, dtype=self.dtype, mode="r", shape=(max(total, 1),))
-        return self._flat
+    def paths(self) -> StringColumn:
+        self._check_table()
+        return self.table.strings("path")
+
+    def _label_categories(self) -> Categories:
+        if self.label_column:
+            return self.table.categories(self.table.find(self.label_column, "data.label_column"))
+        if CLASS_COLUMN in self.table.columns:
+            return self.table.categories(CLASS_COLUMN)
+        return Categories(np.zeros(len(self), np.int32), [NO_LABEL])
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each cell's class id (int32; -1 where its label column holds no value)."""
+        self._check_table()
+        return self._label_categories().codes
+
+    @property
+    def class_names(self) -> list[str]:
+        self._check_table()
+        return self._label_categories().names
+
+    def batch_categories(self) -> Categories | None:
+        """Each cell's imaging batch (data.batch_column), None without one."""
+        if not self.batch_column:
+            return None
+        self._check_table()
+        return self.table.categories(self.table.find(self.batch_column, "data.batch_column"))
+
+    def pixel_file(self, shard: int) -> np.ndarray:
+        """Pixel file `shard` as a flat memory map, opened once per process."""
+        if shard not in self._maps:
+            entry = self.meta["shards"][shard]
+            count = max(int(entry["elements"]), 1)
+            self._maps[shard] = np.memmap(self.folder / entry["file"], dtype=self.dtype, mode="r", shape=(count,))
+        return self._maps[shard]
 
     def verify(self) -> bool:
-        """Check every byte of images.bin against the CRC-32 in the index (a full read: about a
-        second per few GB from the page cache); False when the index records none (an older pack)."""
-        if "data_crc32" not in self.meta:
+        """Check every byte of the pixel files and the table against the CRC-32s in the index (a full
+        read: about a second per few GB from the page cache); False when the index records none."""
+        entries = [*self.meta["shards"], self.meta["table"]]
+        if any(not entry.get("crc32") for entry in entries):
             return False
         start = time.perf_counter()
-        check_crc32(self.folder / IMAGES_FILE, self.meta["data_crc32"], INDEX_FILE, REMEDY)
-        log.info("%s matches its CRC-32 (%.1f GB in %.1f s)", self.folder / IMAGES_FILE,
-                 self.meta["data_bytes"] / 1e9, time.perf_counter() - start)
+        for entry in entries:
+            check_crc32(self.folder / entry["file"], entry["crc32"], INDEX_FILE, REMEDY)
+        total = sum(int(entry.get("bytes", 0)) for entry in entries)
+        log.info("%s matches its CRC-32s (%d files, %.1f GB in %.1f s)", self.folder, len(entries), total / 1e9,
+                 time.perf_counter() - start)
         return True
 
     def read(self, i: int) -> np.ndarray:
-        """Image i as a (C, H, W) array view of the memory map."""
-        c, h, w = self.shapes[i]
-        start = self.offsets[i]
-        return self.flat[start:start + c * h * w].reshape(c, h, w)
+        """Cell i as a (C, H, W) array view of the memory map."""
+        self._check_table()
+        shard, offset = int(self.table.numbers("shard")[i]), int(self.table.numbers("offset")[i])
+        h, w = int(self.table.numbers("height")[i]), int(self.table.numbers("width")[i])
+        size = self.channels * h * w
+        return self.pixel_file(shard)[offset:offset + size].reshape(self.channels, h, w)
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
-        """A (B, C, H, W) copy when all images share a shape, else a list of (C, H, W) arrays."""
-        if self.uniform_shape is not None:
-            stack = self.flat[: len(self) * int(np.prod(self.uniform_shape))]
-            return np.asarray(stack.reshape(len(self), *self.uniform_shape)[np.asarray(indices)])
-        return [np.asarray(self.read(int(i))) for i in indices]
+        """A (B, C, H, W) copy when all cells share a shape, else a list of (C, H, W) arrays."""
+        indices = np.asarray(indices, np.int64)
+        if self.uniform_shape is None:
+            return [np.asarray(self.read(int(i))) for i in indices]
+        self._check_table()
+        size = int(np.prod(self.uniform_shape))
+        shards, slots = self.table.numbers("shard")[indices], self.table.numbers("offset")[indices] // size
+        out = np.empty((len(indices), *self.uniform_shape), self.dtype)
+        for shard in np.unique(shards):
+            chosen = shards == shard
+            flat = self.pixel_file(int(shard))
+            stack = flat[: (len(flat) // size) * size].reshape(-1, *self.uniform_shape)
+            out[chosen] = stack[slots[chosen]]
+        return out
+
+
+def check_present_size(path: Path, expected: int) -> None:
+    """A file index.json lists: there, and of the size it records."""
+    if not path.is_file():
+        raise DamagedFileError(path, f"is missing ({INDEX_FILE} is there)", REMEDY)
+    check_size(path, expected, INDEX_FILE, REMEDY)
+
+
+def pixel_bytes(meta: dict[str, Any]) -> int:
+    """All pixel bytes of a pack, from its index."""
+    return sum(int(shard["bytes"]) for shard in meta["shards"])
+
+
+def class_counts(images: PackedImages) -> Counter:
+    names = images.class_names
+    return Counter({names[code]: int(n) for code, n in zip(*np.unique(images.labels, return_counts=True))
+                    if code >= 0})

@@ -3,8 +3,16 @@
 As in scDINO, a fraction (data.holdout_fraction, 0.2) is held out. data.split_method picks the draw:
 "stratified" (default) per class, so that small datasets keep every class in both parts; "scdino"
 exactly scDINO's (main_dino and compute_CLS_features), so that an scDINO-trained checkpoint is
-evaluated on the images it did not see. `prepare` saves the split by image path in
-<run>/split.json, so later steps agree even if the dataset order were to change.
+evaluated on the images it did not see.
+
+`prepare` saves the split keyed by the per-cell table's rows: <run>/split.npy, one byte per cell
+(0 train, 1 held out), memory-mapped, and <run>/split.json with the settings that drew it and the
+identity of the table it belongs to (its cell count and CRC-32), so that a split of another pack is
+refused. A split.json from before the table (membership by path) is converted once, with a log line.
+
+The evaluated cells (`evaluated_rows`): the held-out cells with a label, or at most eval.max_cells
+of them, a seeded sample stratified by label, so that each epoch's evaluation costs the same at any
+dataset size.
 """
 
 from __future__ import annotations
@@ -19,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from training.atomic import write_json_atomic
+from training.atomic import atomic_path, write_json_atomic
 from training.config import Config
-from training.data.index import ImageIndex
-from training.errors import UserError
+from training.errors import DamagedFileError, UserError
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_split
+from training.rundir.integrity import rerun
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +45,19 @@ class Split:
     holdout: np.ndarray
 
 
+def class_members(labels: np.ndarray) -> list[np.ndarray]:
+    """The rows of each class in ascending label order, each ascending: one sort, not a scan per class."""
+    labels = np.asarray(labels)
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    return np.split(order, bounds) if len(order) else []
+
+
 def make_split(labels: np.ndarray, holdout_fraction: float, seed: int) -> Split:
     """Hold out round(fraction * n_class) images of each class, drawn with a seeded generator."""
-    labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     holdout: list[np.ndarray] = []
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
+    for members in class_members(labels):
         count = int(math.floor(holdout_fraction * len(members) + 0.5))
         holdout.append(rng.permutation(members)[:count])
     held = np.sort(np.concatenate(holdout)) if holdout else np.zeros(0, dtype=np.int64)
@@ -82,76 +96,146 @@ def scdino_split(paths: list[str], order: list[str], holdout_fraction: float, se
     return Split(train=np.setdiff1d(np.arange(len(paths)), holdout).astype(np.int64), holdout=holdout)
 
 
-def split_for(config: Config, index: ImageIndex, root: Path | None = None) -> Split:
-    """The split data.split_method asks for, over `index` (whose paths are relative to `root`,
-    data.source by default: scDINO's split needs the original image folder)."""
+def split_for(config: Config, images) -> Split:
+    """The split data.split_method asks for, over the dataset `images` (packed or TIFF folder;
+    scDINO's split needs the original image folder, data.source)."""
     if config.data.split_method == "scdino":
-        root = Path(root or config.data.source)
+        root = Path(config.data.source)
         if not root.is_dir() or not any(entry.is_dir() for entry in os.scandir(root)):
             raise UserError(f"data.split_method=scdino lists the image folder as scDINO does, but data.source "
                             f"{root} has no class folders: point it at the TIFF folder")
-        return scdino_split(index.paths, imagefolder_order(root), config.data.holdout_fraction, config.run.seed)
-    return make_split(np.asarray(index.labels), config.data.holdout_fraction, config.run.seed)
+        return scdino_split(list(images.paths), imagefolder_order(root), config.data.holdout_fraction,
+                            config.run.seed)
+    return make_split(np.asarray(images.labels), config.data.holdout_fraction, config.run.seed)
 
 
-def save_split(config: Config, split: Split, paths: list[str]) -> None:
-    """Write split.json: membership by path, plus the settings that produced it."""
+def table_identity(images) -> dict[str, Any]:
+    """What ties a split to one packed dataset: its cell count and its table's CRC-32."""
+    meta = getattr(images, "meta", None) or {}
+    return {"n_cells": len(images), "table_crc32": (meta.get("table") or {}).get("crc32")}
+
+
+def save_split(config: Config, split: Split, images) -> None:
+    """Write split.npy (one byte per cell: 1 held out) and split.json (the settings, the table's identity)."""
     layout = RunLayout.from_config(config)
+    member = np.zeros(len(images), np.uint8)
+    member[split.holdout] = 1
+    with atomic_path(layout.split_rows) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, member)
     write_json_atomic(layout.split, {
-        "seed": config.run.seed,
-        "holdout_fraction": config.data.holdout_fraction,
-        "method": config.data.split_method,
-        "train": [paths[i] for i in split.train],
-        "holdout": [paths[i] for i in split.holdout],
+        "format": "rows", "seed": config.run.seed, "holdout_fraction": config.data.holdout_fraction,
+        "method": config.data.split_method, "n_train": int(len(split.train)), "n_holdout": int(len(split.holdout)),
+        **table_identity(images),
     })
 
 
-def split_from_paths(saved: dict, paths: list[str]) -> Split:
-    """Map a saved split back onto dataset indices; every dataset image must be in it."""
+def split_from_rows(layout: RunLayout, saved: dict[str, Any], images) -> Split:
+    """A saved split, checked to belong to this dataset."""
+    remedy = rerun("prepare")
+    if not layout.split_rows.is_file():
+        raise DamagedFileError(layout.split_rows, f"is missing ({layout.split.name} is there)", remedy)
+    try:
+        member = np.load(layout.split_rows, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise DamagedFileError(layout.split_rows, f"is not a readable .npy file ({exc})", remedy) from None
+    identity = table_identity(images)
+    if len(member) != len(images) or saved.get("n_cells") != identity["n_cells"] or \
+            (saved.get("table_crc32") and identity["table_crc32"] and saved["table_crc32"] != identity["table_crc32"]):
+        raise UserError(f"{layout.split} belongs to another packing of the data ({saved.get('n_cells')} cells, "
+                        f"the dataset has {len(images)}): {remedy}")
+    return Split(train=np.flatnonzero(member == 0), holdout=np.flatnonzero(member == 1))
+
+
+def split_from_paths(saved: dict, paths) -> Split:
+    """Map a split saved by path (before the per-cell table) onto dataset rows; every row must be in it."""
     position = {p: i for i, p in enumerate(paths)}
     train = [position[p] for p in saved["train"] if p in position]
     holdout = [position[p] for p in saved["holdout"] if p in position]
-    if len(train) + len(holdout) != len(paths):
+    if len(train) + len(holdout) != len(position):
         raise UserError(
-            f"the saved split does not match the dataset ({len(paths)} images, "
+            f"the saved split does not match the dataset ({len(position)} images, "
             f"{len(train) + len(holdout)} in the split): re-run `python -m training prepare`"
         )
     return Split(np.sort(np.array(train, dtype=np.int64)), np.sort(np.array(holdout, dtype=np.int64)))
 
 
-def load_split(config: Config) -> Split:
-    """The saved split if `prepare` wrote one, else the same split computed on the fly."""
-    from training.data.dataset import load_index
+def load_split(config: Config, images=None) -> Split:
+    """The saved split if `prepare` wrote one (one by path is converted once), else the same split
+    computed on the fly."""
+    from training.data.dataset import open_images
 
-    index = load_index(config)
+    images = images if images is not None else open_images(config)
     layout = RunLayout.from_config(config)
-    path = layout.split
     saved = read_split(layout)
-    if saved is not None:
-        if saved.get("method", "stratified") != config.data.split_method:
-            raise UserError(f"{path} holds a {saved.get('method', 'stratified')} split but data.split_method="
-                            f"{config.data.split_method}: re-run `python -m training prepare`")
-        return split_from_paths(saved, index.paths)
-    log.info("no %s: computing the split (seed %d) on the fly", path, config.run.seed)
-    return split_for(config, index)
+    if saved is None:
+        log.info("no %s: computing the split (seed %d) on the fly", layout.split, config.run.seed)
+        return split_for(config, images)
+    if saved.get("method", "stratified") != config.data.split_method:
+        raise UserError(f"{layout.split} holds a {saved.get('method', 'stratified')} split but data.split_method="
+                        f"{config.data.split_method}: re-run `python -m training prepare`")
+    if saved.get("format") == "rows":
+        return split_from_rows(layout, saved, images)
+    split = split_from_paths(saved, images.paths)
+    try:
+        save_split(config, split, images)
+        log.info("%s: converted the split by path to one by row (%s), read from now on", layout.split,
+                 layout.split_rows.name)
+    except OSError as exc:
+        log.warning("%s could not be converted to a split by row (%s): it is read by path on every start", layout.split,
+                    exc)
+    return split
+
+
+def stratified_sample(labels: np.ndarray, rows: np.ndarray, cap: int, seed: int) -> np.ndarray:
+    """At most `cap` of `rows` (sorted), each class keeping its share (rounded, at least one), seeded."""
+    if cap <= 0 or len(rows) <= cap:
+        return np.sort(rows)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for members in class_members(labels[rows]):
+        count = max(1, int(math.floor(cap * len(members) / len(rows) + 0.5)))
+        chosen.append(rows[rng.permutation(members)[:count]])
+    return np.sort(np.concatenate(chosen))
+
+
+def evaluated_rows(config: Config, images, split: Split | None = None) -> np.ndarray:
+    """The held-out cells that features, kNN, the probe and the plots evaluate: those with a label,
+    at most eval.max_cells of them (a seeded sample stratified by label)."""
+    split = split if split is not None else load_split(config, images)
+    labels = np.asarray(images.labels)
+    held = split.holdout[labels[split.holdout] >= 0]
+    if len(held) < len(split.holdout):
+        log.warning("%d held-out cells have no value in the label column and are not evaluated",
+                    len(split.holdout) - len(held))
+    rows = stratified_sample(labels, held, config.eval.max_cells, config.run.seed)
+    if len(rows) < len(held):
+        log.info("evaluating %d of the %d held-out cells (eval.max_cells, a sample stratified by label)", len(rows),
+                 len(held))
+    return rows
 
 
 def holdout_labels(config: Config) -> dict[str, Any]:
-    """The labels.json payload: held-out images in dataset order with their classes."""
-    from training.data.dataset import open_dataset
+    """The labels.json payload: the evaluated cells (table rows) with their classes and batches."""
+    from training.data.dataset import open_images, paths_of
 
-    dataset = open_dataset(config)
-    holdout = load_split(config).holdout
-    labels = [int(dataset.labels[i]) for i in holdout]
+    images = open_images(config)
+    rows = evaluated_rows(config, images)
+    labels = [int(v) for v in np.asarray(images.labels)[rows]]
     counts = Counter(labels)
-    return {
-        "class_names": list(dataset.class_names),
-        "counts": {name: counts.get(i, 0) for i, name in enumerate(dataset.class_names)},
-        "n_images": len(holdout),
+    payload = {
+        "class_names": list(images.class_names),
+        "counts": {name: counts.get(i, 0) for i, name in enumerate(images.class_names)},
+        "n_images": len(rows),
         "source": config.data.source,
+        "label_column": config.data.label_column,
         "folder_depth_for_labels": config.data.folder_depth_for_labels,
         "seed": config.run.seed,
-        "indices": [int(i) for i in holdout],
+        "indices": [int(i) for i in rows],
         "labels": labels,
-        "paths": [dataset.paths[i] for i in holdout],
+        "paths": paths_of(images, rows),
     }
+    batches = images.batch_categories()
+    if batches is not None:
+        payload.update(batch_column=config.data.batch_column, batch_names=batches.names,
+                       batches=[int(b) for b in batches.codes[rows]])
+    return payload

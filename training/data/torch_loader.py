@@ -75,7 +75,7 @@ class BatchDataset(Dataset):
             images, kept = self._read(np.asarray(indices), scale=not raw)
         except BadImage as bad:
             return BadBatch(bad.path, bad.reason)
-        labels = torch.from_numpy(self.images.labels[kept])
+        labels = torch.from_numpy(np.asarray(self.images.labels[kept], np.int64))
         if raw:
             return self.transform(images, labels, torch.from_numpy(kept), seed)
         generator = torch.Generator().manual_seed(seed)

@@ -1,8 +1,13 @@
-"""Which feature sets the `features` step must compute, and the encoder that computes each.
+"""Which feature sets the `features` step must compute, of which cells, and the encoder of each.
 
 Every tag carries a fingerprint of what produced it (checkpoint file size and modification time,
-architecture, image size, channels, the held-out images). A tag whose saved index has the same
-fingerprint is up to date and is skipped; anything else, a damaged set included, is recomputed.
+architecture, image size, channels, the cells). A tag whose saved index has the same fingerprint is
+up to date and is skipped; anything else, a damaged set included, is recomputed.
+
+The cells: every epoch's checkpoint and the baselines are evaluated on the evaluated held-out cells
+(training/data/split.py `evaluated_rows`, at most eval.max_cells), so that each epoch costs the same
+at any dataset size; the final checkpoint on every cell of the dataset under eval.embed_all_cells
+(the profiles `export` writes), which includes those.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +46,37 @@ class FeaturesRequest:
     """Recompute tags that are up to date."""
 
 
+EVALUATED, ALL_CELLS = "evaluated", "all_cells"
+"""The cells of a tag: the evaluated held-out ones, or every cell of the dataset."""
+
+
 @dataclass(frozen=True)
 class TagPlan:
-    """One feature set to compute: `kind` is "checkpoint", "raw_pixels" or "random_init"."""
+    """One feature set to compute: `kind` is "checkpoint", "raw_pixels" or "random_init"; `scope`
+    says of which cells (EVALUATED or ALL_CELLS)."""
 
     tag: str
     kind: str
     dim: int
     checkpoint: Path | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    scope: str = EVALUATED
 
 
 def holdout_digest(indices: np.ndarray) -> str:
-    """Short digest of the held-out indices: features of another split must be recomputed."""
+    """Short digest of a tag's table rows: features of other cells must be recomputed."""
     return hashlib.sha1(np.asarray(indices, np.int64).tobytes()).hexdigest()[:16]
+
+
+def scope_rows(config: Config, scope: str, images=None) -> np.ndarray:
+    """The table rows of a scope; every rank computes the same (the split and sample are seeded)."""
+    from training.data.dataset import open_images
+    from training.data.split import evaluated_rows
+
+    images = images if images is not None else open_images(config)
+    if scope == ALL_CELLS:
+        return np.arange(len(images), dtype=np.int64)
+    return evaluated_rows(config, images)
 
 
 def checkpoint_epoch(path: Path) -> int | None:
@@ -176,18 +198,24 @@ def folder_tags(folder: Path) -> list[tuple[str, Path, int | None]]:
 def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> list[TagPlan]:
     """The tags to compute now: final, numbered epochs (or eval.checkpoints_dir's files), baselines,
     minus those up to date."""
-    from training.data.split import load_split
+    from training.data.dataset import open_images
 
     if config.eval.checkpoints_dir and request.checkpoint is None:
         listed = [item for item in folder_tags(Path(config.eval.checkpoints_dir))
                   if item[0] == tags.FINAL or request.epochs != "none"]
-        digest = holdout_digest(load_split(config).holdout)
+        images = open_images(config)
+        digest = holdout_digest(scope_rows(config, EVALUATED, images))
         plans = [_checkpoint_plan(config, tag, path, epoch, digest) for tag, path, epoch in listed]
     else:
         final = final_checkpoint(config, layout, request.checkpoint)
-        digest = holdout_digest(load_split(config).holdout)
+        images = open_images(config)
+        digest = holdout_digest(scope_rows(config, EVALUATED, images))
         plans = [_checkpoint_plan(config, request.tag, final, checkpoint_epoch(final), digest)]
         plans += _epoch_plans(config, layout, request, digest)
+    if config.eval.embed_all_cells:
+        every = holdout_digest(scope_rows(config, ALL_CELLS, images))
+        plans = [replace(p, scope=ALL_CELLS, meta={**p.meta, "holdout_digest": every, "cells": ALL_CELLS})
+                 if p.tag == tags.FINAL else p for p in plans]
     if request.baselines:
         plans += _baseline_plans(config, digest)
     todo = [p for p in plans if request.force or not _up_to_date(layout.features(p.tag), p)]

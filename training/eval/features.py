@@ -1,8 +1,9 @@
 """Feature extraction for the `features` step: plan on rank 0, extract on every rank, write on rank 0.
 
-The held-out images are read once per pass for up to MODELS_PER_PASS encoders (checkpoints and
-baselines), each rank taking a disjoint shard; rank 0 gathers the rows and writes one feature set
-per tag (training/rundir/features.py).
+The cells of each tag (the evaluated held-out cells, or every cell for the final checkpoint: see
+training/eval/feature_plan.py) are read once per pass for up to MODELS_PER_PASS encoders
+(checkpoints and baselines), each rank taking a disjoint shard; rank 0 gathers the rows and writes
+one feature set per tag (training/rundir/features.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,21 @@ from __future__ import annotations
 import logging
 
 from training.config import Config
-from training.data.dataset import open_dataset
-from training.data.split import load_split
+from training.data.dataset import open_images
 from training.data.stats import load_mean_std
 from training.data.torch_loader import build_eval_loader
 from training.distributed import DistContext, broadcast_object
 from training.errors import UserError
 from training.eval.extract import extract_shard, gather_shards
-from training.eval.plan import FeaturesRequest, TagPlan, build_encoder, plan_tags
+from training.eval.feature_plan import (
+    ALL_CELLS,
+    EVALUATED,
+    FeaturesRequest,
+    TagPlan,
+    build_encoder,
+    plan_tags,
+    scope_rows,
+)
 from training.rundir import RunLayout
 from training.rundir.features import FeatureSet, save_features
 
@@ -61,26 +69,30 @@ def normalisation(config: Config) -> tuple[list[float], list[float]]:
 
 
 def extract_all(config: Config, layout: RunLayout, plans: list[TagPlan], ctx: DistContext) -> None:
-    """Group the tags into passes over the held-out images and write each tag on rank 0."""
+    """Group the tags by their cells, then into passes over those cells, and write each tag on rank 0."""
     mean, std = normalisation(config)
-    holdout = load_split(config).holdout
-    dataset = open_dataset(config)
-    log.info("features of %d held-out images for %s on %d rank(s)",
-             len(holdout), ", ".join(p.tag for p in plans), ctx.world_size)
-    for start in range(0, len(plans), MODELS_PER_PASS):
-        group = plans[start : start + MODELS_PER_PASS]
-        encoders = {p.tag: build_encoder(config, p, dataset.in_chans, ctx.device) for p in group}
-        loader = build_eval_loader(config, indices=holdout, rank=ctx.rank, world_size=ctx.world_size,
-                                   mean=mean, std=std)
-        shard = extract_shard(encoders, loader, ctx.device, progress=ctx.is_main)
-        gathered = gather_shards(shard, list(encoders), {p.tag: p.dim for p in group})
-        if gathered is None:
+    images = open_images(config)
+    for scope in (ALL_CELLS, EVALUATED):  # the final checkpoint first, as the user reads the results
+        chosen = [p for p in plans if p.scope == scope]
+        if not chosen:
             continue
-        for plan in group:
-            save_features(layout.features(plan.tag), FeatureSet(
-                features=gathered.features[plan.tag],
-                labels=gathered.labels,
-                paths=[dataset.paths[i] for i in gathered.indices],
-                indices=gathered.indices,
-                meta={**plan.meta, "class_names": list(dataset.class_names)},
-            ))
+        rows = scope_rows(config, scope, images)
+        log.info("features of %d %s for %s on %d rank(s)", len(rows),
+                 "cells (all)" if scope == ALL_CELLS else "evaluated held-out cells",
+                 ", ".join(p.tag for p in chosen), ctx.world_size)
+        for start in range(0, len(chosen), MODELS_PER_PASS):
+            extract_pass(config, layout, chosen[start:start + MODELS_PER_PASS], rows, (mean, std), ctx)
+
+
+def extract_pass(config: Config, layout: RunLayout, group: list[TagPlan], rows, stats, ctx: DistContext) -> None:
+    """One pass of up to MODELS_PER_PASS encoders over the cells `rows`, each rank its shard."""
+    encoders = {p.tag: build_encoder(config, p, config.data.in_chans, ctx.device) for p in group}
+    loader = build_eval_loader(config, indices=rows, rank=ctx.rank, world_size=ctx.world_size,
+                               mean=stats[0], std=stats[1])
+    shard = extract_shard(encoders, loader, ctx.device, progress=ctx.is_main)
+    gathered = gather_shards(shard, list(encoders), {p.tag: p.dim for p in group})
+    if gathered is None:
+        return
+    for plan in group:
+        save_features(layout.features(plan.tag), FeatureSet(
+            features=gathered.features[plan.tag], indices=gathered.indices, meta=dict(plan.meta)))

@@ -246,8 +246,8 @@ def finetune_inputs(config: Config, layout: RunLayout) -> tuple[Path, FinetuneDa
     """The checkpoint to start from (as `features` picks it) and the training and validation images
     (the kNN split of the held-out images); MissingInputError names the step to run first."""
     from training.data.stats import load_mean_std
+    from training.eval.feature_plan import final_checkpoint
     from training.eval.knn import reference_query
-    from training.eval.plan import final_checkpoint
     from training.rundir.artifacts import load_labels
 
     checkpoint = final_checkpoint(config, layout)
@@ -263,10 +263,11 @@ def finetune_inputs(config: Config, layout: RunLayout) -> tuple[Path, FinetuneDa
 
 def check_labels_describe_dataset(config: Config, layout: RunLayout, labels: dict[str, Any]) -> None:
     """Fine-tuning reads the images by the held-out labels' dataset indices: they must still be its images."""
-    from training.data.dataset import load_index
+    from training.data.dataset import paths_of
 
-    paths = load_index(config).paths
-    if any(i >= len(paths) or paths[i] != path for i, path in zip(labels["indices"], labels["paths"])):
+    images = open_images(config)
+    indices = np.asarray(labels["indices"], np.int64)
+    if len(indices) and (indices.max() >= len(images) or paths_of(images, indices) != list(labels["paths"])):
         raise UserError(f"{layout.labels} describes other images than {config.data.source}: "
                         "rerun `python -m training labels`")
 
@@ -274,7 +275,7 @@ def check_labels_describe_dataset(config: Config, layout: RunLayout, labels: dic
 def finetune_payload(config: Config, ctx: DistContext, checkpoint: Path, data: FinetuneData,
                      result: FinetuneResult) -> dict[str, Any]:
     """The fine-tuning results but their timing: settings, world size, parallel mode, per-epoch history."""
-    from training.eval.plan import checkpoint_epoch
+    from training.eval.feature_plan import checkpoint_epoch
 
     settings = config.eval
     return {

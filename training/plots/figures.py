@@ -47,16 +47,22 @@ def _entry(section: str, title: str, paths: list[Path], caption: str) -> PlotEnt
 
 
 def umap_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
-    """One UMAP per feature tag (each checkpoint epoch and the baselines), seeded."""
+    """One UMAP per feature tag (each checkpoint epoch and the baselines), seeded, of the cells
+    labels.json lists (at most eval.umap_max_points of them, a seeded sample stratified by class)."""
+    from training.data.split import stratified_sample
+
+    labels = load_labels(layout)
+    classes, rows = np.asarray(labels["labels"], np.int64), np.asarray(labels["indices"], np.int64)
+    keep = stratified_sample(classes, np.arange(len(rows)), config.eval.umap_max_points, config.run.seed)
+    shown = f"{len(keep)} of the {len(rows)}" if len(keep) < len(rows) else f"{len(rows)}"
     entries = []
     for tag in sorted(list_tags(layout.features_root), key=tags.sort_key):
-        feature_set = load_features(layout.features(tag))
-        names = feature_set.meta.get("class_names") or [str(c) for c in sorted(set(feature_set.labels))]
+        feature_set = load_features(layout.features(tag), mmap=True).select(rows[keep], layout.features(tag))
         embedding = umap_embedding(feature_set.features, seed=config.run.seed,
                                    n_neighbors=config.eval.umap_neighbors, min_dist=config.eval.umap_min_dist)
         title = f"UMAP of {tags.label(tag, feature_set.meta.get('epoch'))} features"
-        paths = save_figure(plot_embedding(embedding, feature_set.labels, names, title), out, f"umap_{tag}")
-        entries.append(_entry("umap", title, paths, f"{len(feature_set.labels)} held-out images, "
+        paths = save_figure(plot_embedding(embedding, classes[keep], labels["class_names"], title), out, f"umap_{tag}")
+        entries.append(_entry("umap", title, paths, f"{shown} evaluated held-out cells, "
                                                     f"{feature_set.dim}-d features, coloured by class."))
     return entries
 

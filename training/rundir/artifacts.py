@@ -58,11 +58,14 @@ def load_linear(layout: RunLayout) -> dict[str, Any]:
 
 
 def read_split(layout: RunLayout) -> dict[str, Any] | None:
-    """split.json (membership by path), None when `prepare` wrote none."""
+    """split.json: the settings of a split by row (its membership in split.npy), or an older split's
+    membership by path; None when `prepare` wrote none."""
     if not layout.split.is_file():
         return None
-    return require_keys(parse_json(layout.split, rerun("prepare")), ("train", "holdout"), layout.split,
-                        rerun("prepare"))
+    saved = parse_json(layout.split, rerun("prepare"))
+    keys = ("n_cells", "n_train", "n_holdout") if isinstance(saved, dict) and saved.get("format") == "rows" \
+        else ("train", "holdout")
+    return require_keys(saved, keys, layout.split, rerun("prepare"))
 
 
 def read_mean_std(path: Path, layout: RunLayout) -> dict[str, Any]:
@@ -118,22 +121,14 @@ def checkpoint_progress(layout: RunLayout) -> dict[str, Any]:
 
 
 def load_tagged_features(layout: RunLayout, labels: dict[str, Any]) -> dict[str, FeatureSet]:
-    """Every complete feature set (in tag order), checked to describe exactly the images of labels.json."""
+    """Every complete feature set (in tag order), each as the rows of the cells labels.json lists
+    (a set of every cell, features/final, is read for those rows only)."""
     found = sorted(list_tags(layout.features_root), key=tags.sort_key)
     if not found:
         raise MissingInputError("features", layout.features_root, "features")
     expected = np.asarray(labels["indices"], np.int64)
-    sets = {}
-    for tag in found:
-        feature_set = load_features(layout.features(tag), mmap=True)
-        if not np.array_equal(feature_set.indices, expected):
-            raise UserError(
-                f"{layout.features(tag)} describes other images than {layout.labels} "
-                f"({len(feature_set.indices)} vs {len(expected)} rows): rerun "
-                "`python -m training features --force` and `labels`"
-            )
-        sets[tag] = feature_set
-    return sets
+    return {tag: load_features(layout.features(tag), mmap=True).select(expected, layout.features(tag))
+            for tag in found}
 
 
 def final_weights(layout: RunLayout) -> Path:

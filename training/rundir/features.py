@@ -1,13 +1,18 @@
-"""Feature sets on disk (<run>/features/<tag>/): `features.npy` (N, D) float32 plus `index.json` describing each row.
+"""Feature sets on disk (<run>/features/<tag>/): `features.npy` (N, D) float32, `rows.npy` (N,) int64
+(the per-cell table's row of each feature row, ascending) and a small `index.json`.
 
-A binary array with a small JSON index loads in milliseconds and memory-maps, where scDINO's CSV of
-floats takes minutes and gigabytes for 100k images. Both files are written to temporary names and
-renamed, the index last, so an interrupted step never leaves a half-written feature set behind.
+Binary arrays load in milliseconds and memory-map, where scDINO's CSV of floats takes minutes and
+gigabytes for 100k images; nothing in the index grows with the number of cells, so reading a set
+of 10^7 rows parses a few hundred bytes of JSON. A set is keyed by table rows only: labels, paths,
+batches and every metadata column are the table's (and labels.json's), never a second list kept
+in step. The files are written to temporary names and renamed, the index last, so an interrupted
+step never leaves a half-written feature set behind.
 
-The index also records the array file's size and CRC-32 ("features_bytes", "features_crc32",
-computed while writing). A reader checks the size from the array's own header at every open and
-the CRC-32 where recorded (sets written before it are checked by size); a damaged or incomplete set
-is a DamagedFileError that says to rerun `features`, which recomputes such a set.
+The index records both arrays' sizes and CRC-32s ("features_bytes", "features_crc32", "rows_bytes",
+"rows_crc32", computed while writing). A reader checks the sizes from the arrays' own headers at
+every open and the CRC-32s where recorded; a damaged or incomplete set is a DamagedFileError that
+says to rerun `features`, which recomputes such a set. A set written before rows.npy (its rows
+listed in index.json as "indices") is still read.
 """
 
 from __future__ import annotations
@@ -20,53 +25,68 @@ from typing import Any
 import numpy as np
 
 from training.atomic import atomic_path, write_json_atomic
-from training.errors import DamagedFileError, MissingInputError
+from training.errors import DamagedFileError, MissingInputError, UserError
 from training.rundir.integrity import Crc32Writer, check_crc32, crc32_hex, one_line, parse_json, rerun, size_problem
 
 log = logging.getLogger(__name__)
 
 FEATURES_FILE = "features.npy"
+ROWS_FILE = "rows.npy"
 INDEX_FILE = "index.json"
 
 
 @dataclass
 class FeatureSet:
-    """Rows of `features` belong to the images `paths` with integer `labels` (dataset order)."""
+    """Row i of `features` belongs to the cell in row `indices[i]` of the per-cell table (ascending)."""
 
     features: np.ndarray
-    labels: np.ndarray
-    paths: list[str]
     indices: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        n = len(self.features)
-        if not (len(self.labels) == len(self.paths) == len(self.indices) == n):
-            raise ValueError(
-                f"feature set rows disagree: {n} features, {len(self.labels)} labels, "
-                f"{len(self.paths)} paths, {len(self.indices)} indices"
-            )
+        if len(self.indices) != len(self.features):
+            raise ValueError(f"feature set rows disagree: {len(self.features)} features, {len(self.indices)} table rows")
 
     @property
     def dim(self) -> int:
         return int(self.features.shape[1])
 
+    def select(self, rows: np.ndarray, where: object = "the feature set") -> "FeatureSet":
+        """The features of the table rows `rows`, in that order; a UserError when any is absent."""
+        rows = np.asarray(rows, np.int64)
+        position = np.searchsorted(self.indices, rows)
+        found = position < len(self.indices)
+        found[found] = self.indices[position[found]] == rows[found]
+        if not found.all():
+            raise UserError(f"{where} lacks {int((~found).sum())} of the {len(rows)} cells asked for (e.g. table row "
+                            f"{int(rows[~found][0])}): rerun `python -m training features --force`, then `labels`")
+        if len(rows) == len(self.indices) and np.array_equal(rows, self.indices):
+            return self
+        return FeatureSet(np.asarray(self.features[position]), rows, dict(self.meta))
 
-def save_features(directory: Path, feature_set: FeatureSet) -> None:
-    """Write `features.npy` and `index.json` atomically (the index last: it marks completion)."""
-    array = np.ascontiguousarray(feature_set.features, dtype=np.float32)
-    with atomic_path(directory / FEATURES_FILE) as tmp, open(tmp, "wb") as handle:
+
+def _save_npy(path: Path, array: np.ndarray) -> Crc32Writer:
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         written = Crc32Writer(handle)
         np.save(written, array)
+    return written
+
+
+def save_features(directory: Path, feature_set: FeatureSet) -> None:
+    """Write `features.npy`, `rows.npy` and `index.json` atomically (the index last: it marks completion)."""
+    array = np.ascontiguousarray(feature_set.features, dtype=np.float32)
+    rows = np.ascontiguousarray(feature_set.indices, dtype=np.int64)
+    if len(rows) > 1 and not (np.diff(rows) > 0).all():
+        raise ValueError("feature set rows must be ascending and distinct")
+    features, row_file = _save_npy(directory / FEATURES_FILE, array), _save_npy(directory / ROWS_FILE, rows)
     index = {
         **feature_set.meta,
         "n_images": int(array.shape[0]),
         "dim": int(array.shape[1]),
-        "features_bytes": written.size,
-        "features_crc32": crc32_hex(written.crc),
-        "labels": [int(v) for v in feature_set.labels],
-        "indices": [int(v) for v in feature_set.indices],
-        "paths": list(feature_set.paths),
+        "features_bytes": features.size,
+        "features_crc32": crc32_hex(features.crc),
+        "rows_bytes": row_file.size,
+        "rows_crc32": crc32_hex(row_file.crc),
     }
     write_json_atomic(directory / INDEX_FILE, index, indent=None)
     log.info("wrote %d x %d features to %s", array.shape[0], array.shape[1], directory)
@@ -74,26 +94,32 @@ def save_features(directory: Path, feature_set: FeatureSet) -> None:
 
 REMEDY = rerun("features")
 """`features` recomputes a damaged or incomplete set (plan.py), --force not needed."""
-_INDEX_KEYS = ("n_images", "labels", "indices", "paths")
+_INDEX_KEYS = ("n_images",)
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
     """The index of a feature set, None when there is none; DamagedFileError when the set is
-    incomplete (one of its two files missing), its index damaged or its array of the wrong size."""
-    path, array = directory / INDEX_FILE, directory / FEATURES_FILE
+    incomplete (one of its files missing), its index damaged or an array of the wrong size."""
+    path, array, rows = directory / INDEX_FILE, directory / FEATURES_FILE, directory / ROWS_FILE
     if not path.is_file() and not array.is_file():
         return None
     if not path.is_file() or not array.is_file():
         present, absent = (path, array) if path.is_file() else (array, path)
         raise DamagedFileError(absent, f"is missing ({present.name} is there)", REMEDY)
     index = parse_json(path, REMEDY)
-    if not isinstance(index, dict) or any(key not in index for key in _INDEX_KEYS):
-        raise DamagedFileError(path, f"lacks one of {', '.join(_INDEX_KEYS)}", REMEDY)
-    problem = size_problem(array.stat().st_size, _npy_bytes(array), "its header")
-    if problem is None and "features_bytes" in index:
-        problem = size_problem(array.stat().st_size, int(index["features_bytes"]), INDEX_FILE)
-    if problem:
-        raise DamagedFileError(array, problem, REMEDY)
+    if not isinstance(index, dict) or any(key not in index for key in _INDEX_KEYS) or \
+            ("indices" not in index and "rows_bytes" not in index):
+        raise DamagedFileError(path, f"lacks one of {', '.join(_INDEX_KEYS)} or the set's rows", REMEDY)
+    if "rows_bytes" in index and not rows.is_file():
+        raise DamagedFileError(rows, f"is missing ({path.name} is there)", REMEDY)
+    for name, file in (("features", array), ("rows", rows)):
+        if f"{name}_bytes" not in index and name == "rows":
+            continue
+        problem = size_problem(file.stat().st_size, _npy_bytes(file), "its header")
+        if problem is None and f"{name}_bytes" in index:
+            problem = size_problem(file.stat().st_size, int(index[f"{name}_bytes"]), INDEX_FILE)
+        if problem:
+            raise DamagedFileError(file, problem, REMEDY)
     return index
 
 
@@ -110,11 +136,13 @@ def _npy_bytes(path: Path) -> int:
 
 
 def checked_index(directory: Path) -> dict[str, Any] | None:
-    """read_index, plus the array's CRC-32 where the index records one (a full read of the array:
-    kNN, the probe and the plots read every row anyway)."""
+    """read_index, plus the arrays' CRC-32s where the index records them (a full read of the
+    arrays: kNN, the probe and the plots read every row anyway)."""
     index = read_index(directory)
-    if index is not None and "features_crc32" in index:
-        check_crc32(directory / FEATURES_FILE, index["features_crc32"], INDEX_FILE, REMEDY)
+    if index is not None:
+        for name, file in (("features", FEATURES_FILE), ("rows", ROWS_FILE)):
+            if f"{name}_crc32" in index:
+                check_crc32(directory / file, index[f"{name}_crc32"], INDEX_FILE, REMEDY)
     return index
 
 
@@ -125,17 +153,15 @@ def load_features(directory: Path, *, mmap: bool = False) -> FeatureSet:
     if index is None:
         raise MissingInputError("features", directory, "features")
     array = np.load(directory / FEATURES_FILE, mmap_mode="r" if mmap else None)
-    if array.ndim != 2 or not array.shape[0] == index["n_images"] == len(index["labels"]):
+    if "rows_bytes" in index:
+        rows = np.load(directory / ROWS_FILE)
+    else:
+        rows = np.asarray(index["indices"], dtype=np.int64)
+    if array.ndim != 2 or not array.shape[0] == index["n_images"] == len(rows):
         raise DamagedFileError(directory / INDEX_FILE, f"does not describe {FEATURES_FILE} (shape {array.shape}, "
-                               f"{index['n_images']} images, {len(index['labels'])} labels)", REMEDY)
+                               f"{index['n_images']} images, {len(rows)} rows)", REMEDY)
     meta = {k: v for k, v in index.items() if k not in ("labels", "indices", "paths")}
-    return FeatureSet(
-        features=array,
-        labels=np.asarray(index["labels"], dtype=np.int64),
-        paths=list(index["paths"]),
-        indices=np.asarray(index["indices"], dtype=np.int64),
-        meta=meta,
-    )
+    return FeatureSet(features=array, indices=rows.astype(np.int64, copy=False), meta=meta)
 
 
 def list_tags(features_root: Path) -> list[str]:

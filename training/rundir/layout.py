@@ -7,7 +7,8 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       config.yaml                 resolved configuration (written by every step)
       packed/                     `prepare`: the packed dataset (training/data/packed.py has its format);
                                   data.packed_dir puts it elsewhere (e.g. node-local NVMe)
-      split.json                  `prepare`: train / hold-out membership by image path (seeded)
+      split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
+                                  table (seeded), and the settings and table it belongs to
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
@@ -22,7 +23,8 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       tensorboard/                `pretrain`: event files
       features/<tag>/             `features`: one feature set per tag (training/rundir/tags.py; format in
                                   training/rundir/features.py)
-      labels.json                 `labels`: class names, integer labels and paths of the hold-out images
+      labels.json                 `labels`: the evaluated held-out cells (rows of the per-cell table, at
+                                  most eval.max_cells), their classes, paths and imaging batches
       knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
       linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch
       linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
@@ -106,6 +108,7 @@ class RunLayout:
 
     config = property(lambda self: self.root / "config.yaml")
     split = property(lambda self: self.shared / "split.json")
+    split_rows = property(lambda self: self.shared / "split.npy")
     bad_images = property(lambda self: self.shared / "bad_images.json")
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")

@@ -1,21 +1,31 @@
-"""prepare: pack the TIFF folder into one memory-mapped array + index, and fix the hold-out split.
+"""prepare: pack the TIFF folder into a few flat pixel files + the per-cell table, and fix the split.
 
     python -m training prepare --config run.yaml
+
+    python -m training prepare --config run.yaml --part 3 --parts 8     (one task of a Slurm array)
+    python -m training prepare --config run.yaml --merge --parts 8      (after every task)
 
     python -m training prepare --config run.yaml --verify
 
 Reads data.source (class folders), writes <run>/packed (or data.packed_dir) atomically, the
-seeded train/hold-out split (<run>/split.json) and, if any image is unusable, the report
+seeded train/hold-out split (<run>/split.json, split.npy) and, if any image is unusable, the report
 <run>/bad_images.json (path and reason of each). data.on_bad_image=fail stops at the first one.
 
---verify writes nothing: it checks what `prepare` wrote, every byte of packed/images.bin against
-the CRC-32 in packed/index.json included, and says "intact" or names the damaged file (exit 2).
+With --parts N, task K packs the K-th of N slices of the sorted image list into
+<packed>.parts/part-K-of-N/ (a finished part is kept and skipped when the task runs again), and
+--merge joins the finished parts into <packed> (linking their pixel files, copying no pixel), then
+writes the split and the report: `sbatch --array=0-7 slurm/prepare.slurm CONFIG` does both.
+
+--verify writes nothing: it checks what `prepare` wrote, every byte of the pixel files and the
+table against the CRC-32s in packed/index.json included, and says "intact" or names the damaged
+file (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 from pathlib import Path
 
 from training.config import Config
@@ -39,36 +49,94 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="check the packed dataset (every byte against its checksum), the split and the "
                              "bad-image report instead of writing them")
+    parser.add_argument("--part", type=int, metavar="K", help="pack only the K-th slice (0-based) of --parts")
+    parser.add_argument("--parts", type=int, default=1, metavar="N",
+                        help="how many slices the images are packed in (one per task of a Slurm array)")
+    parser.add_argument("--merge", action="store_true", help="join the finished parts into the packed dataset")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if getattr(args, "verify", False):
         return verify(config, layout)
-    from training.data.dataset import write_bad_report
-    from training.data.index import scan_images
-    from training.data.packed import is_packed, pack_images
-    from training.data.split import save_split, split_for
-
+    parts, part = getattr(args, "parts", 1), getattr(args, "part", None)
+    if parts < 1 or (part is not None and not 0 <= part < parts):
+        raise UserError(f"--part must be in 0..{parts - 1} and --parts >= 1 (got --part {part} --parts {parts})")
     source = Path(config.data.source)
+    from training.data.packed import is_packed
+
     if is_packed(source):
         raise UserError(f"data.source {source} is already a packed dataset; point it at the TIFF folder")
-    index = scan_images(source, config.data.folder_depth_for_labels)
-    report = pack_images(source, index, layout.packed, channel_axis=config.data.channel_axis,
-                         on_bad=_raise if config.data.on_bad_image == "fail" else _note,
-                         folder_depth_for_labels=config.data.folder_depth_for_labels)
-    if report.n_images == 0:
-        raise UserError(f"none of the {len(index)} images under {source} is readable; see the log")
-    write_bad_report(layout.bad_images, "prepare", report.bad)
-    kept = index.without({b.path for b in report.bad})
-    split = split_for(config, kept, source)
-    save_split(config, split, kept.paths)
-    log.info("packed %d images (%d skipped) into %s; split: %d train, %d hold-out",
-             report.n_images, len(report.bad), layout.packed, len(split.train), len(split.holdout))
+    if part is not None:
+        pack_one_part(config, layout, part, parts)
+        return 0
+    if not getattr(args, "merge", False):
+        for k in range(parts):
+            pack_one_part(config, layout, k, parts)
+    finish(config, layout, parts)
     return 0
 
 
+def parts_root(layout: RunLayout) -> Path:
+    return layout.packed.with_name(layout.packed.name + ".parts")
+
+
+def part_dir(layout: RunLayout, part: int, parts: int) -> Path:
+    return parts_root(layout) / f"part-{part:05d}-of-{parts:05d}"
+
+
+def _slice(total: int, part: int, parts: int) -> range:
+    return range(total * part // parts, total * (part + 1) // parts)
+
+
+def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> None:
+    """Pack slice `part` of `parts` of the sorted image list, unless a finished part of the same
+    images is there."""
+    from training.data.index import scan_images
+    from training.data.pack_tiffs import pack_part
+    from training.data.packed import read_part
+
+    source = Path(config.data.source)
+    index = scan_images(source, config.data.folder_depth_for_labels)
+    rows, folder = _slice(len(index), part, parts), part_dir(layout, part, parts)
+    identity = {"source": str(source.resolve()), "n_images": len(index), "rows": [rows.start, rows.stop],
+                "first": index.paths[rows.start] if len(rows) else None}
+    done = read_part(folder)
+    if done is not None and done.get("identity") == identity:
+        log.info("part %d of %d (%d images) is already packed in %s: kept", part + 1, parts, len(rows), folder)
+        return
+    log.info("packing part %d of %d: images %d..%d of %d", part + 1, parts, rows.start, rows.stop - 1, len(index))
+    info = pack_part(source, index, rows, folder, channel_axis=config.data.channel_axis,
+                     on_bad=_raise if config.data.on_bad_image == "fail" else _note, identity=identity)
+    log.info("part %d of %d: %d cells packed, %d bad", part + 1, parts, info["n_cells"], len(info["bad"]))
+
+
+def finish(config: Config, layout: RunLayout, parts: int) -> None:
+    """Merge the parts into <packed>, then write the bad-image report and the split."""
+    from training.data.dataset import open_images, write_bad_report
+    from training.data.packed import merge_parts, read_part
+    from training.data.split import save_split, split_for
+    from training.data.tiff import BadImage
+
+    folders = [part_dir(layout, k, parts) for k in range(parts)]
+    infos = [read_part(folder) for folder in folders]
+    merge_parts(folders, layout.packed, source=str(config.data.source),
+                folder_depth_for_labels=config.data.folder_depth_for_labels)
+    bad = [BadImage(b["path"], b["reason"]) for info in infos if info for b in info.get("bad", [])]
+    n_cells = sum(info["n_cells"] for info in infos if info)
+    if n_cells == 0:
+        raise UserError(f"none of the images under {config.data.source} is readable ({len(bad)} bad); see "
+                        f"{layout.bad_images}")
+    write_bad_report(layout.bad_images, "prepare", bad)
+    images = open_images(config.replace({"data.loader": "packed"}))
+    split = split_for(config, images)
+    save_split(config, split, images)
+    shutil.rmtree(parts_root(layout), ignore_errors=True)
+    log.info("packed %d images (%d skipped) into %s; split: %d train, %d hold-out",
+             n_cells, len(bad), layout.packed, len(split.train), len(split.holdout))
+
+
 def verify(config: Config, layout: RunLayout) -> int:
-    """Check prepare's files as the later steps read them, images.bin's CRC-32 in full."""
+    """Check prepare's files as the later steps read them, every CRC-32 in full."""
     from training.data.dataset import resolve_source
     from training.data.packed import PackedImages
     from training.data.split import load_split
@@ -78,12 +146,12 @@ def verify(config: Config, layout: RunLayout) -> int:
     kind, folder = resolve_source(config.replace({"data.loader": "packed"}))
     if kind != "packed":
         raise MissingInputError("packed dataset", layout.packed, "prepare")
-    images = PackedImages(folder)
+    images = PackedImages(folder, label_column=config.data.label_column, batch_column=config.data.batch_column)
     checked = "size and checksum" if images.verify() else "size only: no checksum recorded"
     if checked.startswith("size only"):
         log.warning("%s was packed before checksums were recorded: only its size was checked; rerun "
                     "`python -m training prepare` to record one", folder)
-    split = load_split(config)
+    split = load_split(config, images)
     saved = "saved" if read_split(layout) is not None else "computed, no split file"
     print(f"intact: {folder}, {len(images)} images ({checked}); split {saved}: {len(split.train)} train, "
           f"{len(split.holdout)} hold-out; {len(bad_image_paths(layout))} bad image(s) listed")

@@ -2,18 +2,18 @@
 min-max scaling, statistics of the crops against BatchMultiCrop, a short pretraining run, the
 missing-DALI error, the benchmark row; and on a CUDA GPU the same batches from DALI's GPU mode."""
 
-import json
 import sys
 
 import numpy as np
 import pytest
 import torch
+from packing import write_packed
 
 from training.cli import main
 from training.config import dump_config
 from training.data.augment import BatchMultiCrop
 from training.data.dataset import minmax_scale
-from training.data.packed import FORMAT, PackedImages
+from training.data.packed import PackedImages
 from training.distributed import DistContext, DistEnv
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -r requirements-dali.txt)")
@@ -26,24 +26,12 @@ from training.trainer import train  # noqa: E402
 MEAN, STD = [0.3] * 5, [0.2] * 5
 
 
-def write_packed(folder, images: np.ndarray) -> None:
-    """A packed dataset of (N, C, H, W) uint16 images whose label is the image's own index."""
-    folder.mkdir(parents=True)
-    (folder / "images.bin").write_bytes(images.astype(np.uint16).tobytes())
-    n, size = images.shape[0], int(np.prod(images.shape[1:]))
-    (folder / "index.json").write_text(json.dumps({
-        "format": FORMAT, "dtype": "<u2", "channels": images.shape[1], "paths": [f"c/{i}.tif" for i in range(n)],
-        "labels": list(range(n)), "class_names": [str(i) for i in range(n)],
-        "shapes": [list(images.shape[1:])] * n, "offsets": [i * size for i in range(n)], "total_elements": n * size,
-    }))
-
-
 @pytest.fixture
 def indexed_config(make_config, tmp_path):
     """A config over 30 random 5-channel images labelled 0..29, all of them in the training split."""
     images = np.random.default_rng(0).integers(0, 60000, (30, 5, 40, 40))
     images[:, 3] = 1234  # a constant channel
-    write_packed(tmp_path / "indexed", images)
+    write_packed(tmp_path / "indexed", images.astype(np.uint16), [f"{i:02d}" for i in range(30)])
     return make_config({"data.source": str(tmp_path / "indexed"), "data.loader": "dali",
                         "data.holdout_fraction": 0.0, "optim.batch_size_per_gpu": 4})
 

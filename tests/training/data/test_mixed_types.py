@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tiny import run_cli
 
+import training.data.pack_tiffs as vote_module
 import training.data.packed as packed_module
 from training.data.dataset import open_dataset
 from training.data.packed import PackedImages
@@ -47,7 +48,7 @@ MIXED = ["uint16", "uint16", "uint8", "float32", "uint16", "uint8"]
 @pytest.mark.parametrize("vote_sample", [2, 32], ids=["widened-while-packing", "known-from-the-vote"])
 def test_mixed_types_are_all_packed_and_scale_as_the_originals(make_config, tmp_path, monkeypatch, caplog,
                                                                vote_sample):
-    monkeypatch.setattr(packed_module, "VOTE_SAMPLE", vote_sample)
+    monkeypatch.setattr(vote_module, "VOTE_SAMPLE", vote_sample)
     caplog.set_level("INFO", logger=packed_module.__name__)
     root = tmp_path / "images"
     sources = write_folder(root, MIXED)
@@ -58,7 +59,7 @@ def test_mixed_types_are_all_packed_and_scale_as_the_originals(make_config, tmp_
     # widened once (uint16 -> float32, the uint8 images fit either way), or not at all when the vote saw every type
     assert caplog.text.count("pixel types differ") == (1 if vote_sample == 2 else 0)
     packed = PackedImages(layout.packed)
-    assert packed.paths == sorted(sources) and packed.dtype == np.float32
+    assert list(packed.paths) == sorted(sources) and packed.dtype == np.float32
     assert packed.verify()  # the CRC-32 recorded while packing covers the rewritten, wider file
     for i, rel in enumerate(packed.paths):
         np.testing.assert_array_equal(packed.read(i), np.moveaxis(sources[rel], -1, 0))
@@ -69,7 +70,7 @@ def test_mixed_types_are_all_packed_and_scale_as_the_originals(make_config, tmp_
 
 
 def test_integer_types_widen_to_the_smallest_type_that_holds_both(make_config, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(packed_module, "VOTE_SAMPLE", 1)
+    monkeypatch.setattr(vote_module, "VOTE_SAMPLE", 1)
     caplog.set_level("INFO", logger=packed_module.__name__)
     root = tmp_path / "images"
     sources = write_folder(root, ["uint8", "uint8", "uint16", "uint8"])
@@ -86,5 +87,6 @@ def test_a_single_type_folder_keeps_its_type_and_format(make_config):
     config = make_config()
     assert run_cli(config, "prepare") == 0
     packed = PackedImages(RunLayout.from_config(config).packed)
-    assert packed.dtype == np.uint16 and packed.meta["format"] == "scdino-packed-v1"
-    assert (RunLayout.from_config(config).packed / "images.bin").stat().st_size == 2 * packed.meta["total_elements"]
+    assert packed.dtype == np.uint16 and packed.meta["format"] == "scdino-packed-v2"
+    [shard] = packed.meta["shards"]
+    assert (RunLayout.from_config(config).packed / shard["file"]).stat().st_size == 2 * shard["elements"] == 96 * 5 * 50 * 50 * 2

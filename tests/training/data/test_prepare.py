@@ -12,7 +12,7 @@ from tiny import run_cli
 
 from training.cli import main
 from training.config import Config
-from training.data.dataset import load_index, open_dataset, open_images, resolve_source
+from training.data.dataset import open_dataset, open_images, resolve_source
 from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
 from training.data.stats import load_mean_std, sample_for_stats
@@ -45,8 +45,9 @@ def test_packed_equals_tiff_and_bad_images_are_reported(make_config, dirty_root)
     for entry in report["images"]:
         assert CORRUPT_REASONS[entry["path"].split("/")[-1]] in entry["reason"]
     split = json.loads(layout.split.read_text())
-    assert len(split["train"]) + len(split["holdout"]) == 96
-    assert not set(split["train"]) & set(split["holdout"])
+    assert split["n_train"] + split["n_holdout"] == split["n_cells"] == 96
+    member = np.load(layout.split_rows)
+    assert member.shape == (96,) and set(member.tolist()) == {0, 1} and member.sum() == split["n_holdout"]
 
 
 def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
@@ -61,7 +62,7 @@ def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
 def test_a_stopping_pack_reads_no_further_than_its_read_ahead(tmp_path, monkeypatch):
     """Under the fail policy the first bad image stops `prepare`: the readers stop too, rather than
     reading the rest of a large folder, and images never pile up in memory beyond READ_AHEAD."""
-    import training.data.packed as packed
+    import training.data.pack_tiffs as packed
     from training.data.index import scan_images
     from training.data.tiff import BadImage
 
@@ -89,7 +90,7 @@ def test_a_stopping_pack_reads_no_further_than_its_read_ahead(tmp_path, monkeypa
     with pytest.raises(BadImage):
         packed.pack_images(tmp_path / "images", index, tmp_path / "packed", channel_axis="last", on_bad=stop)
     assert 1 <= len(reads) <= 4 + packed.READ_THREADS, len(reads)
-    assert not (tmp_path / "packed").exists()
+    assert not (tmp_path / "packed").exists() and not (tmp_path / ".packed.part").exists()
 
 
 def test_tiff_and_packed_datasets_give_identical_tensors(make_config):
@@ -99,7 +100,7 @@ def test_tiff_and_packed_datasets_give_identical_tensors(make_config):
     assert run_cli(config, "prepare") == 0
     assert resolve_source(config)[0] == "packed"
     packed = open_dataset(config)
-    assert packed.paths == tiff.paths and packed.class_names == tiff.class_names
+    assert list(packed.paths) == list(tiff.paths) and packed.class_names == tiff.class_names
     np.testing.assert_array_equal(packed.labels, tiff.labels)
     for i in (0, 50, 95):
         image, label = packed[i]
@@ -172,7 +173,7 @@ def test_images_of_different_sizes_pack_and_read_back(make_config, tmp_path):
     assert packed.uniform_shape is None
     for i, rel in enumerate(packed.paths):
         np.testing.assert_array_equal(packed.read(i), read_image(tmp_path / "mixed" / rel))
-    assert load_index(config).class_names == ["c0", "c1"]
+    assert open_images(config).class_names == ["c0", "c1"]
 
 
 def test_synth_data_is_deterministic_and_in_scdino_layout(tmp_path):

@@ -18,6 +18,7 @@ from torchvision.datasets import ImageFolder
 from training.cli import main
 from training.config import load_config
 from training.data.index import scan_images
+from training.data.packed import PackedImages
 from training.data.split import make_split, split_for
 
 FILES = (
@@ -92,8 +93,11 @@ def test_prepare_writes_scdinos_split_and_overlap_with_stratified_is_partial(tmp
 
     saved = json.loads((tmp_path / "r" / "split.json").read_text())
     assert saved["method"] == "scdino"
-    assert set(saved["holdout"]) == _scdino_holdout(root, 40, 0.8) - {"b/notes.png"}
+    packed = PackedImages(tmp_path / "r" / "packed")
+    member = np.load(tmp_path / "r" / "split.npy")
+    held = {packed.paths[i] for i in np.flatnonzero(member)}
+    assert held == _scdino_holdout(root, 40, 0.8) - {"b/notes.png"}
     index = scan_images(root, 0)
     stratified = make_split(np.asarray(index.labels), 0.2, 40)
-    overlap = set(saved["holdout"]) & {index.paths[i] for i in stratified.holdout}
-    assert len(overlap) < len(saved["holdout"])  # the default draw is another split
+    overlap = held & {index.paths[i] for i in stratified.holdout}
+    assert len(overlap) < len(held)  # the default draw is another split

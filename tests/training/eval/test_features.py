@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from training.errors import DamagedFileError, MissingInputError
+from training.errors import DamagedFileError, MissingInputError, UserError
 from training.eval.extract import extract_shard, gather_shards, raw_pixel_encoder
 from training.rundir.features import FeatureSet, list_tags, load_features, save_features
 
@@ -17,24 +17,46 @@ def _feature_set(n=5, d=3):
     rng = np.random.default_rng(0)
     return FeatureSet(
         features=rng.standard_normal((n, d)).astype(np.float32),
-        labels=np.arange(n) % 2,
-        paths=[f"c{i % 2}/img{i}.tif" for i in range(n)],
         indices=np.arange(n) * 3,
         meta={"tag": "final", "epoch": 4, "checkpoint": "runs/x/checkpoints/checkpoint.pth"},
     )
 
 
-def test_round_trip_keeps_rows_labels_paths_and_meta(tmp_path):
+def test_round_trip_keeps_rows_and_meta_and_the_index_does_not_grow_with_the_rows(tmp_path):
     original = _feature_set()
     save_features(tmp_path / "final", original)
     loaded = load_features(tmp_path / "final", mmap=True)
     np.testing.assert_array_equal(loaded.features, original.features)
     assert loaded.features.dtype == np.float32
-    np.testing.assert_array_equal(loaded.labels, original.labels)
     np.testing.assert_array_equal(loaded.indices, original.indices)
-    assert loaded.paths == original.paths
     assert loaded.meta["epoch"] == 4 and loaded.meta["dim"] == 3 and loaded.meta["n_images"] == 5
-    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["features.npy", "index.json"]
+    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["features.npy", "index.json", "rows.npy"]
+    small = (tmp_path / "final" / "index.json").stat().st_size
+    save_features(tmp_path / "big", _feature_set(n=5000))
+    assert (tmp_path / "big" / "index.json").stat().st_size <= small + 8  # only the digits of the count grow
+
+
+def test_select_picks_table_rows_in_order_and_names_missing_ones(tmp_path):
+    original = _feature_set()  # rows 0, 3, 6, 9, 12
+    picked = original.select(np.array([9, 0, 12]))
+    np.testing.assert_array_equal(picked.features, original.features[[3, 0, 4]])
+    np.testing.assert_array_equal(picked.indices, [9, 0, 12])
+    with pytest.raises(UserError, match=r"lacks 2 of the 3 cells asked for \(e\.g\. table row 4\): rerun "
+                                        r"`python -m training features --force`, then `labels`"):
+        original.select(np.array([4, 3, 13]))
+
+
+def test_a_set_written_before_rows_npy_is_read_from_its_index(tmp_path):
+    import json
+
+    directory = tmp_path / "old"
+    save_features(directory, _feature_set())
+    (directory / "rows.npy").unlink()
+    index = json.loads((directory / "index.json").read_text())
+    index = {k: v for k, v in index.items() if not k.startswith("rows_")}
+    index.update(indices=[0, 3, 6, 9, 12], labels=[0, 1, 0, 1, 0], paths=[f"{i}.tif" for i in range(5)])
+    (directory / "index.json").write_text(json.dumps(index))
+    np.testing.assert_array_equal(load_features(directory).indices, [0, 3, 6, 9, 12])
 
 
 def test_incomplete_sets_say_what_is_missing_and_absent_ones_name_the_step(tmp_path):

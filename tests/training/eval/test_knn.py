@@ -132,7 +132,7 @@ def test_knn_json_scores_every_feature_set_on_one_shared_split():
     rng = np.random.default_rng(4)
     y = np.repeat(np.arange(3), 12)
     labels = {"class_names": ["a", "b", "c"], "labels": y.tolist()}
-    sets = {tag: FeatureSet(features=_normalised(rng, 36, 6), labels=y, paths=[f"{i}.tif" for i in range(36)],
+    sets = {tag: FeatureSet(features=_normalised(rng, 36, 6),
                             indices=np.arange(36), meta={"epoch": epoch, "kind": "checkpoint"})
             for tag, epoch in (("final", 3), ("raw_pixels", None))}
     settings = EvalConfig(knn_k=(1, 5), knn_temperature=0.1, knn_train_fraction=0.75)

@@ -70,7 +70,7 @@ def test_whitening_recovers_a_class_drowned_by_a_large_nuisance_direction():
                   rng.standard_normal(n)], axis=1).astype(np.float32)
     x += np.array([0.0, 0.0, 10.0], np.float32)  # away from the origin, as features usually are
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    features = {"final": FeatureSet(features=x, labels=labels, paths=[f"{i}.tif" for i in range(n)],
+    features = {"final": FeatureSet(features=x,
                                     indices=np.arange(n), meta={})}
     label_file = {"labels": labels.tolist(), "class_names": ["a", "b"]}
     plain = evaluate_feature_sets(features, label_file, EvalConfig(knn_k=(10,)), seed=0)

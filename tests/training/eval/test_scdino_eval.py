@@ -27,7 +27,7 @@ from training.config import Config, ModelConfig
 from training.data.augment import resize_shorter_side
 from training.data.torch_loader import EvalTransform, eval_batch_size
 from training.errors import UserError
-from training.eval.plan import final_checkpoint, folder_tags
+from training.eval.feature_plan import final_checkpoint, folder_tags
 from training.models import build_backbone, build_model
 from training.rundir import RunLayout
 from training.rundir.features import load_features
@@ -185,15 +185,17 @@ def test_only_downstream_yaml_evaluates_scdino_checkpoints_as_scdino(tmp_path, k
     root = tmp_path / "out" / "downstream"
     assert sorted(p.name for p in (root / "features").iterdir()) == [
         "epoch_0001", "epoch_0003", "final", "random_init", "raw_pixels"]
+    labels = json.loads((root / "labels.json").read_text())
     for tag, name in (("epoch_0003", "checkpoint2.pth"), ("final", "checkpoint2.pth"), ("epoch_0001", "checkpoint0.pth")):
         reference = _scdino_features(images, backbones[(name, key)], flags)
-        ours = load_features(root / "features" / tag)
-        assert sorted(ours.paths) == sorted(reference)  # scDINO's held-out images, 9 of 18
-        got = dict(zip(ours.paths, ours.features))
+        ours = load_features(root / "features" / tag).select(labels["indices"])
+        assert sorted(labels["paths"]) == sorted(reference)  # scDINO's held-out images, 9 of 18
+        got = dict(zip(labels["paths"], ours.features))
         for path, feature in reference.items():
             np.testing.assert_allclose(got[path], feature, atol=2e-5)
     assert not np.allclose(load_features(root / "features" / "epoch_0001").features,
-                           load_features(root / "features" / "final").features, atol=1e-3)
+                           load_features(root / "features" / "final").select(labels["indices"]).features, atol=1e-3)
+    assert len(load_features(root / "features" / "final").indices) == 18  # every cell: the profiles
     knn = json.loads((root / "knn" / "knn.json").read_text())
     assert {"final", "epoch_0001", "epoch_0003"} <= set(knn["tags"])
 

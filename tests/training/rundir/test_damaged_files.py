@@ -118,14 +118,18 @@ ERRORS = [
     ("checkpoints/checkpoint_0001.pth", "garble", ["features", "--epochs", "1", "--no-baselines"],
      r"fails its checksum \(.+\): rename it to checkpoint_0001\.pth\.damaged and rerun `python -m training "
      r"features` \(the other epochs are evaluated without it\)"),
-    ("packed/images.bin", "truncate", ["mean-std"], TRUNCATED.format("index.json") + PREPARE),
-    ("packed/images.bin", "garble", ["prepare", "--verify"],
+    ("packed/images-00000.bin", "truncate", ["mean-std"], TRUNCATED.format("index.json") + PREPARE),
+    ("packed/images-00000.bin", "garble", ["prepare", "--verify"],
      r"fails its checksum \(CRC-32 [0-9a-f]{8}, index\.json records [0-9a-f]{8}\)" + PREPARE),
-    ("packed/images.bin", "delete", ["labels"], r"is missing \(index\.json is there\)" + PREPARE),
+    ("packed/images-00000.bin", "delete", ["labels"], r"is missing \(index\.json is there\)" + PREPARE),
+    ("packed/cells.arrow", "truncate", ["labels"], TRUNCATED.format("index.json") + PREPARE),
+    ("packed/cells.arrow", "garble", ["prepare", "--verify"],
+     r"fails its checksum \(CRC-32 [0-9a-f]{8}, index\.json records [0-9a-f]{8}\)" + PREPARE),
     ("packed/index.json", "garble", ["labels"], JSON + PREPARE),
     ("packed/index.json", "truncate", ["pretrain"], JSON + PREPARE),
-    ("packed/index.json", "delete", ["mean-std"], r"is missing \(images\.bin is there\)" + PREPARE),
+    ("packed/index.json", "delete", ["mean-std"], r"is missing \(cells\.arrow is there\)" + PREPARE),
     ("split.json", "garble", ["labels"], JSON + PREPARE),
+    ("split.npy", "delete", ["labels"], r"is missing \(split\.json is there\)" + PREPARE),
     ("split.json", "truncate", ["mean-std"], JSON + PREPARE),
     ("bad_images.json", "plant", ["prepare", "--verify"], JSON + PREPARE),
     ("mean_std.json", "truncate", ["pretrain"], JSON + MEAN_STD),
@@ -174,7 +178,7 @@ def test_a_damaged_input_of_pretraining_is_a_deterministic_failure_in_one_heal_l
     """No retry can mend it: recorded as deterministic (the marker stops further tries) and the
     launcher's closing line names the file."""
     damaged, step = case
-    run = damaged("packed/images.bin", "truncate")
+    run = damaged("packed/images-00000.bin", "truncate")
     assert step("pretrain") == 2
     capsys.readouterr()
     checkpoints = run / "checkpoints"
@@ -186,7 +190,7 @@ def test_a_damaged_input_of_pretraining_is_a_deterministic_failure_in_one_heal_l
     assert out.strip() == "not-retried"
     [line] = err.splitlines()
     assert line.startswith("heal: failure 1: rank 0 on ") and ", deterministic: DamagedFileError: " in line
-    assert f"{run / 'packed' / 'images.bin'} is truncated" in line
+    assert f"{run / 'packed' / 'images-00000.bin'} is truncated" in line
 
 
 def checkpoint_files(run: Path) -> list[str]:

@@ -1,0 +1,123 @@
+"""Pack a folder of single-cell TIFFs (scDINO's class folders) into a packed dataset.
+
+`prepare` packs slices of the sorted image list into parts (`pack_part`: every image read by a few
+threads, written into one part, training/data/packed.py), one per task of a Slurm array or all in
+one process, and merges them into <run>/packed. `pack_images` does both in one call.
+Each cell's table row holds its path and its class folder (Metadata_Class).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from training.data.cells import CLASS_COLUMN
+from training.data.index import ImageIndex
+from training.data.packed import PartWriter, merge_parts
+from training.data.tiff import BadImage, ChannelAxis, read_image
+
+log = logging.getLogger(__name__)
+
+VOTE_SAMPLE = 32
+"""How many leading images vote on the dataset's channel count and give its first pixel type."""
+READ_THREADS, READ_AHEAD = 8, 256
+"""Threads reading files, and how many images they may read ahead of the writer."""
+
+
+def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
+    """The channel count most of the leading readable images have, and a pixel type that holds all
+    of those images exactly (their own if they share one), so that a mixed folder rarely needs
+    the packed file rewritten later. Every task of an array votes on the same leading images."""
+    votes: Counter = Counter()
+    for rel in index.paths[: VOTE_SAMPLE * 2]:
+        try:
+            image = read_image(root / rel, channel_axis)
+        except BadImage:
+            continue
+        votes[(image.shape[0], image.dtype.str)] += 1
+        if sum(votes.values()) >= VOTE_SAMPLE:
+            break
+    if not votes:
+        return 0, np.dtype(np.uint16)
+    (channels, _), _ = votes.most_common(1)[0]
+    types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
+    return channels, np.result_type(*types)
+
+
+def conform(image: np.ndarray, channels: int, path: str) -> np.ndarray:
+    """Check one image against the dataset's channel count."""
+    if image.shape[0] != channels:
+        raise BadImage(path, f"wrong shape: {image.shape[0]} channels, the dataset has {channels}")
+    return image
+
+
+def read_all(root: Path, paths: list[str], channel_axis: ChannelAxis) -> Iterator[np.ndarray | BadImage]:
+    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts.
+
+    At most READ_AHEAD images wait in memory; closing the generator (a bad image under the `fail`
+    policy, an interrupt) cancels the reads not yet started instead of finishing the whole folder.
+    """
+    def read(rel: str) -> np.ndarray | BadImage:
+        try:
+            return read_image(root / rel, channel_axis)
+        except BadImage as bad:
+            bad.path = rel
+            return bad
+
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        pending: deque[Future] = deque()
+        try:
+            for rel in paths:
+                pending.append(pool.submit(read, rel))
+                if len(pending) >= READ_AHEAD:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def pack_part(root: Path, index: ImageIndex, rows: range, part_dir: Path, *, channel_axis: ChannelAxis,
+              on_bad: Callable[[BadImage], None], identity: dict | None = None) -> dict:
+    """Pack the images `rows` of `index` into one part; returns its part.json, which lists the bad
+    images (path and reason). `on_bad(bad)` is called for each; it raises to stop (policy "fail")."""
+    root = Path(root)
+    channels, dtype = expected_format(root, index, channel_axis)
+    writer = PartWriter(part_dir, channels=channels, dtype=dtype)
+    bad: list[BadImage] = []
+    paths = [index.paths[i] for i in rows]
+    with closing(read_all(root, paths, channel_axis)) as results:
+        for i, result in zip(rows, tqdm(results, total=len(paths), desc="prepare", unit="img")):
+            try:
+                if isinstance(result, BadImage):
+                    raise result
+                image = conform(result, channels, index.paths[i])
+            except BadImage as found:
+                on_bad(found)
+                bad.append(found)
+                continue
+            writer.append(image, index.paths[i], {CLASS_COLUMN: index.class_names[index.labels[i]]})
+    return writer.finish(bad=[{"path": b.path, "reason": b.reason} for b in bad], identity=identity)
+
+
+def pack_images(root: Path, index: ImageIndex, out_dir: Path, *, channel_axis: ChannelAxis,
+                on_bad: Callable[[BadImage], None], folder_depth_for_labels: int = 0) -> list[BadImage]:
+    """Pack every good image of `index` into out_dir (atomically: the merge swaps a finished folder
+    in); returns the bad images."""
+    out_dir = Path(out_dir)
+    part = out_dir.with_name(f".{out_dir.name}.part")
+    try:
+        info = pack_part(root, index, range(len(index)), part, channel_axis=channel_axis, on_bad=on_bad)
+        merge_parts([part], out_dir, source=str(root), folder_depth_for_labels=folder_depth_for_labels)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+    return [BadImage(b["path"], b["reason"]) for b in info["bad"]]
