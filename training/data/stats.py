@@ -77,5 +77,10 @@ def load_mean_std(config: Config) -> tuple[list[float], list[float]]:
     if max(picks) >= len(mean):
         raise UserError(f"{path} has {len(mean)} channels but data.channels={config.data.channels!r} "
                         "needs more: re-run `python -m training mean-std`")
-    chosen_std = [max(float(std[c]), 1e-6) for c in picks]
-    return [float(mean[c]) for c in picks], chosen_std
+    flat = [c for c in picks if float(std[c]) <= 0]
+    if flat:
+        remedy = "rerun `python -m training mean-std`" if path == layout.mean_std else "fix the file"
+        raise UserError(f"{path}: channel(s) {flat} of data.channels={config.data.channels!r} have std 0 (every "
+                        f"sampled training image is constant in them, so normalising would divide by zero): drop them "
+                        f"from data.channels, or {remedy} if the images have changed")
+    return [float(mean[c]) for c in picks], [float(std[c]) for c in picks]

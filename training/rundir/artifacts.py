@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,12 @@ def read_mean_std(path: Path, layout: RunLayout) -> dict[str, Any]:
     stats = require_keys(parse_json(path, remedy), ("mean", "std"), path, remedy)
     mean, std = stats["mean"], stats["std"]
     lists = isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) > 0
-    if not lists or not all(isinstance(v, (int, float)) for v in [*mean, *std]):
+    if not lists or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*mean, *std]):
         raise DamagedFileError(path, 'does not hold two equally long lists of numbers, "mean" and "std"', remedy)
+    bad = [f"{name}[{c}] = {v}" for name, values in (("mean", mean), ("std", std)) for c, v in enumerate(values)
+           if not math.isfinite(v) or (name == "std" and v < 0)]
+    if bad:
+        raise DamagedFileError(path, f"holds values no normalisation can use ({', '.join(bad[:3])})", remedy)
     return stats
 
 
