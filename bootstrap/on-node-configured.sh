@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# ParallelCluster OnNodeConfigured (every node) and OnNodeUpdated (head node) action: install the
-# scDINO bundle the pointer names onto the shared /apps volume and switch /apps/scdino to it.
+# ParallelCluster OnNodeConfigured (every node) and OnNodeUpdated (head node) action, and on AWS PCS
+# nodes the last step of bootstrap/pcs-node.sh (the launch template's user data): install the scDINO
+# bundle the pointer names onto the shared /apps (ParallelCluster's head node volume; on PCS, a
+# directory of the FSx file system bound to /apps) and switch /apps/scdino to it.
 #
 #   on-node-configured.sh s3://<deploy bucket>/bootstrap/current.json [/apps/scdino [bundle-id]]
 #
@@ -22,7 +24,8 @@
 # kernel's NVIDIA Xid lines and the training's embedded-metric-format lines (appended to the agent's
 # configuration; rerunning replaces it), and /etc/scdino/monitoring.env, which slurm/env.sh sources
 # so that rank 0 writes those lines (training/metrics.py). A failure there is logged, never fatal.
-# Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs).
+# Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs, PCS's
+# cloud-init output).
 set -euo pipefail
 
 readonly LOG_FILE=${SCDINO_BOOTSTRAP_LOG:-/var/log/scdino-bootstrap.log}
@@ -45,8 +48,11 @@ die() { log "ERROR: $*"; exit 1; }
 trap 'die "command failed (line ${LINENO}): ${BASH_COMMAND}"' ERR
 
 node_type() {
-  # Written by ParallelCluster on every node: cfn_node_type=HeadNode|ComputeFleet|LoginNode.
-  if [[ -r "${CLUSTER_CONFIG}" ]]; then
+  # PCS nodes are told by their user data (SCDINO_NODE_TYPE); ParallelCluster writes it on every node
+  # (cfn_node_type=HeadNode|ComputeFleet|LoginNode).
+  if [[ -n "${SCDINO_NODE_TYPE:-}" ]]; then
+    echo "${SCDINO_NODE_TYPE}"
+  elif [[ -r "${CLUSTER_CONFIG}" ]]; then
     sed -n 's/^cfn_node_type=//p' "${CLUSTER_CONFIG}"
   else
     echo "unknown"

@@ -55,9 +55,9 @@ class ClusterStack(cdk.Stack):
 
     def _ami(self, settings: Settings) -> str:
         """The AMI the nodes boot: empty means ParallelCluster's official one for `image.os`."""
-        if settings.cluster.custom_ami == "ssm":
+        if settings.node_ami == "ssm":
             return ssm.StringParameter.value_for_string_parameter(self, settings.ami_parameter)
-        return settings.cluster.custom_ami
+        return settings.node_ami
 
     def _outputs(self, settings: Settings) -> None:
         head_node_id = self.cluster.get_att_string("headNode.instanceId")

@@ -14,13 +14,15 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.nag import acknowledge
-from stacks.settings import PCLUSTER_VERSION, ImageSettings
+from stacks.settings import PCLUSTER_VERSION, PCS_SLURM_VERSION, ImageSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The build reads ami/ and the pinned requirements the image's Python environment is built from.
 BUILD_SOURCES = ["ami", "requirements.txt", "requirements-dali.txt"]
 BUILD_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUILD_SOURCES], *[f"!{item}/**" for item in BUILD_SOURCES]]
 PACKER_VERSION = "1.11.2"
+PACKER_BUILDS = {"parallelcluster": "parallelcluster.amazon-ebs.gpu", "pcs": "pcs.amazon-ebs.pcs"}
+"""The build of ami/gpu-image.pkr.hcl each back end's nodes boot (`packer build -only=...`)."""
 BUILD_TAG_KEY = "scdino:image-build"
 """Tag Packer puts on its build instance, the AMI and its snapshots (run_tags, tags, snapshot_tags);
 the build role may stop, terminate, deregister or delete only what carries it with this prefix."""
@@ -31,13 +33,15 @@ PACKER_READ_ACTIONS = [
 ]
 
 
-def _build_spec(settings: ImageSettings, subnet_id: str, build_tag: str) -> codebuild.BuildSpec:
-    """Install a pinned Packer, build from the ami/ asset, publish the AMI id."""
+def _build_spec(settings: ImageSettings, backend: str, subnet_id: str, build_tag: str) -> codebuild.BuildSpec:
+    """Install a pinned Packer, build the back end's image from the ami/ asset, publish the AMI id."""
     packer_vars = " ".join([
+        f"-only={PACKER_BUILDS[backend]}",
         '-var "region=${AWS_REGION}"', f'-var "subnet_id={subnet_id}"',
         f'-var "pcluster_version={PCLUSTER_VERSION}"', f'-var "os={settings.os}"',
         f'-var "instance_type={settings.build_instance_type}"', '-var "ssh_source_cidr=${BUILDER_IP}/32"',
         f'-var "build_tag={build_tag}"',
+        *([f'-var "pcs_slurm_version={PCS_SLURM_VERSION}"'] if backend == "pcs" else []),
     ])
     return codebuild.BuildSpec.from_object({
         "version": "0.2",
@@ -66,17 +70,21 @@ class ImageStack(cdk.Stack):
     """The GPU image pipeline; run on demand (`aws codebuild start-build`), rebuildable, nothing stateful."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: ImageSettings, ami_parameter: str,
-                 build_tag: str, build_subnet_id: str, vpc_id: str, **kwargs) -> None:
+                 build_tag: str, build_subnet_id: str, vpc_id: str, backend: str = "parallelcluster",
+                 **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         source = s3_assets.Asset(self, "PackerTemplate", path=str(REPO_ROOT), exclude=BUILD_EXCLUDE)
         self.ami_parameter = ssm.StringParameter(
             self, "AmiIdParameter", parameter_name=ami_parameter, string_value="none",
-            description="scDINO GPU AMI id, written by the image pipeline's CodeBuild project")
+            description="scDINO GPU AMI id, written by the image pipeline's CodeBuild project"
+            + (" (AWS PCS image)" if backend == "pcs" else ""))
         key = kms.Key(self, "BuildKey", enable_key_rotation=True, removal_policy=cdk.RemovalPolicy.DESTROY,
                       description="scDINO: image pipeline build artifacts and logs")
         self.project = codebuild.Project(
             self, "ImageBuild",
-            description="Packer build of the scDINO GPU AMI on top of the official ParallelCluster AMI",
+            description=("Packer build of the scDINO GPU AMI for AWS PCS on top of AWS's Deep Learning Base GPU AMI"
+                         if backend == "pcs" else
+                         "Packer build of the scDINO GPU AMI on top of the official ParallelCluster AMI"),
             source=codebuild.Source.s3(bucket=source.bucket, path=source.s3_object_key),
             environment=codebuild.BuildEnvironment(build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
                                                    compute_type=codebuild.ComputeType.SMALL),
@@ -84,7 +92,7 @@ class ImageStack(cdk.Stack):
                 "PACKER_VERSION": codebuild.BuildEnvironmentVariable(value=PACKER_VERSION),
                 "AMI_PARAMETER": codebuild.BuildEnvironmentVariable(value=ami_parameter),
             },
-            build_spec=_build_spec(settings, build_subnet_id, build_tag),
+            build_spec=_build_spec(settings, backend, build_subnet_id, build_tag),
             encryption_key=key,
             timeout=cdk.Duration.hours(3),
             logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(

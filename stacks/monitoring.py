@@ -71,7 +71,7 @@ class Monitoring(Construct):
     """The log group the nodes write to, the alarms' topic and key, the alarms and the dashboard."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str, log_retention_days: int,
-                 alarm_email: str) -> None:
+                 alarm_email: str, parallelcluster_dashboard: bool = True) -> None:
         super().__init__(scope, construct_id)
         self.log_group = logs.LogGroup(self, "Logs", retention=retention(log_retention_days),
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
@@ -83,7 +83,7 @@ class Monitoring(Construct):
         self.alarms = [self._underused_alarm(), self._idle_alarm(), self._xid_alarm()]
         for alarm in self.alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
-        self.dashboard = self._dashboard(cluster_name)
+        self.dashboard = self._dashboard(cluster_name, parallelcluster_dashboard)
 
     def _topic(self, alarm_email: str) -> sns.Topic:
         """An encrypted topic CloudWatch may publish to: its key lets the CloudWatch service use it."""
@@ -136,14 +136,16 @@ class Monitoring(Construct):
                         alarm_description="An NVIDIA Xid error in a GPU node's kernel log: the line is in the "
                                           "cluster's monitoring log group (stream <instance>/xid-*).")
 
-    def _dashboard(self, cluster_name: str) -> cw.Dashboard:
+    def _dashboard(self, cluster_name: str, parallelcluster_dashboard: bool) -> cw.Dashboard:
         gpu, train = self.names.gpu_namespace, self.names.training_namespace
         region = cdk.Stack.of(self).region
         parallelcluster = f"{cluster_name}-{region}"
+        # ParallelCluster keeps a dashboard of its own; PCS shows its cluster in the PCS console.
+        elsewhere = (f" ParallelCluster's own dashboard: [{parallelcluster}](#dashboards:name={parallelcluster})."
+                     if parallelcluster_dashboard else " The cluster itself: the AWS PCS console.")
         intro = cw.TextWidget(width=24, height=2, markdown=(
             f"## GPUs and training of `{cluster_name}`\nGPU metrics from the CloudWatch agent (`{gpu}`), training "
-            f"metrics from rank 0 (`{train}`). ParallelCluster's own dashboard: "
-            f"[{parallelcluster}](#dashboards:name={parallelcluster})."))
+            f"metrics from rank 0 (`{train}`).{elsewhere}"))
         gpu_graphs = [
             cw.GraphWidget(title=title, width=8, left=[per_dimension(gpu, "InstanceId", f"nvidia_smi_{name}", stat,
                                                                       "${PROP('Dim.InstanceId')}")])

@@ -28,7 +28,9 @@ class GpuPreset:
     placement_group: bool
     """Cluster placement group: nodes on the same network spine (useful only with EFA)."""
     local_nvme: bool
-    """Instance-store NVMe that ParallelCluster mounts as scratch."""
+    """Instance-store NVMe mounted as scratch (by ParallelCluster, or by the PCS nodes' user data)."""
+    network_cards: int = 1
+    """Network cards: the PCS launch template gives each an EFA interface (ParallelCluster does it itself)."""
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -48,7 +50,8 @@ class GpuPreset:
 def preset_of(facts: InstanceFacts) -> GpuPreset:
     """The cluster's view of one instance type of the table: EFA types get a placement group too."""
     return GpuPreset(facts.instance_type, gpus_per_node=facts.gpus, vcpus=facts.vcpus, gpu_model=facts.gpu.model,
-                     efa=facts.efa, placement_group=facts.efa, local_nvme=facts.local_nvme_gb > 0)
+                     efa=facts.efa, placement_group=facts.efa, local_nvme=facts.local_nvme_gb > 0,
+                     network_cards=facts.network_cards)
 
 
 PRESETS: dict[str, GpuPreset] = {name: preset_of(facts) for name, facts in INSTANCES.items()}

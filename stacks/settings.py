@@ -29,6 +29,17 @@ REFUSED_OSES = {
     "rocky9": "ParallelCluster publishes no official rocky9 AMI for the head node and the image pipeline to start from",
     "ubuntu2404": "its archive has no python3.11, which the node environment (bootstrap/, ami/) is built with",
 }
+BACKENDS = ("parallelcluster", "pcs")
+"""What runs Slurm: ParallelCluster's head node (custom resource), or AWS PCS's managed controller."""
+PCS_SLURM_VERSION = "25.11"
+"""The Slurm release PCS runs and the PCS image installs (ParallelCluster 3.16.1 ships 25.11.8 too)."""
+PCS_SIZES = {"SMALL": 32, "MEDIUM": 512, "LARGE": 2048}
+"""PCS controller sizes and the instances each manages (aws_pcs.CfnCluster's `size`: SMALL 32 nodes and
+256 jobs, MEDIUM 512 and 8,192, LARGE 2,048 and 16,384); the fee is per size (training/prices.py)."""
+PCS_CLUSTER_NAME_MAX = 40
+"""PCS's limit on cluster names (the CloudFormation schema's `[A-Za-z][A-Za-z0-9-]{1,40}`)."""
+PCS_OSES = {"alinux2023": "Amazon Linux 2023", "ubuntu2204": "Ubuntu 22.04"}
+"""Oses of AWS's Deep Learning Base GPU AMI, which the PCS image starts from (ami/pcs-image.pkr.hcl)."""
 CLUSTER_NAME_MAX = 60
 """ParallelCluster's limit on cluster names (PCLUSTER_NAME_MAX_LENGTH; a test reads it from its code)."""
 CLUSTER_NAME_MAX_ACCOUNTING = 40
@@ -42,7 +53,7 @@ _INSTANCE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _AMI = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _RESERVATION = re.compile(r"^cr-([0-9a-f]{8}|[0-9a-f]{17})$")
-CAPACITY_TYPES = ("ONDEMAND", "CAPACITY_BLOCK")
+CAPACITY_TYPES = ("ONDEMAND", "SPOT", "CAPACITY_BLOCK")
 _DB_URI = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:(\d{1,5})$")
 _DB_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
 _DB_NAME = re.compile(r"^[0-9a-z_]{1,64}$")
@@ -169,7 +180,8 @@ class SlurmAccountingSettings:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """The ParallelCluster cluster: head node, one Slurm queue per preset, shared storage."""
+    """The Slurm cluster: one queue per preset, shared storage, and a head node (ParallelCluster) or a managed
+    controller and login node (PCS)."""
 
     name: str = "hpc"
     """The cluster is named `<prefix>-<name>` (ParallelCluster names its own stack after it)."""
@@ -179,13 +191,15 @@ class ClusterSettings:
     """Static nodes per queue (billed while the cluster exists)."""
     max_nodes: int = 2
     custom_ami: str = ""
-    """Empty: the official ParallelCluster AMI; `ssm`: the AMI the image pipeline published; or an ami- id."""
+    """Empty: the official ParallelCluster AMI (backend=pcs: the pipeline's, as `ssm`); `ssm`: the AMI the image
+    pipeline published; or an ami- id."""
     apps_volume_gib: int = 200
     root_volume_gib: int = 200
     scaledown_idle_minutes: int = 10
     log_retention_days: int = 30
     capacity_type: str = "ONDEMAND"
-    """GPU queues: ONDEMAND, or CAPACITY_BLOCK (EC2 Capacity Blocks for ML: min_nodes == max_nodes, a reservation id)."""
+    """GPU queues: ONDEMAND, SPOT (interruptible; pretraining resumes from its checkpoints), or CAPACITY_BLOCK
+    (EC2 Capacity Blocks for ML: min_nodes == max_nodes, a reservation id)."""
     capacity_reservation_id: str = ""
     """cr-... : GPU nodes launch into this On-Demand Capacity Reservation or Capacity Block (one preset only)."""
     gpu_health_checks: bool = False
@@ -196,6 +210,8 @@ class ClusterSettings:
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
     login_node_instance_type: str = "c6i.xlarge"
+    pcs_size: str = "SMALL"
+    """backend=pcs: the managed controller's size, which caps the instances it manages and sets its hourly fee."""
     alarm_email: str = ""
     """E-mail address subscribed to the alarms' SNS topic (AWS mails a confirmation first); empty: none."""
     slurm_accounting: SlurmAccountingSettings = field(default_factory=SlurmAccountingSettings)
@@ -237,6 +253,9 @@ class ClusterSettings:
                "cluster.capacity_reservation_id", f"expected empty or cr-..., got {self.capacity_reservation_id!r}")
         _check(not self.capacity_reservation_id or len(self.presets) == 1, "cluster.capacity_reservation_id",
                f"a reservation holds one instance type: choose one preset, got {list(self.presets)}")
+        _check(self.capacity_type != "SPOT" or not self.capacity_reservation_id, "cluster.capacity_reservation_id",
+               "Spot instances cannot run in a capacity reservation: empty it, or choose ONDEMAND or CAPACITY_BLOCK")
+        _check(self.pcs_size in PCS_SIZES, "cluster.pcs_size", f"must be one of {tuple(PCS_SIZES)}, got {self.pcs_size!r}")
         if self.capacity_type == "CAPACITY_BLOCK":
             _check(bool(self.capacity_reservation_id), "cluster.capacity_reservation_id",
                    "required when cluster.capacity_type is CAPACITY_BLOCK")
@@ -250,6 +269,9 @@ class Settings:
     """Everything a deployment can choose; stack names start with `prefix`."""
 
     prefix: str = "scdino"
+    backend: str = "parallelcluster"
+    """parallelcluster: a head node run by ParallelCluster's custom resource; pcs: AWS PCS's managed Slurm
+    controller with a login node (docs/deploy.md says when to choose which)."""
     region: str = "us-east-1"
     account: str = ""
     """Empty: account-agnostic stacks, deployed to the account of the CLI's credentials."""
@@ -259,6 +281,8 @@ class Settings:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
     def __post_init__(self) -> None:
+        _check(self.backend in BACKENDS, "backend",
+               f"must be one of {BACKENDS} (e.g. -c backend=pcs), got {self.backend!r}")
         _check(bool(re.fullmatch(r"[a-z][a-z0-9-]{0,30}", self.prefix)), "prefix",
                "must start with a letter, hold only lowercase letters, digits and '-', <= 31 chars; "
                f"got {self.prefix!r}")
@@ -274,6 +298,47 @@ class Settings:
         _check(len(self.cluster_name) <= CLUSTER_NAME_MAX, "cluster.name",
                f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {CLUSTER_NAME_MAX} characters")
         self._check_accounting()
+        if self.backend == "pcs":
+            self._check_pcs()
+
+    def _check_pcs(self) -> None:
+        """What PCS cannot do the ParallelCluster way, each refused with its fix."""
+        cluster = self.cluster
+        _check(len(self.cluster_name) <= PCS_CLUSTER_NAME_MAX, "cluster.name",
+               f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {PCS_CLUSTER_NAME_MAX} characters, "
+               "PCS's limit")
+        _check(not cluster.slurm_accounting.enabled and not cluster.slurm_accounting.database_name,
+               "cluster.slurm_accounting", "PCS runs its own accounting database (always on with backend=pcs): leave "
+               "cluster.slurm_accounting empty")
+        _check(not cluster.gpu_health_checks, "cluster.gpu_health_checks",
+               "ParallelCluster's DCGM check before each job has no PCS counterpart: set it false with backend=pcs")
+        _check(self.image.os in PCS_OSES, "image.os",
+               f"the PCS image starts from AWS's Deep Learning Base GPU AMI, published for {tuple(PCS_OSES)}, "
+               f"not {self.image.os!r}")
+        managed = self.pcs_instances_max
+        limit = PCS_SIZES[cluster.pcs_size]
+        _check(managed <= limit, "cluster.pcs_size",
+               f"{cluster.pcs_size} manages up to {limit} instances, the node groups may run {managed} (max_nodes per "
+               f"preset, cpu_spot_max_nodes, login nodes): choose a larger size of {tuple(PCS_SIZES)} or fewer nodes")
+
+    @property
+    def pcs_login_nodes(self) -> int:
+        """Login nodes with backend=pcs: at least one, the only way in (PCS has no head node)."""
+        return max(1, self.cluster.login_nodes)
+
+    @property
+    def pcs_instances_max(self) -> int:
+        cluster = self.cluster
+        cpu = cluster.cpu_spot_max_nodes if cluster.cpu_spot_instance_type else 0
+        return len(cluster.presets) * cluster.max_nodes + cpu + self.pcs_login_nodes
+
+    @property
+    def node_ami(self) -> str:
+        """The AMI the GPU nodes boot: "" ParallelCluster's official one, "ssm" the pipeline's, or an ami- id.
+        PCS has no official image with this stack on it, so with backend=pcs "" means the pipeline's."""
+        if self.backend == "pcs" and not self.cluster.custom_ami:
+            return "ssm"
+        return self.cluster.custom_ami
 
     def _check_accounting(self) -> None:
         accounting = self.cluster.slurm_accounting
@@ -292,8 +357,9 @@ class Settings:
 
     @property
     def ami_parameter(self) -> str:
-        """SSM parameter the image pipeline publishes its AMI id to (per prefix, like every other name)."""
-        return f"/{self.prefix}/ami/gpu"
+        """SSM parameter the image pipeline publishes its AMI id to (per prefix and back end: the PCS image
+        carries the PCS agent and Slurm, the ParallelCluster one ParallelCluster's own stack)."""
+        return f"/{self.prefix}/ami/gpu" + ("-pcs" if self.backend == "pcs" else "")
 
 
 def setting_keys(cls: type = Settings, prefix: str = "") -> list[str]:

@@ -32,6 +32,10 @@ _NVME_ASSUMED = ("assumed: the EC2 instance-store table as known to the authors 
 _NCCL_PUBLISHED = ("nccl-tests, published: awsome-distributed-training micro-benchmarks (2x p4de 78.3 GB/s, 2x p5 "
                    "443.7 GB/s at 2 GiB), nccl-tests issues #149 (8x A100 ~200 GB/s) and #212 (8x H100 ~370 GB/s), "
                    f"read {READ}")
+_CARDS_ADT = ("awsome-distributed-training, architectures/aws-pcs README and add-cng-p5.yaml: p5.48xlarge 32 EFA "
+              "network interfaces, p5en.48xlarge 16, one per network card; read 2026-11-26")
+_CARDS_ASSUMED = ("assumed: {cards} network card(s), as the EC2 network specifications are known to the authors "
+                  "(not re-read here); with fewer EFA interfaces than cards a node gets part of its bandwidth")
 _PCIE_ASSUMED = ("assumed: no published nccl-tests figure; 80% of the bounds: PCIe {pcie} x16 inside the node "
                  "({intra_bound} GB/s usable), the {gbps} Gbps network line rate across nodes")
 
@@ -99,6 +103,9 @@ class InstanceFacts:
     """All-reduce bus bandwidth (nccl-tests' busbw, large messages) inside one node."""
     inter_busbw_gbs: float
     """The same across nodes."""
+    network_cards: int
+    """Network cards, each of which gets one EFA interface where the launch template is ours (backend=pcs;
+    ParallelCluster adds them itself)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Source of each fact above, by field name (the GPU's own facts: `gpu.source`)."""
 
@@ -112,40 +119,40 @@ class InstanceFacts:
 
 
 SOURCED_FACTS = ("gpus", "vcpus", "memory_gib", "efa", "local_nvme_gb", "network_gbps", "intra_busbw_gbs",
-                 "inter_busbw_gbs")
+                 "inter_busbw_gbs", "network_cards")
 """The facts of InstanceFacts that each entry must source (a test checks it)."""
 
 
-def _sources(shape: str, efa: str, nvme: str, busbw: str) -> dict[str, str]:
+def _sources(shape: str, efa: str, nvme: str, busbw: str, cards: str) -> dict[str, str]:
     return {"gpus": shape, "vcpus": shape, "memory_gib": shape, "network_gbps": shape, "efa": efa,
-            "local_nvme_gb": nvme, "intra_busbw_gbs": busbw, "inter_busbw_gbs": busbw}
+            "local_nvme_gb": nvme, "intra_busbw_gbs": busbw, "inter_busbw_gbs": busbw, "network_cards": cards}
 
 
 INSTANCES: dict[str, InstanceFacts] = {facts.instance_type: facts for facts in (
     InstanceFacts("g4dn.12xlarge", GPUS["T4"], gpus=4, vcpus=48, memory_gib=192, efa=True, local_nvme_gb=900,
-                  network_gbps=50, intra_busbw_gbs=9.6, inter_busbw_gbs=5.0,
+                  network_gbps=50, intra_busbw_gbs=9.6, inter_busbw_gbs=5.0, network_cards=1,
                   sources=_sources(_BATCH_GPU_TABLE, _EFA_LIST, _NVME_ASSUMED,
-                                   _PCIE_ASSUMED.format(pcie="3.0", intra_bound=12, gbps=50))),
+                                   _PCIE_ASSUMED.format(pcie="3.0", intra_bound=12, gbps=50), _CARDS_ASSUMED.format(cards=1))),
     InstanceFacts("g5.12xlarge", GPUS["A10G"], gpus=4, vcpus=48, memory_gib=192, efa=True, local_nvme_gb=3800,
-                  network_gbps=40, intra_busbw_gbs=20.0, inter_busbw_gbs=4.0,
+                  network_gbps=40, intra_busbw_gbs=20.0, inter_busbw_gbs=4.0, network_cards=1,
                   sources=_sources(_BATCH_GPU_TABLE, _EFA_LIST, _NVME_ASSUMED,
-                                   _PCIE_ASSUMED.format(pcie="4.0", intra_bound=25, gbps=40))),
+                                   _PCIE_ASSUMED.format(pcie="4.0", intra_bound=25, gbps=40), _CARDS_ASSUMED.format(cards=1))),
     InstanceFacts("g6e.12xlarge", GPUS["L40S"], gpus=4, vcpus=48, memory_gib=384, efa=True, local_nvme_gb=3800,
-                  network_gbps=100, intra_busbw_gbs=20.0, inter_busbw_gbs=10.0,
+                  network_gbps=100, intra_busbw_gbs=20.0, inter_busbw_gbs=10.0, network_cards=1,
                   sources={**_sources(_HYPERPOD, _EFA_LIST, _NVME_ASSUMED,
-                                      _PCIE_ASSUMED.format(pcie="4.0", intra_bound=25, gbps=100)),
+                                      _PCIE_ASSUMED.format(pcie="4.0", intra_bound=25, gbps=100), _CARDS_ASSUMED.format(cards=1)),
                            "network_gbps": "assumed: 100 Gbps as AWS's G6e page states for the 12xlarge, not re-read here"}),
     InstanceFacts("p4d.24xlarge", GPUS["A100"], gpus=8, vcpus=96, memory_gib=1152, efa=True, local_nvme_gb=8000,
-                  network_gbps=400, intra_busbw_gbs=200.0, inter_busbw_gbs=78.3,
-                  sources=_sources(_P_SPECS, _EFA_LIST, _NVME_ASSUMED, _NCCL_PUBLISHED)),
+                  network_gbps=400, intra_busbw_gbs=200.0, inter_busbw_gbs=78.3, network_cards=4,
+                  sources=_sources(_P_SPECS, _EFA_LIST, _NVME_ASSUMED, _NCCL_PUBLISHED, _CARDS_ASSUMED.format(cards=4))),
     InstanceFacts("p5.48xlarge", GPUS["H100"], gpus=8, vcpus=192, memory_gib=2048, efa=True, local_nvme_gb=30720,
-                  network_gbps=3200, intra_busbw_gbs=370.0, inter_busbw_gbs=443.7,
-                  sources=_sources(_P_SPECS, _EFA_LIST, _NVME_ASSUMED, _NCCL_PUBLISHED)),
+                  network_gbps=3200, intra_busbw_gbs=370.0, inter_busbw_gbs=443.7, network_cards=32,
+                  sources=_sources(_P_SPECS, _EFA_LIST, _NVME_ASSUMED, _NCCL_PUBLISHED, _CARDS_ADT)),
     InstanceFacts("p5en.48xlarge", GPUS["H200"], gpus=8, vcpus=192, memory_gib=2048, efa=True, local_nvme_gb=30720,
-                  network_gbps=3200, intra_busbw_gbs=370.0, inter_busbw_gbs=443.7,
+                  network_gbps=3200, intra_busbw_gbs=370.0, inter_busbw_gbs=443.7, network_cards=16,
                   sources=_sources(_P5EN_OFFER, _EFA_LIST, _NVME_ASSUMED,
                                    "assumed: p5.48xlarge's published figures (same NVLink 4 inside the node, "
-                                   "3200 Gbps EFA across nodes); no published p5en nccl-tests figure")),
+                                   "3200 Gbps EFA across nodes); no published p5en nccl-tests figure", _CARDS_ADT)),
 )}
 
 LOCAL = "local"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.synth_helpers import Synth, run_pcluster, synthesize
+from stacks.presets import PRESETS
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,12 @@ def demo_synth(tmp_path_factory) -> Synth:
         "cluster.presets": "g4dn.12xlarge,p4d.24xlarge,p5.48xlarge", "cluster.min_nodes": "1",
         "cluster.login_nodes": "1", "cluster.alarm_email": "ops@example.org"})
 
+
+@pytest.fixture(scope="session")
+def pcs_synth(tmp_path_factory) -> Synth:
+    """backend=pcs with every preset and the Spot CPU queue: one synthesis shared by every PCS test."""
+    return synthesize(tmp_path_factory.mktemp("cdk-out-pcs"), {
+        "backend": "pcs", "cluster.presets": ",".join(PRESETS), "cluster.cpu_spot_instance_type": "c6i.8xlarge"})
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,10 @@
 follows the pointer, installs once, uses the image's environment when it matches, never flips the
 active bundle back to an older pointer's, prunes old bundles, and fails loudly on bad input; on GPU
 compute nodes it appends the CloudWatch agent's configuration (a fake agent-ctl records it), the
-same on every run, and a monitoring failure never fails the node."""
+same on every run, and a monitoring failure never fails the node. On AWS PCS (backend=pcs) the
+user data's script, bootstrap/pcs-node.sh, runs it under PCS's paths: FSx mounted with flock, /apps
+bound to a directory of the file system, NVMe scratch, no ParallelCluster node facts (fakes of
+mount, mountpoint, lsblk, mdadm and mkfs record what would be done to the machine)."""
 
 from __future__ import annotations
 
@@ -245,3 +248,113 @@ def test_a_monitoring_failure_is_logged_and_the_node_still_installs(node):
     result = _install(node, pointer)
     assert "WARNING: monitoring was not set up" in result.stdout and "done" in result.stdout
     assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-abc123"
+
+
+# --- AWS PCS: bootstrap/pcs-node.sh, then the same bootstrap -------------------------------------------
+
+PCS_NODE = REPO_ROOT / "bootstrap" / "pcs-node.sh"
+FAKE_SYSTEM = {
+    "mount": """#!/usr/bin/env bash
+# Fake mount: records its arguments; a bind mount shows the source at the target (as a link here).
+echo "mount $*" >> "${FAKE_CALLS}"
+if [[ "$1" == --bind ]]; then rmdir "$3"; ln -s "$2" "$3"; fi
+""",
+    "mountpoint": """#!/usr/bin/env bash
+# Fake mountpoint: a directory is a mount point once the fake mount mounted something on it.
+[[ "$1" == -q ]] && shift
+grep -qs -- " $1\\$" "${FAKE_CALLS}"
+""",
+    "lsblk": """#!/usr/bin/env bash
+# Fake lsblk -dnpo NAME,MODEL: the node's block devices from $FAKE_DISKS (one "NAME MODEL" per line).
+printf '%s\\n' "${FAKE_DISKS}"
+""",
+    "mdadm": '#!/usr/bin/env bash\necho "mdadm $*" >> "${FAKE_CALLS}"\n',
+    "mkfs.ext4": '#!/usr/bin/env bash\necho "mkfs.ext4 $*" >> "${FAKE_CALLS}"\n',
+    "nvidia-smi": "#!/bin/sh\n",
+}
+EBS = "/dev/nvme0n1 Amazon Elastic Block Store"
+NVME = "/dev/nvme{}n1 Amazon EC2 NVMe Instance Storage"
+
+
+def _pcs_node(node: dict, node_type: str, disks: list[str]) -> dict:
+    """The PCS node's directories under the test's root, the fakes on PATH, the bootstrap in the bucket."""
+    root = node["root"]
+    for name, script in FAKE_SYSTEM.items():
+        (node["bin"] / name).write_text(script)
+        (node["bin"] / name).chmod(stat.S_IRWXU)
+    (node["s3"] / "bootstrap").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, node["s3"] / "bootstrap" / "on-node-configured.sh")
+    paths = {"fsx": root / "fsx", "apps": root / "apps", "scratch": root / "scratch", "fstab": root / "etc" / "fstab",
+             "profile": root / "etc" / "profile.d", "calls": root / "calls.log"}
+    (root / "etc").mkdir(exist_ok=True)
+    env = {**node["env"], "FAKE_CALLS": str(paths["calls"]), "FAKE_DISKS": "\n".join(disks),
+           "SCDINO_FSX_DNS": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "SCDINO_FSX_MOUNT_NAME": "abcdefgh",
+           "SCDINO_REGION": "us-east-1", "SCDINO_NODE_TYPE": node_type,
+           "SCDINO_BOOTSTRAP_URI": "s3://bucket/bootstrap/on-node-configured.sh",
+           "SCDINO_POINTER_URI": "s3://bucket/bootstrap/current.json",
+           "SCDINO_FSX_DIR": str(paths["fsx"]), "SCDINO_APPS_DIR": str(paths["apps"]),
+           "SCDINO_SCRATCH_DIR": str(paths["scratch"]), "SCDINO_FSTAB": str(paths["fstab"]),
+           "SCDINO_PROFILE_DIR": str(paths["profile"]),
+           "SCDINO_BOOTSTRAP_COPY": str(root / "opt" / "scdino" / "on-node-configured.sh")}
+    return {**paths, "env": env}
+
+
+def _run_pcs_node(pcs: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(PCS_NODE)], env=pcs["env"], capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def test_a_pcs_gpu_node_mounts_fsx_with_flock_installs_onto_fsx_and_monitors(node):
+    _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
+    pcs = _pcs_node(node, "ComputeFleet", [EBS, NVME.format(1), NVME.format(2)])
+    assert not Path(node["env"]["SCDINO_CLUSTER_CONFIG"]).exists()  # no ParallelCluster node facts on PCS
+    result = _run_pcs_node(pcs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    calls = pcs["calls"].read_text().splitlines()
+    source = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh"
+    assert f"mount -t lustre -o relatime,flock {source} {pcs['fsx']}" in calls
+    assert pcs["fstab"].read_text().startswith(f"{source} {pcs['fsx']} lustre defaults,relatime,flock,_netdev")
+    # /apps is the file system's directory, so the bundle installed once is every node's /apps/scdino.
+    assert f"mount --bind {pcs['fsx']}/.scdino/apps {pcs['apps']}" in calls
+    assert (pcs["apps"] / "scdino").resolve() == (pcs["fsx"] / ".scdino" / "apps" / "scdino-abc123").resolve()
+    assert _imports_training(pcs["apps"] / "scdino" / ".venv" / "bin" / "python")
+    # The two instance-store disks as one RAID 0 /scratch, the EBS root volume left alone.
+    raid = "/dev/md/scdino-scratch"
+    assert f"mdadm --create {raid} --run --level=0 --raid-devices=2 /dev/nvme1n1 /dev/nvme2n1" in calls
+    assert f"mkfs.ext4 -F -q {raid}" in calls and f"mount {raid} {pcs['scratch']}" in calls
+    assert stat.S_IMODE(pcs["scratch"].stat().st_mode) == 0o1777
+    assert (pcs["profile"] / "scdino-region.sh").read_text() == "export AWS_DEFAULT_REGION=us-east-1\n"
+    log = node["log"].read_text()
+    assert "node type ComputeFleet" in log and "CloudWatch agent: GPU metrics in scdino-hpc/GPU" in log
+    # Rerun (a reboot): nothing mounted or formatted twice, one fstab line.
+    assert _run_pcs_node(pcs).returncode == 0
+    assert pcs["calls"].read_text().splitlines() == calls
+    assert len(pcs["fstab"].read_text().splitlines()) == 1
+
+
+def test_a_pcs_login_node_installs_the_same_bundle_without_gpu_monitoring(node):
+    _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
+    pcs = _pcs_node(node, "LoginNode", [EBS])
+    result = _run_pcs_node(pcs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "no instance-store NVMe" in result.stdout
+    assert not [call for call in pcs["calls"].read_text().splitlines() if call.startswith(("mdadm", "mkfs"))]
+    assert "node type LoginNode" in node["log"].read_text()
+    assert (pcs["apps"] / "scdino").resolve().parent == (pcs["fsx"] / ".scdino" / "apps").resolve()
+    assert not Path(node["env"]["SCDINO_CWAGENT_CONFIG"]).exists()
+
+
+def test_a_pcs_node_refuses_an_unknown_node_type(node):
+    pcs = _pcs_node(node, "HeadNode", [EBS])
+    result = _run_pcs_node(pcs)
+    assert result.returncode != 0 and "SCDINO_NODE_TYPE must be ComputeFleet or LoginNode" in result.stdout
+    assert not pcs["calls"].exists()
+
+
+def test_the_pcs_node_script_s_places_are_the_cluster_layout():
+    from stacks.presets import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, SCRATCH_DIR
+
+    text = PCS_NODE.read_text()
+    for variable, path in (("FSX_DIR", FSX_MOUNT_DIR), ("APPS_DIR", APPS_MOUNT_DIR), ("SCRATCH_DIR", SCRATCH_DIR)):
+        assert f"readonly {variable}=${{SCDINO_{variable}:-{path}}}" in text, variable
+    assert '"${APPS_DIR}/scdino"' in text and BUNDLE_DIR == f"{APPS_MOUNT_DIR}/scdino"

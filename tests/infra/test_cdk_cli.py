@@ -34,19 +34,25 @@ def _cdk(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_cdk_synth_offline_with_the_pinned_cli(tmp_path):
+@pytest.mark.parametrize("backend, cluster_type", [("parallelcluster", "Custom::PclusterCluster"),
+                                                   ("pcs", "AWS::PCS::Cluster")])
+def test_cdk_synth_offline_with_the_pinned_cli(tmp_path, backend, cluster_type):
+    """`npx cdk synth` and `npx cdk synth -c backend=pcs`: the same four stacks, cdk-nag passing (synth fails otherwise)."""
     context_before = (REPO_ROOT / "cdk.context.json").read_text()
-    result = _cdk(tmp_path, "synth", "--quiet", "--output", str(tmp_path / "cdk.out"))
+    result = _cdk(tmp_path, "synth", "--quiet", "--output", str(tmp_path / "cdk.out"), "-c", f"backend={backend}")
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((tmp_path / "cdk.out" / "manifest.json").read_text())
     stacks = {name for name, artifact in manifest["artifacts"].items()
               if artifact["type"] == "aws:cloudformation:stack"}
     assert stacks == {"scdino-network", "scdino-storage", "scdino-image", "scdino-cluster"}
+    cluster = json.loads((tmp_path / "cdk.out" / "scdino-cluster.template.json").read_text())
+    assert cluster_type in {resource["Type"] for resource in cluster["Resources"].values()}
     assert (REPO_ROOT / "cdk.context.json").read_text() == context_before, "synth needed a context lookup"
 
 
 @pytest.mark.parametrize("override, named", [
     ("cluster.presets=g4dn.12xlarge,x1.32xlarge", "setting cluster.presets: unknown preset 'x1.32xlarge'"),
+    ("backend=pbs", "setting backend: must be one of ('parallelcluster', 'pcs') (e.g. -c backend=pcs), got 'pbs'"),
 ])
 def test_wrong_setting_is_one_line_naming_it(tmp_path, override, named):
     result = _cdk(tmp_path, "synth", "--quiet", "--output", str(tmp_path / "cdk.out"), "-c", override)

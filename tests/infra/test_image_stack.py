@@ -49,6 +49,7 @@ def test_build_spec_installs_pinned_packer_builds_and_publishes(synth):
     for var in ("pcluster_version=3.16.1", "subnet_id=<subnet>", "ssh_source_cidr=${BUILDER_IP}/32",
                 "build_tag=scdino"):
         assert f'-var "{var}"' in packer_build, var
+    assert " -only=parallelcluster.amazon-ebs.gpu " in packer_build and "pcs_slurm_version" not in packer_build
     assert packer_build.endswith(" ami")
     assert build[-2].startswith("aws ssm put-parameter --overwrite")
     env = {v["Name"]: v["Value"] for v in _project(synth)["Environment"]["EnvironmentVariables"]}
@@ -141,3 +142,39 @@ def test_build_source_holds_ami_and_the_pinned_requirements(synth):
     staged = [path for path in synth.outdir.glob("asset.*") if (path / "ami").is_dir()]
     assert len(staged) == 1
     assert {path.name for path in staged[0].iterdir()} == {"ami", "requirements.txt", "requirements-dali.txt"}
+
+
+def _packer_builds() -> set[str]:
+    """`<build name>.<source>` of every build block of the template (what -only names)."""
+    template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
+    blocks = re.findall(r'\nbuild \{\n\s+name\s+= "([^"]+)"\n\s+sources = \["source\.([^"]+)"\]', template)
+    return {f"{name}.{source}" for name, source in blocks}
+
+
+def test_each_back_end_builds_its_own_image_of_the_template(synth, pcs_synth):
+    from stacks.image_stack import PACKER_BUILDS
+
+    assert set(PACKER_BUILDS.values()) == _packer_builds() and len(_packer_builds()) == 2
+    for result, backend in ((synth, "parallelcluster"), (pcs_synth, "pcs")):
+        build = _build_spec(result)["phases"]["build"]["commands"]
+        validate, packer_build = [c for c in build if c.startswith(("packer validate", "packer build"))]
+        assert f" -only={PACKER_BUILDS[backend]} " in validate and f" -only={PACKER_BUILDS[backend]} " in packer_build
+    (pcs_build,) = [c for c in _build_spec(pcs_synth)["phases"]["build"]["commands"] if c.startswith("packer build")]
+    assert '-var "pcs_slurm_version=25.11"' in pcs_build and '-var "os=alinux2023"' in pcs_build
+    env = {v["Name"]: v["Value"] for v in _project(pcs_synth)["Environment"]["EnvironmentVariables"]}
+    assert env["AMI_PARAMETER"] == "/scdino/ami/gpu-pcs"
+
+
+def test_the_pcs_image_installs_the_pcs_agent_and_slurm_only_after_checking_their_signatures():
+    template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
+    pcs_build = template[template.index('name    = "pcs"'):]
+    assert '"${path.root}/scripts/15-pcs-node.sh"' in pcs_build
+    assert "15-pcs-node.sh" not in template[:template.index('name    = "pcs"')]
+    script = (REPO_ROOT / "ami" / "scripts" / "15-pcs-node.sh").read_text()
+    # The fingerprint the AWS PCS User Guide publishes, and every installer verified before it runs.
+    assert 'KEY_FINGERPRINT="1C2432C1862F64D1F90A239A7EEF030EDDF5C21C"' in script
+    body = script[script.index("install_pcs_agent() {"):]
+    assert body.index("verified_tarball") < body.index("./installer.sh")
+    slurm = script[script.index("install_pcs_slurm() {"):]
+    assert slurm.index("verified_tarball") < slurm.index("./installer.sh -y")
+    assert 'gpg --batch --verify "${WORK}/${name}.sig"' in script

@@ -3,6 +3,7 @@ shellcheck on every shell script in the repository."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -32,15 +33,37 @@ def _require(tool: str) -> str:
     return path
 
 
-def test_cfn_lint_clean_on_every_template(synth, demo_synth):
-    templates = sorted(synth.outdir.glob("*.template.json")) + sorted(demo_synth.outdir.glob("*.template.json"))
-    assert len(templates) == 8
-    # W3005: redundant DependsOn that CDK itself generates on its provider roles.
-    # W3010: the availability zone is hard-coded on purpose: it is the `network.availability_zone`
-    # setting (EFA and cluster placement groups need every node in one chosen zone).
-    cfn_lint = str(Path(sys.executable).parent / "cfn-lint")
-    result = _run([cfn_lint, "--ignore-checks", "W3005", "W3010", "--", *map(str, templates)])
+# W3005: redundant DependsOn that CDK itself generates on its provider roles.
+# W3010: the availability zone is hard-coded on purpose: it is the `network.availability_zone`
+# setting (EFA and cluster placement groups need every node in one chosen zone).
+CFN_LINT_IGNORED = ["--ignore-checks", "W3005", "W3010"]
+
+
+def _cfn_lint(*templates: Path) -> subprocess.CompletedProcess:
+    return _run([str(Path(sys.executable).parent / "cfn-lint"), *CFN_LINT_IGNORED, "--", *map(str, templates)])
+
+
+def test_cfn_lint_clean_on_every_template(synth, demo_synth, pcs_synth):
+    templates = [path for result in (synth, demo_synth, pcs_synth) for path in sorted(result.outdir.glob("*.template.json"))]
+    assert len(templates) == 12
+    result = _cfn_lint(*templates)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cfn_lint_checks_the_pcs_resources_against_its_bundled_schemas(pcs_synth, tmp_path):
+    """The PCS template is really read against AWS::PCS::* schemas: three planted mistakes, three errors."""
+    template = json.loads((pcs_synth.outdir / "scdino-cluster.template.json").read_text())
+    kinds = {value["Type"]: key for key, value in template["Resources"].items()}
+    template["Resources"][kinds["AWS::PCS::Cluster"]]["Properties"]["Size"] = "HUGE"
+    template["Resources"][kinds["AWS::PCS::ComputeNodeGroup"]]["Properties"]["PurchaseOption"] = "RESERVED"
+    queue = template["Resources"][kinds["AWS::PCS::Queue"]]["Properties"]
+    queue["ComputeNodeGroupConfiguration"] = queue.pop("ComputeNodeGroupConfigurations")
+    broken = tmp_path / "broken-pcs.template.json"
+    broken.write_text(json.dumps(template))
+    result = _cfn_lint(broken)
+    assert result.returncode != 0
+    assert "'HUGE' is not one of ['SMALL', 'MEDIUM', 'LARGE']" in result.stdout
+    assert "'RESERVED' is not one of" in result.stdout and "ComputeNodeGroupConfiguration" in result.stdout
 
 
 def test_packer_template_validates():
@@ -62,12 +85,12 @@ def test_packer_files_are_formatted():
 
 def test_packer_scripts_exist_and_are_executable():
     template = (AMI_DIR / "gpu-image.pkr.hcl").read_text()
-    scripts = re.findall(r'"\$\{path\.root\}/(scripts/[^"]+)"', template)
-    assert len(scripts) >= 6
+    scripts = set(re.findall(r'"\$\{path\.root\}/(scripts/[^"]+)"', template))
+    assert len(scripts) >= 7
     for script in scripts:
         path = AMI_DIR / script
         assert path.is_file() and path.stat().st_mode & 0o111, script
-    assert sorted(scripts) == sorted(f"scripts/{path.name}" for path in (AMI_DIR / "scripts").glob("*.sh"))
+    assert scripts == {f"scripts/{path.name}" for path in (AMI_DIR / "scripts").glob("*.sh")}
 
 
 def shell_scripts() -> list[Path]:
@@ -91,6 +114,6 @@ def test_shellcheck_clean_on_every_shell_script():
     assert result.returncode == 0, result.stdout[-4000:]
 
 
-@pytest.mark.parametrize("script", ["bootstrap/on-node-configured.sh"])
+@pytest.mark.parametrize("script", ["bootstrap/on-node-configured.sh", "bootstrap/pcs-node.sh"])
 def test_shipped_scripts_are_executable(script):
     assert (REPO_ROOT / script).stat().st_mode & 0o111

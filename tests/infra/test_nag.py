@@ -32,8 +32,9 @@ def test_exact_acknowledgment_lets_synth_pass(tmp_path):
     _app_with_plain_bucket(tmp_path / "b", acknowledged=True).synth()
 
 
-def test_real_app_has_zero_unacknowledged_findings_and_every_acknowledgment_has_a_reason(synth, demo_synth):
-    for result in (synth, demo_synth):
+def test_real_app_has_zero_unacknowledged_findings_and_every_acknowledgment_has_a_reason(synth, demo_synth,
+                                                                                      pcs_synth):
+    for result in (synth, demo_synth, pcs_synth):
         report = json.loads((result.outdir / "validation-report.json").read_text())
         plugins = {plugin["pluginName"]: plugin for plugin in report["pluginReports"]}
         # CDK's own "CloudFormation Validate" plugin runs beside cdk-nag; both must pass.

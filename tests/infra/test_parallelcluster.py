@@ -250,6 +250,7 @@ OPTIONS = {
     "gpu-health-checks": {"cluster.gpu_health_checks": "true"},
     "cpu-spot-queue": {"cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.cpu_spot_max_nodes": 8},
     "login-nodes": {"cluster.login_nodes": 2},
+    "spot-gpu": {"cluster.capacity_type": "SPOT"},
 }
 
 
@@ -309,7 +310,7 @@ def test_gpu_health_checks_and_the_spot_cpu_queue():
 
 
 @pytest.mark.parametrize("layer, named", [
-    ({"cluster.capacity_type": "SPOT"}, "setting cluster.capacity_type: must be one of"),
+    ({"cluster.capacity_type": "RESERVED"}, "setting cluster.capacity_type: must be one of"),
     ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.min_nodes": 2},
      "setting cluster.capacity_reservation_id: required when cluster.capacity_type is CAPACITY_BLOCK"),
     ({"cluster.capacity_type": "CAPACITY_BLOCK", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},

@@ -137,9 +137,11 @@ def test_the_image_records_the_requirement_files_bootstrap_compares():
     (recorded,) = re.findall(r'^cp ((?:"\$\{REQUIREMENTS_DIR\}/[^"]+" )+)"\$\{RECORD_DIR\}/"$',
                              (REPO_ROOT / "ami" / "scripts" / "20-python-env.sh").read_text(), flags=re.M)
     assert re.findall(r'/([^/"]+)"', recorded) == node_files
-    (uploaded,) = re.findall(r'sources\s+= \[("\$\{path\.root\}/\.\./[^\]]*)\]',
-                             (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text())
-    assert re.findall(r'/\.\./([^"]+)"', uploaded) == node_files
+    uploads = re.findall(r'sources\s+= \[("\$\{path\.root\}/\.\./[^\]]*)\]',
+                         (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text())
+    assert len(uploads) == 2  # one per build: ParallelCluster's image and the PCS image
+    for uploaded in uploads:
+        assert re.findall(r'/\.\./([^"]+)"', uploaded) == node_files
     from stacks.image_stack import BUILD_SOURCES
     from stacks.node_bundle import BUNDLE_CONTENTS
 

@@ -74,3 +74,37 @@ def test_missing_or_bad_settings_file(tmp_path):
 def test_every_key_is_documented_in_settings_dataclasses():
     keys = setting_keys()
     assert "cluster.presets" in keys and "storage.retain" in keys and len(keys) == len(set(keys))
+
+
+PCS = {"backend": "pcs"}
+SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf"
+
+
+@pytest.mark.parametrize("layer, named", [
+    ({"backend": "pbs"}, "setting backend: must be one of ('parallelcluster', 'pcs') (e.g. -c backend=pcs), got 'pbs'"),
+    ({**PCS, "cluster.pcs_size": "TINY"}, "setting cluster.pcs_size: must be one of ('SMALL', 'MEDIUM', 'LARGE')"),
+    ({**PCS, "cluster.name": "n" * 34}, "setting cluster.name: the cluster name 'scdino-nnnn"),
+    ({**PCS, "cluster.slurm_accounting.uri": "db.example.internal:3306", "cluster.slurm_accounting.user_name": "slurm",
+      "cluster.slurm_accounting.password_secret_arn": SECRET},
+     "setting cluster.slurm_accounting: PCS runs its own accounting database"),
+    ({**PCS, "cluster.gpu_health_checks": "true"}, "setting cluster.gpu_health_checks: ParallelCluster's DCGM check"),
+    ({**PCS, "image.os": "rhel9"}, "setting image.os: the PCS image starts from AWS's Deep Learning Base GPU AMI"),
+    ({**PCS, "cluster.presets": "g4dn.12xlarge,p5.48xlarge", "cluster.max_nodes": 16},
+     "setting cluster.pcs_size: SMALL manages up to 32 instances, the node groups may run 33"),
+    ({"cluster.capacity_type": "SPOT", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
+     "setting cluster.capacity_reservation_id: Spot instances cannot run in a capacity reservation"),
+])
+def test_what_a_back_end_cannot_do_is_refused_naming_the_setting_and_the_fix(layer, named):
+    with pytest.raises(SettingsError) as error:
+        build_settings(layer)
+    assert str(error.value).startswith(named), str(error.value)
+
+
+def test_pcs_boots_the_pipeline_image_has_a_login_node_and_its_own_ami_parameter():
+    pcs = build_settings(PCS)
+    assert (pcs.node_ami, pcs.pcs_login_nodes, pcs.ami_parameter) == ("ssm", 1, "/scdino/ami/gpu-pcs")
+    assert build_settings({**PCS, "cluster.custom_ami": "ami-0123456789abcdef0"}).node_ami == "ami-0123456789abcdef0"
+    default = build_settings()
+    assert (default.backend, default.node_ami, default.ami_parameter) == ("parallelcluster", "", "/scdino/ami/gpu")
+    assert build_settings({**PCS, "cluster.presets": "g4dn.12xlarge,p5.48xlarge", "cluster.max_nodes": 16,
+                           "cluster.pcs_size": "MEDIUM"}).pcs_instances_max == 33

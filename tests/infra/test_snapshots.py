@@ -23,3 +23,15 @@ def masked(template: dict) -> dict:
 @pytest.mark.parametrize("stack", ["network", "storage", "image", "cluster"])
 def test_stack_template_snapshot(synth, snapshot, stack):
     assert masked(synth.json[stack]) == snapshot
+
+
+@pytest.mark.parametrize("stack", ["image", "cluster"])
+def test_pcs_stack_template_snapshot(pcs_synth, snapshot, stack):
+    """backend=pcs changes only the image and cluster stacks (the network and storage are the same)."""
+    assert masked(pcs_synth.json[stack]) == snapshot
+
+
+@pytest.mark.parametrize("stack", ["network", "storage"])
+def test_network_and_storage_resources_are_the_same_for_both_back_ends(synth, pcs_synth, stack):
+    """Only their exports differ: each cluster stack imports what it uses (PCS: the FSx DNS and mount name)."""
+    assert masked(pcs_synth.json[stack])["Resources"] == masked(synth.json[stack])["Resources"]

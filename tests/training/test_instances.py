@@ -12,7 +12,8 @@ from training.instances import GPUS, INSTANCES, READ, SOURCED_FACTS, peak_flops_
 
 
 def _dated_or_assumed(source: str) -> bool:
-    return READ in source or source.startswith("assumed") or "not re-read" in source
+    dated = READ in source or re.search(r"read \d{4}-\d{2}-\d{2}", source)
+    return bool(dated) or source.startswith("assumed") or "not re-read" in source
 
 
 def test_every_fact_names_a_dated_source_or_says_it_is_assumed():

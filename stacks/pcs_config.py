@@ -1,0 +1,107 @@
+"""The AWS PCS cluster's node groups and queues, built by a pure function from the settings.
+
+`pcs_node_groups(settings)` says what the PCS stack creates: one compute node group and queue per
+enabled GPU preset, named like ParallelCluster's partitions so that slurm/ runs unchanged, the
+optional Spot CPU queue, and the login node group (no queue). `mime_user_data` wraps the node script
+in the MIME multi-part archive PCS requires of a launch template's user data. Nothing here touches
+CDK or AWS, so tests check every purchase option without synthesising.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stacks.cluster_config import CPU_SPOT_QUEUE
+from stacks.presets import PRESETS, GpuPreset
+from stacks.settings import Settings
+
+LOGIN_GROUP = "login"
+COMPUTE_NODE = "ComputeFleet"
+LOGIN_NODE = "LoginNode"
+"""Node types as the node bootstrap knows them (ParallelCluster's cfn_node_type values)."""
+PURCHASE_OPTIONS = {"ONDEMAND": "ONDEMAND", "SPOT": "SPOT", "CAPACITY_BLOCK": "CAPACITY_BLOCK"}
+"""cluster.capacity_type -> the node group's PurchaseOption."""
+MIME_BOUNDARY = "==SCDINO-PCS-NODE=="
+
+
+@dataclass(frozen=True)
+class NodeGroupSpec:
+    """One PCS compute node group, its launch template's choices, and its queue (empty: none)."""
+
+    name: str
+    instance_type: str
+    min_count: int
+    max_count: int
+    purchase_option: str
+    queue: str
+    node_type: str
+    efa_interfaces: int = 0
+    """EFA interfaces in the launch template, one per network card; 0: the cluster security group only."""
+    placement_group: bool = False
+    capacity_reservation_id: str = ""
+    gpu: bool = False
+
+    @property
+    def capacity_block(self) -> bool:
+        return self.purchase_option == "CAPACITY_BLOCK"
+
+
+def _gpu_group(preset: GpuPreset, settings: Settings) -> NodeGroupSpec:
+    """A preset's group: named like its ParallelCluster partition; a reservation decides placement."""
+    cluster = settings.cluster
+    return NodeGroupSpec(
+        name=preset.queue_name, instance_type=preset.instance_type, min_count=cluster.min_nodes,
+        max_count=cluster.max_nodes, purchase_option=PURCHASE_OPTIONS[cluster.capacity_type],
+        queue=preset.queue_name, node_type=COMPUTE_NODE,
+        efa_interfaces=preset.network_cards if preset.efa else 0,
+        placement_group=preset.placement_group and not cluster.capacity_reservation_id,
+        capacity_reservation_id=cluster.capacity_reservation_id, gpu=True)
+
+
+def pcs_node_groups(settings: Settings) -> list[NodeGroupSpec]:
+    """Every node group of the cluster: GPU presets, the Spot CPU queue if enabled, the login nodes."""
+    cluster = settings.cluster
+    groups = [_gpu_group(PRESETS[name], settings) for name in cluster.presets]
+    if cluster.cpu_spot_instance_type:
+        groups.append(NodeGroupSpec(
+            name=CPU_SPOT_QUEUE, instance_type=cluster.cpu_spot_instance_type, min_count=0,
+            max_count=cluster.cpu_spot_max_nodes, purchase_option="SPOT", queue=CPU_SPOT_QUEUE,
+            node_type=COMPUTE_NODE))
+    logins = settings.pcs_login_nodes
+    groups.append(NodeGroupSpec(
+        name=LOGIN_GROUP, instance_type=cluster.login_node_instance_type, min_count=logins, max_count=logins,
+        purchase_option="ONDEMAND", queue="", node_type=LOGIN_NODE))
+    return groups
+
+
+def group_id(spec: NodeGroupSpec) -> str:
+    """A construct id for a group: PascalCase of its name (gpu-g4dn12xl -> GpuG4dn12xl)."""
+    return "".join(part[:1].upper() + part[1:] for part in spec.name.split("-"))
+
+
+def mime_user_data(script: str) -> str:
+    """`script` as the one text/x-shellscript part of a MIME multi-part archive, with the blank lines
+    PCS asks for: before each boundary, after each part's headers, before the closing boundary. Such a
+    part runs after the node registers with PCS and before slurmd starts."""
+    return "\n".join([
+        "MIME-Version: 1.0",
+        f'Content-Type: multipart/mixed; boundary="{MIME_BOUNDARY}"',
+        "",
+        f"--{MIME_BOUNDARY}",
+        'Content-Type: text/x-shellscript; charset="us-ascii"',
+        "MIME-Version: 1.0",
+        "",
+        script.rstrip("\n"),
+        "",
+        f"--{MIME_BOUNDARY}--",
+        "",
+    ])
+
+
+def node_script(body: str, values: dict[str, str]) -> str:
+    """The node script (bootstrap/pcs-node.sh) with its settings exported above it, shebang first."""
+    lines = body.splitlines()
+    shebang, rest = (lines[0], lines[1:]) if lines and lines[0].startswith("#!") else ("#!/bin/bash", lines)
+    exports = [f"export {name}='{value}'" for name, value in values.items()]
+    return "\n".join([shebang, *exports, *rest]) + "\n"
+

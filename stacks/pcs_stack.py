@@ -1,0 +1,139 @@
+"""Cluster on AWS PCS (backend=pcs): the managed Slurm controller, one node group and queue per preset,
+the login node group, and the same deploy bucket, node bootstrap and monitoring as the ParallelCluster
+cluster stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_pcs as pcs
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY
+from stacks.egress import NatEgress
+from stacks.monitoring import Monitoring
+from stacks.node_bundle import BOOTSTRAP_DIR, NodeBundle
+from stacks.pcs_config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
+from stacks.pcs_nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
+from stacks.settings import PCS_SLURM_VERSION, Settings
+
+NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
+"""The node preparation the user data runs (it ends with the same bootstrap as ParallelCluster's nodes)."""
+
+
+def read_node_script(path: Path = NODE_SCRIPT) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+class PcsClusterStack(cdk.Stack):
+    """The PCS cluster; deleting this stack deletes the cluster and its nodes (not the data)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, vpc: ec2.IVpc, subnet_id: str,
+                 route_table_id: str, public_subnet_id: str, security_group_id: str, file_system_dns_name: str,
+                 file_system_mount_name: str, data_policy: iam.IManagedPolicy, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self._settings = settings
+        self._subnet_id = subnet_id
+        egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+        self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
+                                     log_retention_days=settings.cluster.log_retention_days,
+                                     alarm_email=settings.cluster.alarm_email, parallelcluster_dashboard=False)
+        self.node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
+                                      monitoring=self.monitoring.names.pointer())
+        node_groups = [security_group_id, self._node_egress(vpc).security_group_id]
+        self.cluster = self._cluster(security_group_id)
+        policies = [data_policy, self.node_bundle.read_policy]
+        self.profiles = {
+            "compute": PcsNodeProfile(self, "ComputeNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
+                                      monitoring=self.monitoring),
+            "login": PcsNodeProfile(self, "LoginNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
+                                    monitoring=None)}
+        ami = self._ami()
+        self.groups: dict[str, pcs.CfnComputeNodeGroup] = {}
+        self.queues: dict[str, pcs.CfnQueue] = {}
+        for spec in pcs_node_groups(settings):
+            group = self._node_group(spec, ami, node_groups, file_system_dns_name, file_system_mount_name)
+            # Nodes download packages and the bundle while booting: the route and the pointer come first.
+            group.node.add_dependency(egress, self.node_bundle.bootstrap)
+            self.groups[spec.name] = group
+            if spec.queue:
+                self.queues[spec.queue] = pcs.CfnQueue(
+                    self, f"{group_id(spec)}Queue", cluster_id=self.cluster.attr_id, name=spec.queue,
+                    compute_node_group_configurations=[pcs.CfnQueue.ComputeNodeGroupConfigurationProperty(
+                        compute_node_group_id=group.attr_id)])
+        self._outputs()
+
+    def _node_egress(self, vpc: ec2.IVpc) -> ec2.SecurityGroup:
+        """What ParallelCluster's own node security group allows and the cluster group does not: the nodes'
+        calls to AWS (PCS registration, S3, CloudWatch, SSM) and package mirrors, through the NAT gateway."""
+        group = ec2.SecurityGroup(self, "NodeEgress", vpc=vpc, allow_all_outbound=False,
+                                  description="scDINO PCS nodes: HTTPS and HTTP out (AWS APIs, package mirrors)")
+        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "AWS APIs and package mirrors (HTTPS)")
+        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(80), "Package mirrors that serve HTTP (apt)")
+        return group
+
+    def _cluster(self, security_group_id: str) -> pcs.CfnCluster:
+        """The managed controller in the private subnet, in the cluster security group (all traffic within
+        it: slurmctld, slurmd and the nodes), with Slurm accounting on."""
+        settings = self._settings
+        return pcs.CfnCluster(
+            self, "Cluster", name=settings.cluster_name, size=settings.cluster.pcs_size,
+            scheduler=pcs.CfnCluster.SchedulerProperty(type="SLURM", version=PCS_SLURM_VERSION),
+            networking=pcs.CfnCluster.NetworkingProperty(subnet_ids=[self._subnet_id],
+                                                         security_group_ids=[security_group_id]),
+            slurm_configuration=pcs.CfnCluster.SlurmConfigurationProperty(
+                scale_down_idle_time_in_seconds=settings.cluster.scaledown_idle_minutes * 60,
+                accounting=pcs.CfnCluster.AccountingProperty(mode="STANDARD")))
+
+    def _ami(self) -> str:
+        """The pipeline's PCS image (from its SSM parameter), or the ami- id the settings name."""
+        if self._settings.node_ami == "ssm":
+            return ssm.StringParameter.value_for_string_parameter(self, self._settings.ami_parameter)
+        return self._settings.node_ami
+
+    def _user_data(self, spec: NodeGroupSpec, dns_name: str, mount_name: str) -> str:
+        bucket = self.node_bundle.bucket.bucket_name
+        values = {"SCDINO_FSX_DNS": dns_name, "SCDINO_FSX_MOUNT_NAME": mount_name, "SCDINO_REGION": self.region,
+                  "SCDINO_BOOTSTRAP_URI": f"s3://{bucket}/{BOOTSTRAP_SCRIPT_KEY}",
+                  "SCDINO_POINTER_URI": f"s3://{bucket}/{BUNDLE_POINTER_KEY}", "SCDINO_NODE_TYPE": spec.node_type}
+        return mime_user_data(node_script(read_node_script(), values))
+
+    def _node_group(self, spec: NodeGroupSpec, ami: str, security_group_ids: list[str], dns_name: str,
+                    mount_name: str) -> pcs.CfnComputeNodeGroup:
+        settings = self._settings
+        construct_id = group_id(spec)
+        template = NodeLaunchTemplate(
+            self, f"{construct_id}Launch", spec=spec, subnet_id=self._subnet_id, security_group_ids=security_group_ids,
+            user_data=self._user_data(spec, dns_name, mount_name), root_device=ROOT_DEVICES[settings.image.os],
+            root_gib=settings.cluster.root_volume_gib, group_tag=f"{settings.cluster_name}/{spec.name}").template
+        profile = self.profiles["compute" if spec.node_type == "ComputeFleet" else "login"]
+        return pcs.CfnComputeNodeGroup(
+            self, f"{construct_id}Group", cluster_id=self.cluster.attr_id, name=spec.name,
+            iam_instance_profile_arn=profile.profile.instance_profile_arn,
+            instance_configs=[pcs.CfnComputeNodeGroup.InstanceConfigProperty(instance_type=spec.instance_type)],
+            scaling_configuration=pcs.CfnComputeNodeGroup.ScalingConfigurationProperty(
+                min_instance_count=spec.min_count, max_instance_count=spec.max_count),
+            subnet_ids=[self._subnet_id], ami_id=ami, purchase_option=spec.purchase_option,
+            spot_options=(pcs.CfnComputeNodeGroup.SpotOptionsProperty(allocation_strategy="price-capacity-optimized")
+                          if spec.purchase_option == "SPOT" else None),
+            custom_launch_template=pcs.CfnComputeNodeGroup.CustomLaunchTemplateProperty(
+                template_id=template.ref, version=template.attr_latest_version_number))
+
+    def _outputs(self) -> None:
+        settings = self._settings
+        login_tag = f"{settings.cluster_name}/login"
+        find_login = ("$(aws ec2 describe-instances --region " + self.region
+                      + f" --filters Name=tag:scdino:node-group,Values={login_tag} Name=instance-state-name,Values=running"
+                      " --query 'Reservations[0].Instances[0].InstanceId' --output text)")
+        cdk.CfnOutput(self, "ClusterName", value=settings.cluster_name)
+        cdk.CfnOutput(self, "ClusterId", value=self.cluster.attr_id)
+        cdk.CfnOutput(self, "ConnectCommand", description="Open a shell on the login node (SSM Session Manager)",
+                      value=f"aws ssm start-session --region {self.region} --target {find_login}")
+        cdk.CfnOutput(self, "DashboardName", description="GPUs and training (CloudWatch dashboard)",
+                      value=self.monitoring.dashboard.dashboard_name)
+        cdk.CfnOutput(self, "AlarmTopicArn", description="Alarms go to this SNS topic",
+                      value=self.monitoring.topic.topic_arn)
