@@ -1,10 +1,11 @@
-"""Dated prices of the presets, per region: what the planner multiplies GPU-hours by.
+"""Dated prices, per region: what the planner multiplies GPU-hours by, and what each cluster back end
+bills by the hour while it exists (ParallelCluster's head node; AWS PCS's controller and login node).
 
 On-demand Linux prices (USD per instance-hour, shared tenancy) as AWS lists them; each entry
-carries its source and the date it was read. Spot is not offered for the GPU queues (only the
-optional `cpu-spot` CPU queue is Spot) and Capacity Blocks are priced at purchase, per block and
-date, so neither has a dated figure here: the planner says so, and `--live-prices` asks the AWS
-Price List API for the current on-demand price (training/planning/live.py).
+carries its source and the date it was read. Spot prices move by the hour and Capacity Blocks are
+priced at purchase, per block and date, so neither has a dated figure here: the planner says so and
+shows the on-demand rate, and `--live-prices` asks the AWS Price List API for the current on-demand
+price (training/planning/live.py). AWS PCS's fees are per controller size (PCS_FEES).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ _LISTED = ("AWS EC2 On-Demand pricing, Linux, {region}, as quoted by public pric
            "({where}); not read from AWS's page here: --live-prices asks the Price List API")
 _TABLES = "several open-source cost tables found by code search"
 _DSTACK = "dstack PR #4110's `dstack offer` output for p5en.48xlarge"
+_CPU_TABLES = ("several open-source cost tables found by code search, one of them citing ec2.shop and "
+               "instances.vantage.sh on 2026-10-06")
+CPU_READ = "2026-11-26"
+"""The date the head and login node prices were read."""
 
 ON_DEMAND: dict[str, dict[str, Price]] = {
     "us-east-1": {
@@ -36,6 +41,9 @@ ON_DEMAND: dict[str, dict[str, Price]] = {
         "p5.48xlarge": Price(55.04, _LISTED.format(region="us-east-1", where=_TABLES + " (after AWS's 2025 "
                                                                           "P4/P5 price cut)"), READ),
         "p5en.48xlarge": Price(63.296, _LISTED.format(region="us-east-1", where=_DSTACK), READ),
+        # The default head node (ParallelCluster) and login node (PCS, ParallelCluster's optional ones).
+        "c6i.2xlarge": Price(0.34, _LISTED.format(region="us-east-1", where=_CPU_TABLES), CPU_READ),
+        "c6i.xlarge": Price(0.17, _LISTED.format(region="us-east-1", where=_CPU_TABLES), CPU_READ),
     },
     "us-west-2": {
         "p5en.48xlarge": Price(63.296, _LISTED.format(region="us-west-2", where=_DSTACK), READ),
@@ -47,3 +55,19 @@ leaves the cost empty unless --live-prices finds one."""
 
 def on_demand(instance_type: str, region: str) -> Price | None:
     return ON_DEMAND.get(region, {}).get(instance_type)
+
+
+PCS_PRICING_PAGE = "https://aws.amazon.com/pcs/pricing/"
+PCS_FEES: dict[str, dict[str, Price]] = {}
+"""Region -> "controller-<SIZE>" or "accounting-<SIZE>" -> AWS PCS's hourly fee for a cluster of that
+size (its Slurm controller; Slurm accounting, which backend=pcs turns on). PCS also bills a node
+management fee per instance-hour and accounting storage per GB-month, which no plan row counts.
+Empty on purpose: on 2026-11-26 no figure of AWS's PCS pricing page could be read from here (the page
+is not reachable, and no public table or document found by search quotes one), and a figure without
+a source is not put here. Add each one from that page with the date it was read; the planner then
+prices PCS's fixed cost as it prices ParallelCluster's head node."""
+
+
+def pcs_fee(component: str, size: str, region: str) -> Price | None:
+    """AWS PCS's hourly fee for `component` ("controller" or "accounting") at `size`, None when undated."""
+    return PCS_FEES.get(region, {}).get(f"{component}-{size}")

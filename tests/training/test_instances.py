@@ -54,3 +54,15 @@ def test_the_scaling_model_and_the_cluster_read_the_same_table():
     ("NVIDIA L4", 121e12), ("Tesla T4", 65e12), ("NVIDIA A10G", 70e12), ("NVIDIA RTX A6000", None)])
 def test_bench_step_finds_a_gpu_s_peak_by_its_device_name_in_the_same_table(device, peak):
     assert peak_flops_of(device) == peak
+
+
+def test_every_price_in_the_table_has_a_source_and_a_date_and_the_default_head_and_login_nodes_have_one():
+    entries = [price for table in (prices.ON_DEMAND, prices.PCS_FEES) for region in table.values()
+               for price in region.values()]
+    assert entries and all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.date) and len(p.source) > 30 for p in entries)
+    from stacks.settings import ClusterSettings
+
+    defaults = ClusterSettings()
+    for instance_type in (defaults.head_node_instance_type, defaults.login_node_instance_type):
+        assert prices.on_demand(instance_type, "us-east-1").usd_per_hour > 0, instance_type
+    assert prices.pcs_fee("controller", "SMALL", "ap-south-2") is None

@@ -55,6 +55,25 @@ class PlanSettings:
     fsx_capacity_gib: int
     fsx_throughput_per_tib: int
     capacity_type: str
+    backend: str = ""
+    """The chosen back end; empty: the fixed cost of the back ends is not planned (training/planning/fixed.py)."""
+    head_node_instance_type: str = ""
+    login_node_instance_type: str = ""
+    login_nodes: int = 0
+    """ParallelCluster's login nodes (cluster.login_nodes)."""
+    pcs_login_nodes: int = 0
+    """PCS's login nodes: at least one, the only way in."""
+    pcs_size: str = ""
+
+    @classmethod
+    def of(cls, settings: Any) -> PlanSettings:
+        """From stacks/settings.py's Settings (passed in: the planner imports nothing of the CDK app)."""
+        cluster = settings.cluster
+        return cls(settings.region, cluster.presets, cluster.max_nodes, settings.storage.fsx_capacity_gib,
+                   settings.storage.fsx_throughput_per_tib, cluster.capacity_type, backend=settings.backend,
+                   head_node_instance_type=cluster.head_node_instance_type,
+                   login_node_instance_type=cluster.login_node_instance_type, login_nodes=cluster.login_nodes,
+                   pcs_login_nodes=settings.pcs_login_nodes, pcs_size=cluster.pcs_size)
 
     @property
     def storage(self) -> Storage:

@@ -8,6 +8,7 @@ from typing import Callable
 from training.config import Config
 from training.instances import INSTANCES, LOCAL
 from training.planning import inputs
+from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
 from training.prices import on_demand
 from training.rundir import RunLayout
@@ -23,6 +24,9 @@ def _price_and_warnings(name: str, settings: inputs.PlanSettings, live) -> tuple
     if settings.capacity_type == "CAPACITY_BLOCK":
         warnings.append("cluster.capacity_type=CAPACITY_BLOCK: a block's price is set when it is bought; the cost "
                         "shown is the on-demand rate")
+    if settings.capacity_type == "SPOT":
+        warnings.append("cluster.capacity_type=SPOT: Spot prices move by the hour and nodes may be reclaimed; the cost "
+                        "shown is the on-demand rate, an upper bound")
     return price, warnings
 
 
@@ -60,8 +64,11 @@ def plan_rows(config: Config, layout: RunLayout, settings: inputs.PlanSettings, 
         for nodes in counts(name == LOCAL):
             extra = warnings + (_quota_warning(name, nodes, settings, live) if name != LOCAL else [])
             rows.append(plan(work, target, compute, storage, nodes, extra).row() | {"dataset": work.source})
-    if live:
-        for row in rows:
+    fixed = fixed_costs(settings, live)
+    for row in rows:
+        if fixed and row["preset"] != LOCAL:
+            row["fixed"] = for_row(fixed, row["wall_h"])
+        if live:
             row["warnings"] = row["warnings"] + live.warnings
     return rows
 
@@ -89,4 +96,5 @@ def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
             price = row["price"]
             lines.append(f"{row['preset']}: " + "; ".join(f"{k}: {v}" for k, v in row["basis"].items())
                          + (f"; price: ${price['usd_per_hour']}/h, {price['source']}, {price['date']}" if price else ""))
+    lines += fixed_text(next((row["fixed"] for row in rows if row.get("fixed")), None))
     return "\n".join(lines)

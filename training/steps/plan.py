@@ -78,9 +78,7 @@ def read_settings(args: argparse.Namespace):
         settings = settings_from(context.get)
     except SettingsError as exc:
         raise UserError(str(exc)) from None
-    return PlanSettings(settings.region, settings.cluster.presets, settings.cluster.max_nodes,
-                        settings.storage.fsx_capacity_gib, settings.storage.fsx_throughput_per_tib,
-                        settings.cluster.capacity_type)
+    return PlanSettings.of(settings)
 
 
 def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:

@@ -200,3 +200,54 @@ def test_save_keeps_the_rows_in_the_run_directory(tmp_path, capsys):
     capsys.readouterr()
     (row,) = json.loads(RunLayout(tmp_path / "run").plan.read_text())["rows"]
     assert (row["preset"], row["nodes"]) == ("g6e.12xlarge", 1)
+
+
+# --- each back end's fixed cost (training/planning/fixed.py) -------------------------------------------
+
+def _settings(**overrides) -> inputs.PlanSettings:
+    base = {"backend": "parallelcluster", "head_node_instance_type": "c6i.2xlarge",
+            "login_node_instance_type": "c6i.xlarge", "login_nodes": 0, "pcs_login_nodes": 1, "pcs_size": "SMALL"}
+    return inputs.PlanSettings("us-east-1", ("g4dn.12xlarge",), 2, 1200, 250, "ONDEMAND", **{**base, **overrides})
+
+
+def test_parallelcluster_s_fixed_cost_is_its_head_node_and_login_nodes_from_the_dated_table():
+    from training.planning.fixed import fixed_costs
+    from training.prices import on_demand
+
+    head, login = on_demand("c6i.2xlarge", "us-east-1"), on_demand("c6i.xlarge", "us-east-1")
+    (chosen, other) = fixed_costs(_settings())
+    assert (chosen["backend"], chosen["chosen"], other["backend"]) == ("parallelcluster", True, "pcs")
+    assert chosen["usd_per_hour"] == head.usd_per_hour and head.date == "2026-11-26"
+    (with_logins, _) = fixed_costs(_settings(login_nodes=2))
+    assert with_logins["usd_per_hour"] == pytest.approx(head.usd_per_hour + 2 * login.usd_per_hour)
+    assert fixed_costs(_settings(backend="")) == []
+
+
+def test_pcs_s_fixed_cost_is_its_fees_by_size_and_its_login_node_and_says_which_fee_is_missing(monkeypatch):
+    from training import prices
+    from training.planning.fixed import fixed_costs
+
+    (pcs, _) = fixed_costs(_settings(backend="pcs", pcs_size="MEDIUM"))
+    assert pcs["usd_per_hour"] is None and pcs["known_usd_per_hour"] == 0.17
+    missing = [item["missing"] for item in pcs["items"] if item["usd_per_hour"] is None]
+    assert len(missing) == 2 and all("PCS_FEES" in m and prices.PCS_PRICING_PAGE in m for m in missing)
+    assert [item["what"] for item in pcs["items"]][:2] == ["PCS controller fee (MEDIUM)", "PCS accounting fee (MEDIUM)"]
+    dated = {"controller-MEDIUM": prices.Price(2.0, "test", "2026-11-26"),
+             "accounting-MEDIUM": prices.Price(0.5, "test", "2026-11-26")}
+    monkeypatch.setitem(prices.PCS_FEES, "us-east-1", dated)
+    (pcs, _) = fixed_costs(_settings(backend="pcs", pcs_size="MEDIUM", pcs_login_nodes=2))
+    assert pcs["usd_per_hour"] == pytest.approx(2.0 + 0.5 + 2 * 0.17)
+
+
+def test_plan_prices_both_back_ends_side_by_side_the_chosen_first(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--set", f"run.output_dir={tmp_path / 'run'}", "--images", "100000", "--preset",
+                 "g4dn.12xlarge", "--nodes", "1", "-c", "backend=pcs", "-c", "cluster.capacity_type=SPOT",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    pcs_at, pc_at = text.index("  pcs (chosen): at least $0.17/h"), text.index("  parallelcluster: $0.34/h")
+    assert pcs_at < pc_at and "PCS controller fee (SMALL): not in training/prices.py PCS_FEES" in text
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["fixed"]["parallelcluster"]["cost_usd"] == pytest.approx(0.34 * row["wall_h"], rel=1e-3)
+    assert row["fixed"]["pcs"]["cost_usd"] is None and row["fixed"]["pcs"]["chosen"]
+    assert any("cluster.capacity_type=SPOT" in w and "upper bound" in w for w in row["warnings"])
