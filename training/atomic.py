@@ -42,11 +42,13 @@ def write_json_atomic(path: str | Path, payload: Any, *, indent: int | None = 1)
 
 
 def save_torch_atomic(state: Any, path: str | Path) -> None:
-    """torch.save through a temporary file (checkpoints, fine-tuned weights)."""
+    """torch.save through a temporary file (checkpoints, fine-tuned weights). The file is opened
+    here, not by torch: a save that fails (a full disk) then closes it, and the space its partial
+    write took is free again when the error reaches the caller."""
     import torch
 
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        torch.save(state, handle)
 
 
 def link_atomic(source: Path, path: Path) -> None:

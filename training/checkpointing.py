@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from training.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.config import TrainConfig, flatten_dotted
+from training.diskspace import DiskFullError, no_space_error, require_free
 from training.distributed import DistContext, all_gather_object, broadcast_object
 from training.errors import UserError
 from training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
@@ -231,14 +232,37 @@ class CheckpointManager:
         """Write the latest checkpoint, keeping the one it replaces as the previous (a hard link, no
         copy: a damaged latest then costs one save interval), and at the epochs `is_numbered_epoch`
         picks a numbered one."""
+        needed = self.latest.stat().st_size if self.latest.exists() else tensor_bytes(state)
         if self.latest.exists():
             link_atomic(self.latest, self.layout.previous_checkpoint)
-        save_torch_atomic(state, self.latest)
+        try:
+            save_torch_atomic(state, self.latest)
+        except (OSError, RuntimeError) as exc:
+            error = no_space_error(self.latest, needed, exc, "the checkpoint")
+            if error is None:
+                raise
+            kept = self.layout.previous_checkpoint
+            raise DiskFullError(f"{error}; nothing is lost: {kept if kept.exists() else 'no earlier checkpoint'} "
+                                "is the last one saved, and a new attempt resumes from it") from None
         epoch = int(state["epoch"])
         total = (state.get("config") or {}).get("optim", {}).get("epochs")
         if is_numbered_epoch(epoch, total, self.save_every, self.rule) and not state.get("step_in_epoch"):
             link_atomic(self.latest, self.layout.epoch_checkpoint(epoch))  # same bytes, no second write
             self.prune()
+
+    def check_room(self, state: TrainState, ctx: DistContext) -> None:
+        """Before the first step: room for the next save beside the last one; a DiskFullError on
+        every rank (rank 0 looks, the others hear its answer) rather than a save that fails later."""
+        problem = None
+        if ctx.is_main:
+            needed = self.latest.stat().st_size if self.latest.exists() else estimated_checkpoint_bytes(state)
+            try:
+                require_free(self.layout.checkpoints, needed, "the checkpoints")
+            except DiskFullError as exc:
+                problem = str(exc)
+        problem = broadcast_object(ctx, problem)
+        if problem:
+            raise DiskFullError(problem)
 
     def prune(self) -> None:
         if self.keep_last <= 0:
@@ -289,6 +313,27 @@ class CheckpointManager:
                      state.config.optim.epochs)
         if not math.isfinite(float(state.loss_fn.center.abs().sum())):
             raise UserError(f"{path} holds a non-finite loss centre; delete it to restart")
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a nested checkpoint payload (what torch.save writes, near enough)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def estimated_checkpoint_bytes(state: TrainState) -> int:
+    """A checkpoint's size before the first one is written: student and teacher weights, and AdamW's
+    two moments per trainable student weight, at their stored widths."""
+    student = state.models.student.parameters()
+    teacher = state.models.teacher.parameters()
+    weights = sum(p.numel() * p.element_size() for p in [*student, *teacher])
+    moments = sum(2 * p.numel() * 4 for p in state.models.student.parameters() if p.requires_grad)
+    return weights + moments
 
 
 def snapshot(state: TrainState, ctx: DistContext) -> dict[str, Any]:

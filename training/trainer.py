@@ -202,6 +202,7 @@ def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: 
     state = build_state(config, ctx, steps)
     preempted = layout.preempted_marker.exists()  # resume removes it
     checkpoints.resume(state, ctx)
+    checkpoints.check_room(state, ctx)
     if ctx.is_main:
         resumed_from = str(checkpoints.resumed_from) if checkpoints.resumed_from else None
         record_resume(layout, resumed_from, state.epoch, state.step_in_epoch, state.global_step,

@@ -27,17 +27,20 @@ def test_features_cover_every_checkpoint_and_both_baselines(config):
     labels = json.loads((root / "labels.json").read_text())
     assert sorted(p.name for p in (root / "features").iterdir()) == TAGS
     assert labels["class_names"] == list(CLASSES) and labels["n_images"] == 24
+    cells = np.load(root / "split.npy").size
     for tag in TAGS:
         fs = load_features(root / "features" / tag)
-        assert fs.features.shape == (24, 3 * 4 * 4 if tag == "raw_pixels" else 192)
+        rows = cells if tag == "final" else 24  # the final checkpoint: every cell (eval.embed_all_cells)
+        assert fs.features.shape == (rows, 3 * 4 * 4 if tag == "raw_pixels" else 192)
         np.testing.assert_allclose(np.linalg.norm(fs.features, axis=1), 1.0, rtol=1e-5)
-        assert fs.paths == labels["paths"] and fs.labels.tolist() == labels["labels"]
+        expected = np.arange(cells) if tag == "final" else labels["indices"]
+        np.testing.assert_array_equal(fs.indices, expected)
     final = load_features(root / "features" / "final")
     assert final.meta["epoch"] == 2 and final.meta["checkpoint"].endswith("checkpoint.pth")
-    assert final.meta["class_names"] == list(CLASSES)
     trained = load_features(root / "features" / "epoch_0002").features
-    np.testing.assert_allclose(final.features, trained, atol=1e-6)  # the same weights, saved twice
-    assert not np.allclose(final.features, load_features(root / "features" / "random_init").features)
+    held_out = final.select(labels["indices"]).features
+    np.testing.assert_allclose(held_out, trained, atol=1e-6)  # the same weights, saved twice
+    assert not np.allclose(held_out, load_features(root / "features" / "random_init").features)
 
 
 def test_rerun_skips_what_is_up_to_date_and_force_recomputes(config):
@@ -98,7 +101,7 @@ def test_torchrun_two_ranks_write_the_single_rank_features(config, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for tag in ("final", "raw_pixels", "random_init"):
         two, one = load_features(other / "features" / tag), load_features(root / "features" / tag)
-        assert two.paths == one.paths
+        np.testing.assert_array_equal(two.indices, one.indices)
         np.testing.assert_allclose(two.features, one.features, atol=1e-5)
 
 
