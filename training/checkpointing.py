@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from training.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.config import TrainConfig, flatten_dotted
-from training.diskspace import DiskFullError, no_space_error, require_free
+from training.diskspace import DiskFullError, no_space_error, room_problem
 from training.distributed import DistContext, all_gather_object, broadcast_object
 from training.errors import UserError
 from training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
@@ -256,10 +256,7 @@ class CheckpointManager:
         problem = None
         if ctx.is_main:
             needed = self.latest.stat().st_size if self.latest.exists() else estimated_checkpoint_bytes(state)
-            try:
-                require_free(self.layout.checkpoints, needed, "the checkpoints")
-            except DiskFullError as exc:
-                problem = str(exc)
+            problem = room_problem(self.layout.checkpoints, needed, "the checkpoints")
         problem = broadcast_object(ctx, problem)
         if problem:
             raise DiskFullError(problem)

@@ -79,6 +79,15 @@ def require_free(path: Path, needed: int, what: str) -> None:
         raise DiskFullError(space_message(path, int(needed * MARGIN), free, what))
 
 
+def room_problem(path: Path, needed: int, what: str) -> str | None:
+    """require_free's message, or None when there is room (for a rank that tells the others)."""
+    try:
+        require_free(path, needed, what)
+    except DiskFullError as exc:
+        return str(exc)
+    return None
+
+
 def is_no_space(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
         return True

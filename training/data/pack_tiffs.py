@@ -23,6 +23,7 @@ from training.data.cells import CLASS_COLUMN
 from training.data.index import ImageIndex
 from training.data.packed import PartWriter, merge_parts
 from training.data.tiff import BadImage, ChannelAxis, read_image
+from training.diskspace import require_free
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,16 @@ def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) ->
     (channels, _), _ = votes.most_common(1)[0]
     types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
     return channels, np.result_type(*types)
+
+
+def estimated_bytes(root: Path, index: ImageIndex, rows: range, channel_axis: ChannelAxis, dtype: np.dtype) -> int:
+    """The packed size of `rows`, as if each image were as large as the first readable one."""
+    for rel in index.paths[rows.start:rows.start + VOTE_SAMPLE]:
+        try:
+            return read_image(root / rel, channel_axis).size * np.dtype(dtype).itemsize * len(rows)
+        except BadImage:
+            continue
+    return 0
 
 
 def conform(image: np.ndarray, channels: int, path: str) -> np.ndarray:
@@ -92,6 +103,7 @@ def pack_part(root: Path, index: ImageIndex, rows: range, part_dir: Path, *, cha
     images (path and reason). `on_bad(bad)` is called for each; it raises to stop (policy "fail")."""
     root = Path(root)
     channels, dtype = expected_format(root, index, channel_axis)
+    require_free(part_dir.parent, estimated_bytes(root, index, rows, channel_axis, dtype), "the packed images")
     writer = PartWriter(part_dir, channels=channels, dtype=dtype)
     bad: list[BadImage] = []
     paths = [index.paths[i] for i in rows]

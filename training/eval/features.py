@@ -14,6 +14,7 @@ from training.config import Config
 from training.data.dataset import open_images
 from training.data.stats import load_mean_std
 from training.data.torch_loader import build_eval_loader
+from training.diskspace import DiskFullError, room_problem
 from training.distributed import DistContext, broadcast_object
 from training.errors import UserError
 from training.eval.extract import extract_shard, gather_shards
@@ -77,6 +78,10 @@ def extract_all(config: Config, layout: RunLayout, plans: list[TagPlan], ctx: Di
         if not chosen:
             continue
         rows = scope_rows(config, scope, images)
+        needed = sum(len(rows) * (p.dim * 4 + 8) for p in chosen)  # every cell's set can be large: fail now
+        problem = room_problem(layout.features_root, needed, "the features") if ctx.is_main else None
+        if broadcast_object(ctx, problem):
+            raise DiskFullError(problem)
         log.info("features of %d %s for %s on %d rank(s)", len(rows),
                  "cells (all)" if scope == ALL_CELLS else "evaluated held-out cells",
                  ", ".join(p.tag for p in chosen), ctx.world_size)
