@@ -94,9 +94,9 @@ PROFILE
 
 WORK=$(mktemp -d)
 readonly WORK
+trust_pcs_key  # first: a key that is not AWS's stops the build before anything is installed
 install_lustre_client
 install_cloudwatch_agent
-trust_pcs_key
 install_pcs_agent
 install_pcs_slurm
 rm -rf "${WORK}"

@@ -165,16 +165,55 @@ def test_each_back_end_builds_its_own_image_of_the_template(synth, pcs_synth):
     assert env["AMI_PARAMETER"] == "/scdino/ami/gpu-pcs"
 
 
-def test_the_pcs_image_installs_the_pcs_agent_and_slurm_only_after_checking_their_signatures():
+FAKE_CURL = """#!/usr/bin/env bash
+# Fake curl: serves $FAKE_WEB/<basename of the URL> to -o FILE and logs each URL; 404 (exit 22) otherwise.
+out="" url=""
+while (($#)); do
+  case "$1" in -o) out=$2; shift 2 ;; -*) shift ;; *) url=$1; shift ;; esac
+done
+echo "${url}" >> "${FAKE_WEB}/requests.log"
+[[ -f "${FAKE_WEB}/${url##*/}" ]] || exit 22
+cp "${FAKE_WEB}/${url##*/}" "${out}"
+"""
+
+
+def test_the_pcs_image_installs_nothing_signed_by_a_key_that_is_not_aws_s(tmp_path):
+    """15-pcs-node.sh, run for real against an impostor key served where AWS's should be: it stops
+    before installing anything (AWS's real key cannot be fetched offline, so the good path is not run)."""
+    import os
+    import shutil
+    import subprocess
+
+    assert shutil.which("gpg"), "gpg is needed"
+    web, home, bin_dir = tmp_path / "web", tmp_path / "impostor", tmp_path / "bin"
+    for folder in (web, home, bin_dir):
+        folder.mkdir(mode=0o700)
+    gpg = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--quiet", "--passphrase", "", "--quick-gen-key", "Impostor <i@example.org>",
+                    "rsa2048", "sign", "never"], env=gpg, check=True, capture_output=True)
+    key = subprocess.run(["gpg", "--batch", "--armor", "--export"], env=gpg, check=True, capture_output=True).stdout
+    (web / "aws-pcs-public-key.pub").write_bytes(key)
+    (bin_dir / "curl").write_text(FAKE_CURL)
+    (bin_dir / "curl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_WEB": str(web), "AWS_REGION": "us-east-1",
+           "PCS_SLURM_VERSION": "25.11", "PCS_AGENT_INSTALLER": "latest", "PCS_SLURM_INSTALLER": "latest"}
+    result = subprocess.run(["bash", str(REPO_ROOT / "ami" / "scripts" / "15-pcs-node.sh")], env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "fingerprint is not 1C2432C1862F64D1F90A239A7EEF030EDDF5C21C: not installing" in result.stderr
+    assert (web / "requests.log").read_text().splitlines() == [
+        "https://aws-pcs-repo-public-keys-us-east-1.s3.us-east-1.amazonaws.com/aws-pcs-public-key.pub"]
+
+
+def test_the_pcs_image_runs_each_installer_only_after_its_signature_verified():
     template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
     pcs_build = template[template.index('name    = "pcs"'):]
     assert '"${path.root}/scripts/15-pcs-node.sh"' in pcs_build
     assert "15-pcs-node.sh" not in template[:template.index('name    = "pcs"')]
     script = (REPO_ROOT / "ami" / "scripts" / "15-pcs-node.sh").read_text()
-    # The fingerprint the AWS PCS User Guide publishes, and every installer verified before it runs.
-    assert 'KEY_FINGERPRINT="1C2432C1862F64D1F90A239A7EEF030EDDF5C21C"' in script
-    body = script[script.index("install_pcs_agent() {"):]
-    assert body.index("verified_tarball") < body.index("./installer.sh")
-    slurm = script[script.index("install_pcs_slurm() {"):]
-    assert slurm.index("verified_tarball") < slurm.index("./installer.sh -y")
-    assert 'gpg --batch --verify "${WORK}/${name}.sig"' in script
+    for function, installer in (("install_pcs_agent() {", "./installer.sh)"),
+                                ("install_pcs_slurm() {", "./installer.sh -y")):
+        body = script[script.index(function):]
+        assert body.index("verified_tarball") < body.index(installer), function
+    verify = script[script.index("verified_tarball() {"):]
+    assert verify.index('gpg --batch --verify') < verify.index("tar -xzf"), "unpacked before verification"
