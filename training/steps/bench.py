@@ -2,11 +2,14 @@
 
     python -m training bench loader --config run.yaml [--batches 10 --warmup 2 --workers 2 --images 2000 --size 48/24]
     python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
+    python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
 
 `loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64,
 per-sample torchvision transforms) against the packed loader with batched multi-crop, same images,
 same worker count (training/benchmarks/loader.py). `step`: training-step throughput
-(training/benchmarks/step.py). This module is the one place where the flags become a typed request
+(training/benchmarks/step.py). `scale`: what opening a dataset of 10^5..10^7 cells costs, per process
+and per loader worker, against the JSON index of before (training/benchmarks/scale.py). This module
+is the one place where the flags become a typed request
 (training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
 """
 
@@ -30,7 +33,7 @@ LOADER_ONLY = ("workers", "images", "size")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
-    parser.add_argument("what", choices=["loader", "step"], help="which benchmark to run")
+    parser.add_argument("what", choices=["loader", "step", "scale"], help="which benchmark to run")
     parser.add_argument("--batches", type=int,
                         help="timed batches (loader, default 10) or steps (step, default 20)")
     parser.add_argument("--warmup", type=int, help="untimed batches or steps first (loader 2, step 3)")
@@ -38,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int,
                         help="loader: synthetic images to generate when data.source is absent (default 2000)")
     parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
+    parser.add_argument("--sizes", help="scale: dataset sizes in cells, e.g. 100000,1000000,10000000 (the default)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
@@ -62,7 +66,11 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
 
 
 def run(config, layout, args: argparse.Namespace) -> int:
-    if args.what == "loader":
+    if args.what == "scale":
+        from training.benchmarks.scale import run_scale_benchmark
+
+        result = run_scale_benchmark(scale_sizes(args.sizes))
+    elif args.what == "loader":
         request = loader_request(args)
         from training.benchmarks.loader import run_loader_benchmark
 
@@ -82,6 +90,19 @@ def run(config, layout, args: argparse.Namespace) -> int:
     if args.out:
         _write_text(args.out, text + "\n")
     return 0
+
+
+def scale_sizes(text: str | None) -> list[int]:
+    """--sizes as cell counts (10^5, 10^6 and 10^7 by default)."""
+    if not text:
+        return [100_000, 1_000_000, 10_000_000]
+    try:
+        sizes = [int(float(part)) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1000:
+        raise UserError(f"--sizes {text!r}: give cell counts of at least 1000, e.g. 100000,1000000")
+    return sizes
 
 
 def _write_text(out: Path, text: str) -> None:
