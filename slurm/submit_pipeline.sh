@@ -7,6 +7,8 @@
 #     --to STEP       stop after STEP
 #     --nodes N       pretraining nodes (default: pretrain.slurm's --nodes)
 #     --after JOBID   the first job also waits for JOBID (e.g. a data staging job)
+#     --prepare-tasks N  prepare as a Slurm array of N tasks (each packs a slice of the images,
+#                     in parallel across nodes), then one merge job (default 1: one job)
 #     --dry-run       print the sbatch commands instead of submitting
 #   --set overrides go to every step, so all steps read the same configuration.
 # Steps: prepare mean-std pretrain features labels knn linear plots report.
@@ -59,6 +61,7 @@ FROM=prepare
 TO=report
 NODES=""
 AFTER=""
+PREPARE_TASKS=1
 DRY_RUN=0
 STEP_ARGS=()
 while [ $# -gt 0 ]; do
@@ -67,6 +70,7 @@ while [ $# -gt 0 ]; do
     --to) TO=${2:?--to needs a step}; shift 2 ;;
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
     --after) AFTER=${2:?--after needs a job id}; shift 2 ;;
+    --prepare-tasks) PREPARE_TASKS=${2:?--prepare-tasks needs a number}; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --set) STEP_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
     -h | --help) usage ;;
@@ -80,6 +84,7 @@ FIRST=$(step_index "$FROM")
 LAST=$(step_index "$TO")
 ((FIRST <= LAST)) || fail "--from $FROM comes after --to $TO"
 [ -z "$NODES" ] || [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || fail "--nodes must be a positive integer, got '$NODES'"
+[[ "$PREPARE_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--prepare-tasks must be a positive integer, got '$PREPARE_TASKS'"
 
 LOG_DIR=${SCDINO_LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
@@ -117,6 +122,10 @@ step_options() {
 submit() {
   local step=$1 after=$2 label=$3 options command
   shift 3
+  if [ "$step" = prepare ] && ((PREPARE_TASKS > 1)); then
+    submit_prepare_parts "$after" "$@"
+    return 0
+  fi
   mapfile -t options < <(step_options "$step")
   [ "$label" = "$step" ] || options+=(--job-name="scdino-${label/:/-}")
   [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
@@ -129,6 +138,38 @@ submit() {
   JOB_ID=$("${command[@]}")
   JOB_ID=${JOB_ID%%;*}
   echo "$label $JOB_ID"
+}
+
+# prepare as an array of PREPARE_TASKS tasks after job AFTER, then its merge: prints "prepare-parts
+# JOBID" and "prepare JOBID", and leaves the merge's id in JOB_ID.
+submit_prepare_parts() {
+  local after=$1 options command
+  shift
+  mapfile -t options < <(step_options prepare)
+  # --exclusive: one task per node, each with the node's cores and its own link to FSx (decoding and
+  # reading are what a part spends its time on; tasks sharing a node would share both)
+  options+=(--job-name=scdino-prepare-parts --array="0-$((PREPARE_TASKS - 1))" --exclusive)
+  [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
+  command=(sbatch "${options[@]}" "$HERE/prepare.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$PREPARE_TASKS")
+  if ((DRY_RUN)); then
+    echo "${command[*]}"
+    after="<prepare-parts>"
+  else
+    after=$("${command[@]}")
+    after=${after%%;*}
+    echo "prepare-parts $after"
+  fi
+  mapfile -t options < <(step_options prepare)
+  options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
+  command=(sbatch "${options[@]}" "$HERE/prepare.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$PREPARE_TASKS")
+  if ((DRY_RUN)); then
+    echo "${command[*]}"
+    JOB_ID="<prepare>"
+    return 0
+  fi
+  JOB_ID=$("${command[@]}")
+  JOB_ID=${JOB_ID%%;*}
+  echo "prepare $JOB_ID"
 }
 
 # The --set arguments that pick one run by the name its job labels carry, one a line: "" the run

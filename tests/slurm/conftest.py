@@ -40,10 +40,11 @@ def pipeline_workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pipeline(cluster, pipeline_workdir) -> dict[str, dict[str, str]]:
     """Submit the chain with slurm/submit_pipeline.sh and wait for its last job: each step's
-    `scontrol show job` fields."""
-    out = cluster.run(str(REPO / "slurm" / "submit_pipeline.sh"), "run.yaml", cwd=pipeline_workdir)
+    `scontrol show job` fields. prepare runs as a 2-task array (one task per node) and its merge."""
+    out = cluster.run(str(REPO / "slurm" / "submit_pipeline.sh"), "run.yaml", "--prepare-tasks", "2",
+                      cwd=pipeline_workdir)
     jobs = dict(line.split() for line in out.splitlines())
-    infos = {}
+    infos = {"prepare-parts": cluster.wait(jobs["prepare-parts"], timeout=600)}
     for step in PIPELINE_STEPS:
         infos[step] = cluster.wait(jobs[step], timeout=600)
         assert infos[step]["JobState"] == "COMPLETED", f"{step}: {log_of(pipeline_workdir, infos[step])}"

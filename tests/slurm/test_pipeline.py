@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,31 @@ def test_each_step_waited_for_the_previous_one(pipeline):
     for before, after in zip(STEPS, STEPS[1:]):
         assert pipeline[after]["StartTime"] >= pipeline[before]["EndTime"], (before, after)
         assert pipeline[after]["Dependency"] in ("(null)", ""), "afterok satisfied"
+
+
+def test_prepare_packed_one_slice_per_node_and_merged_them_into_the_one_prepare_makes(pipeline, cluster, workdir,
+                                                                                      tmp_path):
+    """The array's two tasks ran on both nodes, each packing half the images into a part; the merge
+    linked the parts' pixel files into one dataset equal, cell for cell, to a one-process prepare."""
+    import numpy as np
+
+    from training.data.packed import PackedImages
+
+    parts = pipeline["prepare-parts"]
+    assert parts["JobState"] == "COMPLETED" and pipeline["prepare"]["StartTime"] >= parts["EndTime"]
+    shown = cluster.run("scontrol", "show", "job", "-o", parts["ArrayJobId"])
+    nodes = sorted(re.search(r" NodeList=(\S+)", line).group(1) for line in shown.splitlines() if "ArrayTaskId=" in line)
+    assert nodes == ["node1", "node2"], shown
+    merged = PackedImages(workdir / "run" / "packed")
+    assert len(merged.meta["shards"]) == 2 and not (workdir / "run" / "packed.parts").exists()
+    single = tmp_path / "single"
+    done = subprocess.run([sys.executable, "-m", "training", "prepare", "--config", str(workdir / "run.yaml"),
+                           "--set", f"run.output_dir={single}"], capture_output=True, text=True, cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one = PackedImages(single / "packed")
+    assert list(merged.paths) == list(one.paths) and list(merged.labels) == list(one.labels)
+    np.testing.assert_array_equal(merged.read_batch(np.arange(len(one))), one.read_batch(np.arange(len(one))))
+    np.testing.assert_array_equal(np.load(workdir / "run" / "split.npy"), np.load(single / "split.npy"))
 
 
 def test_pretraining_ran_across_both_nodes(pipeline, workdir):

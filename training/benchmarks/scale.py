@@ -11,6 +11,10 @@ is generated in a scratch folder: the table written as `prepare` writes it, the 
                             (labels and batches read as a training step reads them), the batch's 6.4 MB
                             included; measured after a warm-up on a 1,000-cell dataset, so that the
                             libraries' own pages, loaded once per process whatever N, are not counted
+    anon_open_mb, anon_batch_mb   the same, private memory only (RssAnon): the rest of the RSS is pages
+                            of the memory-mapped files, shared by every process on the node through the
+                            page cache and given back under pressure (random reads map the kernel's
+                            read-ahead window around each cell: a bound set by the batch, not by N)
     worker_bytes            what a spawned DataLoader worker receives: the reader pickled after the batch
     split_save_s, split_load_s, split_rss_mb   the split by row (split.npy) written and read back
     features_load_s, features_rss_mb           a feature set of N rows (its rows.npy and index) loaded
@@ -110,8 +114,12 @@ def write_v1_index(folder: Path, table: pa.Table) -> None:
 PROBE = r"""
 import json, pickle, sys, time
 import numpy as np
+def status(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key + ":")).split()[1]) / 1024
 def rss():
-    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
+    return status("VmRSS")
+def anon():
+    return status("RssAnon")
 folder, what, warm = sys.argv[1], sys.argv[2], sys.argv[3]
 def open_and_read(folder):
     images = PackedImages(folder, label_column="Metadata_Treatment", batch_column="Metadata_Batch")
@@ -122,21 +130,22 @@ def open_and_read(folder):
 if what == "table":
     from training.data.packed import PackedImages
     open_and_read(warm)  # the libraries' own pages, loaded once per process whatever N is
-    base = rss(); start = time.perf_counter()
+    base, base_anon = rss(), anon(); start = time.perf_counter()
     images = PackedImages(folder, label_column="Metadata_Treatment", batch_column="Metadata_Batch")
     len(images.paths)  # maps the table
-    opened = time.perf_counter() - start; rss_open = rss() - base
+    opened = time.perf_counter() - start; rss_open, anon_open = rss() - base, anon() - base_anon
     images, batch = open_and_read(folder)
-    out = {"open_s": opened, "rss_open_mb": rss_open, "rss_batch_mb": rss() - base,
-           "worker_bytes": len(pickle.dumps(images)), "batch_shape": list(batch.shape)}
+    out = {"open_s": opened, "rss_open_mb": rss_open, "anon_open_mb": anon_open, "rss_batch_mb": rss() - base,
+           "anon_batch_mb": anon() - base_anon, "worker_bytes": len(pickle.dumps(images)),
+           "batch_shape": list(batch.shape)}
     print(json.dumps(out))
 else:
-    base = rss(); start = time.perf_counter()
+    base, base_anon = rss(), anon(); start = time.perf_counter()
     meta = json.load(open(folder + "/index.json"))
     labels = np.asarray(meta["labels"], dtype=np.int64)
     shapes = np.asarray(meta["shapes"], dtype=np.int64).reshape(-1, 3)
     offsets = np.asarray(meta["offsets"], dtype=np.int64)
-    out = {"v1_open_s": time.perf_counter() - start, "v1_rss_mb": rss() - base,
+    out = {"v1_open_s": time.perf_counter() - start, "v1_rss_mb": rss() - base, "v1_anon_mb": anon() - base_anon,
            "v1_worker_bytes": len(pickle.dumps((meta, labels, shapes, offsets)))}
     print(json.dumps(out))
 """
