@@ -42,7 +42,6 @@ BACKWARD_SHARE = 0.6
 """Backward's share of a step without a measurement: 2 of the ~3.3 forwards' worth of student and teacher FLOPs."""
 NATIVE_SIDE = 48
 """Side in pixels of scDINO's single-cell images at native resolution (docs/performance.md's 48/24 crops)."""
-ELEMENT_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -98,16 +97,13 @@ def dataset_size(config: Config, layout: RunLayout, images: int | None,
                  image_bytes: float | None = None) -> tuple[int, float, str]:
     """(images, bytes per image, where from): the run's packed dataset when `prepare` made one, else
     --images with --image-bytes, or 16-bit images of the cells' native size."""
-    from training.data.packed import INDEX_FILE
+    from training.data.packed import INDEX_FILE, is_packed, pixel_bytes, read_packed_index
 
     index = layout.packed / INDEX_FILE
-    if images is None and index.is_file():
-        meta = json.loads(index.read_text())
-        shapes, count = meta["shapes"], len(meta["paths"])
-        flat = [shapes[i:i + 3] for i in range(0, len(shapes), 3)] if shapes and not isinstance(shapes[0], list) \
-            else shapes
-        elements = sum(a * b * c for a, b, c in flat)
-        return count, elements * ELEMENT_BYTES.get(meta["dtype"], 2) / max(count, 1), f"packed dataset {index}"
+    if images is None and is_packed(layout.packed):
+        meta = read_packed_index(layout.packed)
+        count = int(meta["n_cells"])
+        return count, pixel_bytes(meta) / max(count, 1), f"packed dataset {index}"
     if images is None:
         raise UserError(f"no packed dataset at {layout.packed} to count: give --images N (the dataset's image "
                         "count) or run `python -m training prepare` first")

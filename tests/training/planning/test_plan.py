@@ -149,10 +149,11 @@ def test_a_step_measured_at_another_batch_is_scaled(tmp_path, capsys):
 
 
 def test_the_dataset_size_comes_from_the_packed_dataset(tmp_path, capsys):
-    packed = tmp_path / "run" / "packed"
-    packed.mkdir(parents=True)
-    (packed / "index.json").write_text(json.dumps({"format": "scdino-packed-v1", "paths": ["a", "b"],
-                                                   "shapes": [5, 40, 40, 5, 60, 60], "dtype": "uint16"}))
+    import numpy as np
+    from packing import write_packed
+
+    write_packed(tmp_path / "run" / "packed", [np.zeros((5, 40, 40), np.uint16), np.zeros((5, 60, 60), np.uint16)],
+                 ["a", "b"])
     work = inputs.workload(_config(tmp_path), RunLayout(tmp_path / "run"), None)
     assert work.image_bytes == pytest.approx(2 * 5 * (40 * 40 + 60 * 60) / 2)
     assert "packed dataset" in work.source
