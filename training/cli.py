@@ -1,7 +1,8 @@
 """Command line: `python -m training <step> --config run.yaml [--set section.key=value ...]`.
 
-Steps, in pipeline order: synth-data, prepare, mean-std, pretrain, features, labels, knn, linear,
-plots, report, summary; `compare` after one chain per channel combination. `bench step|loader`
+Steps, in pipeline order: synth-data, prepare (or ingest: cells cut out of fields of view),
+mean-std, pretrain, features, labels, knn, linear, plots, report, summary; `compare` after one
+chain per channel combination. `bench step|loader`
 prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
 prints where a run's files are (for shell scripts);
 `upload-data` copies images to the data bucket.
@@ -36,11 +37,13 @@ RANKS_LOGGER = "training.ranks"
 STEPS: dict[str, str] = {
     "synth-data": "synth_data",
     "prepare": "prepare",
+    "ingest": "ingest",
     "mean-std": "mean_std",
     "pretrain": "pretrain",
     "features": "features",
     "labels": "labels",
     "knn": "knn",
+    "export": "export",
     "linear": "linear",
     "plots": "plots",
     "report": "report",

@@ -10,6 +10,8 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
                                   table (seeded), and the settings and table it belongs to
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
+      ingest_report.json          `ingest`: fields read and bad, objects found, cut and skipped per reason,
+                                  the crop settings (training/data/ingest.py)
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
       checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_previous.pth (the save
@@ -28,6 +30,12 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
       linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch
       linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
+      profiles/                   `export` (training/eval/export.py has the columns):
+        cells.h5ad                AnnData, one observation per cell: obsm["X_scdino"], obs the metadata and split
+        cells.parquet             per-cell profiles: Metadata_ columns, then the features
+        wells.parquet             per-well profiles (median of each well's cells), with plate and well columns
+        wells_normalized.parquet  the same, normalised (eval.profile_normalization: spherize)
+        export.json               what was written: counts, columns, the features' provenance
       plots/*.png, *.pdf          `plots`, listed in plots/manifest.json for the report
       report.html                 `report`
       timings.json                wall time of each step, merged by every step
@@ -110,6 +118,7 @@ class RunLayout:
     split = property(lambda self: self.shared / "split.json")
     split_rows = property(lambda self: self.shared / "split.npy")
     bad_images = property(lambda self: self.shared / "bad_images.json")
+    ingest_report = property(lambda self: self.shared / "ingest_report.json")
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
@@ -130,6 +139,12 @@ class RunLayout:
     finetune_json = property(lambda self: self.linear / "finetune.json")
     finetune_md = property(lambda self: self.linear / "finetune.md")
     finetune_weights = property(lambda self: self.linear / "finetune.pth")
+    profiles = property(lambda self: self.root / "profiles")
+    profiles_h5ad = property(lambda self: self.profiles / "cells.h5ad")
+    profiles_cells = property(lambda self: self.profiles / "cells.parquet")
+    profiles_wells = property(lambda self: self.profiles / "wells.parquet")
+    profiles_wells_normalized = property(lambda self: self.profiles / "wells_normalized.parquet")
+    profiles_manifest = property(lambda self: self.profiles / "export.json")
     plots = property(lambda self: self.root / "plots")
     plots_manifest = property(lambda self: self.plots / "manifest.json")
     report = property(lambda self: self.root / "report.html")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 from pathlib import Path
 
 from training.config import Config
@@ -58,9 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if getattr(args, "verify", False):
         return verify(config, layout)
+    from training.data.parts import check_part_arguments
+
     parts, part = getattr(args, "parts", 1), getattr(args, "part", None)
-    if parts < 1 or (part is not None and not 0 <= part < parts):
-        raise UserError(f"--part must be in 0..{parts - 1} and --parts >= 1 (got --part {part} --parts {parts})")
+    check_part_arguments(part, parts)
     source = Path(config.data.source)
     from training.data.packed import is_packed
 
@@ -76,32 +76,19 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     return 0
 
 
-def parts_root(layout: RunLayout) -> Path:
-    return layout.packed.with_name(layout.packed.name + ".parts")
-
-
-def part_dir(layout: RunLayout, part: int, parts: int) -> Path:
-    return parts_root(layout) / f"part-{part:05d}-of-{parts:05d}"
-
-
-def _slice(total: int, part: int, parts: int) -> range:
-    return range(total * part // parts, total * (part + 1) // parts)
-
-
 def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> None:
     """Pack slice `part` of `parts` of the sorted image list, unless a finished part of the same
     images is there."""
     from training.data.index import scan_images
     from training.data.pack_tiffs import pack_part
-    from training.data.packed import read_part
+    from training.data.parts import finished_part, part_dir, part_rows
 
     source = Path(config.data.source)
     index = scan_images(source, config.data.folder_depth_for_labels)
-    rows, folder = _slice(len(index), part, parts), part_dir(layout, part, parts)
+    rows, folder = part_rows(len(index), part, parts), part_dir(layout, part, parts)
     identity = {"source": str(source.resolve()), "n_images": len(index), "rows": [rows.start, rows.stop],
                 "first": index.paths[rows.start] if len(rows) else None}
-    done = read_part(folder)
-    if done is not None and done.get("identity") == identity:
+    if finished_part(folder, identity) is not None:
         log.info("part %d of %d (%d images) is already packed in %s: kept", part + 1, parts, len(rows), folder)
         return
     log.info("packing part %d of %d: images %d..%d of %d", part + 1, parts, rows.start, rows.stop - 1, len(index))
@@ -112,25 +99,21 @@ def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> N
 
 def finish(config: Config, layout: RunLayout, parts: int) -> None:
     """Merge the parts into <packed>, then write the bad-image report and the split."""
-    from training.data.dataset import open_images, write_bad_report
-    from training.data.packed import merge_parts, read_part
-    from training.data.split import save_split, split_for
+    from training.data.dataset import write_bad_report
+    from training.data.packed import read_part
+    from training.data.parts import merge_and_split, part_dir
     from training.data.tiff import BadImage
 
     folders = [part_dir(layout, k, parts) for k in range(parts)]
     infos = [read_part(folder) for folder in folders]
-    merge_parts(folders, layout.packed, source=str(config.data.source),
-                folder_depth_for_labels=config.data.folder_depth_for_labels)
     bad = [BadImage(b["path"], b["reason"]) for info in infos if info for b in info.get("bad", [])]
     n_cells = sum(info["n_cells"] for info in infos if info)
-    if n_cells == 0:
+    write_bad_report(layout.bad_images, "prepare", bad)
+    if n_cells == 0 and all(infos):
         raise UserError(f"none of the images under {config.data.source} is readable ({len(bad)} bad); see "
                         f"{layout.bad_images}")
-    write_bad_report(layout.bad_images, "prepare", bad)
-    images = open_images(config.replace({"data.loader": "packed"}))
-    split = split_for(config, images)
-    save_split(config, split, images)
-    shutil.rmtree(parts_root(layout), ignore_errors=True)
+    split = merge_and_split(config, layout, folders, source=str(config.data.source),
+                            folder_depth_for_labels=config.data.folder_depth_for_labels)
     log.info("packed %d images (%d skipped) into %s; split: %d train, %d hold-out",
              n_cells, len(bad), layout.packed, len(split.train), len(split.holdout))
 

@@ -33,7 +33,7 @@ def test_yaml_and_overrides(tmp_path):
         ("optim.epochs=many", "optim.epochs must be an integer"),
         ("data.channels=0a", "data.channels must be digits"),
         ("dino.global_crops_scale=[0.5, 0.2]", "dino.global_crops_scale must satisfy"),
-        ("nosuch.key=1", "unknown config section 'nosuch.key': allowed: data, dino, eval, model, optim, run, train"),
+        ("nosuch.key=1", "unknown config section 'nosuch.key': allowed: data, dino, eval, ingest, model, optim, run, train"),
         ("optm.lr=1", "unknown config section 'optm.lr': did you mean 'optim'?"),
     ],
 )
