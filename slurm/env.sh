@@ -15,6 +15,9 @@ SCDINO_GPUS_PER_NODE=${SCDINO_GPUS_PER_NODE:-4}
 SCDINO_CPUS_PER_GPU=${SCDINO_CPUS_PER_GPU:-12}
 # CPUs of a single-process step (prepare, mean-std, kNN, ...): one GPU's share of a node.
 SCDINO_CPUS_PER_TASK=${SCDINO_CPUS_PER_TASK:-$SCDINO_CPUS_PER_GPU}
+# CPUs of each `ingest` job or array task: its cropping runs on one core, a second reads ahead;
+# an array of many such tasks, packed onto the nodes by Slurm, spreads the fields over the cores.
+SCDINO_INGEST_CPUS_PER_TASK=${SCDINO_INGEST_CPUS_PER_TASK:-2}
 # Instance type, for the expected all-reduce bandwidth in the NCCL test.
 SCDINO_INSTANCE_TYPE=${SCDINO_INSTANCE_TYPE:-g4dn.12xlarge}
 # Worker processes per node when the allocation has no GPU (CPU/gloo runs, the local cluster).

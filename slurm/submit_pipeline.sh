@@ -9,9 +9,12 @@
 #     --after JOBID   the first job also waits for JOBID (e.g. a data staging job)
 #     --prepare-tasks N  prepare as a Slurm array of N tasks (each packs a slice of the images,
 #                     in parallel across nodes), then one merge job (default 1: one job)
+#     --ingest-tasks N   ingest as a Slurm array of N tasks of SCDINO_INGEST_CPUS_PER_TASK CPUs (each
+#                     cuts the cells of a slice of the fields), then one merge job (default 1: one job)
 #     --dry-run       print the sbatch commands instead of submitting
 #   --set overrides go to every step, so all steps read the same configuration.
-# Steps: prepare mean-std pretrain features labels knn linear plots report.
+# Steps: prepare mean-std pretrain features labels knn linear plots report; when the config sets
+# ingest.table (a screen's load table), ingest takes prepare's place.
 # Logs: $SCDINO_LOG_DIR/<job name>_<job id>.out (default logs/ in the current directory).
 # If a step fails, Slurm cancels the steps after it (--kill-on-invalid-dep).
 # With data.channel_combinations: prepare and mean-std once (skipped when their files exist), then
@@ -25,7 +28,7 @@ set -euo pipefail
 
 STEPS=(prepare mean-std pretrain features labels knn linear plots report)
 # Steps every channel combination shares, with the run file that shows each is done.
-declare -A SHARED_OUTPUT=([prepare]=split [mean-std]=mean_std)
+declare -A SHARED_OUTPUT=([prepare]=split [ingest]=split [mean-std]=mean_std)
 # Steps that start their own processes on whole nodes; the others run one process on a CPU share.
 MULTI_NODE=" pretrain features "
 # Steps that evaluate the channel-adaptive model on one combination: no plots or report, whose
@@ -57,11 +60,12 @@ step_index() {
 }
 
 CONFIG=""
-FROM=prepare
+FROM=""
 TO=report
 NODES=""
 AFTER=""
 PREPARE_TASKS=1
+INGEST_TASKS=1
 DRY_RUN=0
 STEP_ARGS=()
 while [ $# -gt 0 ]; do
@@ -71,6 +75,7 @@ while [ $# -gt 0 ]; do
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
     --after) AFTER=${2:?--after needs a job id}; shift 2 ;;
     --prepare-tasks) PREPARE_TASKS=${2:?--prepare-tasks needs a number}; shift 2 ;;
+    --ingest-tasks) INGEST_TASKS=${2:?--ingest-tasks needs a number}; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --set) STEP_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
     -h | --help) usage ;;
@@ -80,11 +85,9 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$CONFIG" ] || usage
 [ -f "$CONFIG" ] || fail "config file not found: $CONFIG"
-FIRST=$(step_index "$FROM")
-LAST=$(step_index "$TO")
-((FIRST <= LAST)) || fail "--from $FROM comes after --to $TO"
 [ -z "$NODES" ] || [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || fail "--nodes must be a positive integer, got '$NODES'"
 [[ "$PREPARE_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--prepare-tasks must be a positive integer, got '$PREPARE_TASKS'"
+[[ "$INGEST_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--ingest-tasks must be a positive integer, got '$INGEST_TASKS'"
 
 LOG_DIR=${SCDINO_LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
@@ -100,15 +103,22 @@ if [ -x "$SCDINO_PYTHON" ]; then
     mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
     mapfile -t ADAPTIVE_KINDS < <(run_adaptive_kinds "$CONFIG" "${STEP_ARGS[@]}")
   fi
+  # A screen's load table: the chain starts by cutting its cells out of the fields of view.
+  [ -z "$(run_path --ingest-table "$CONFIG" "${STEP_ARGS[@]}")" ] || STEPS[0]=ingest
 else
   echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
 fi
+FIRST=$(step_index "${FROM:-${STEPS[0]}}")
+LAST=$(step_index "$TO")
+((FIRST <= LAST)) || fail "--from $FROM comes after --to $TO"
 
 # sbatch options of one step: site settings from env.sh override the scripts' #SBATCH defaults.
 step_options() {
   local step=$1 options=(--parsable --partition="$SCDINO_PARTITION" --output="$LOG_DIR/%x_%j.out")
   if [[ "$MULTI_NODE" == *" $step "* ]]; then
     [ "$step" = pretrain ] && [ -n "$NODES" ] && options+=(--nodes="$NODES")
+  elif [ "$step" = ingest ]; then
+    options+=(--cpus-per-task="$SCDINO_INGEST_CPUS_PER_TASK")
   else
     options+=(--cpus-per-task="$SCDINO_CPUS_PER_TASK")
   fi
@@ -123,7 +133,11 @@ submit() {
   local step=$1 after=$2 label=$3 options command
   shift 3
   if [ "$step" = prepare ] && ((PREPARE_TASKS > 1)); then
-    submit_prepare_parts "$after" "$@"
+    submit_parts prepare "$PREPARE_TASKS" "$after" --exclusive -- "$@"
+    return 0
+  fi
+  if [ "$step" = ingest ] && ((INGEST_TASKS > 1)); then
+    submit_parts ingest "$INGEST_TASKS" "$after" -- "$@"
     return 0
   fi
   mapfile -t options < <(step_options "$step")
@@ -140,36 +154,42 @@ submit() {
   echo "$label $JOB_ID"
 }
 
-# prepare as an array of PREPARE_TASKS tasks after job AFTER, then its merge: prints "prepare-parts
-# JOBID" and "prepare JOBID", and leaves the merge's id in JOB_ID.
-submit_prepare_parts() {
-  local after=$1 options command
+# STEP (prepare or ingest) as an array of TASKS tasks after job AFTER, then its merge: prints
+# "STEP-parts JOBID" and "STEP JOBID", and leaves the merge's id in JOB_ID. The sbatch options
+# before "--" go to the array only: prepare's tasks take --exclusive, one task per node, each with
+# the node's cores and its own link to FSx (decoding and reading are what a part spends its time
+# on); ingest's tasks crop on one core each, so Slurm packs several onto a node.
+submit_parts() {
+  local step=$1 tasks=$2 after=$3 options array_options=() command
+  shift 3
+  while (($#)) && [ "$1" != -- ]; do
+    array_options+=("$1")
+    shift
+  done
   shift
-  mapfile -t options < <(step_options prepare)
-  # --exclusive: one task per node, each with the node's cores and its own link to FSx (decoding and
-  # reading are what a part spends its time on; tasks sharing a node would share both)
-  options+=(--job-name=scdino-prepare-parts --array="0-$((PREPARE_TASKS - 1))" --exclusive)
+  mapfile -t options < <(step_options "$step")
+  options+=(--job-name="scdino-$step-parts" --array="0-$((tasks - 1))" "${array_options[@]}")
   [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  command=(sbatch "${options[@]}" "$HERE/prepare.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$PREPARE_TASKS")
+  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$tasks")
   if ((DRY_RUN)); then
     echo "${command[*]}"
-    after="<prepare-parts>"
+    after="<$step-parts>"
   else
     after=$("${command[@]}")
     after=${after%%;*}
-    echo "prepare-parts $after"
+    echo "$step-parts $after"
   fi
-  mapfile -t options < <(step_options prepare)
+  mapfile -t options < <(step_options "$step")
   options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  command=(sbatch "${options[@]}" "$HERE/prepare.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$PREPARE_TASKS")
+  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$tasks")
   if ((DRY_RUN)); then
     echo "${command[*]}"
-    JOB_ID="<prepare>"
+    JOB_ID="<$step>"
     return 0
   fi
   JOB_ID=$("${command[@]}")
   JOB_ID=${JOB_ID%%;*}
-  echo "prepare $JOB_ID"
+  echo "$step $JOB_ID"
 }
 
 # The --set arguments that pick one run by the name its job labels carry, one a line: "" the run

@@ -6,6 +6,7 @@
     python -m training paths --config run.yaml --set run.combination=01 root   # a combination's run
     python -m training paths --config run.yaml --channel-adaptive   # combinations the channel-adaptive models are evaluated on
     python -m training paths --config run.yaml --channel-adaptive-kinds   # data.channel_adaptive_kinds, when compared
+    python -m training paths --config run.yaml --ingest-table   # ingest.table (nothing when unset: the chain starts with prepare)
     python -m training paths --config run.yaml --set run.channel_adaptive=bag_of_channels --set run.combination=01 knn_json
 
 One path per requested name, in order (names: training/rundir/layout.py, e.g. root, packed,
@@ -32,9 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channel-adaptive-kinds", action="store_true",
                         help="print the kinds of channel-adaptive model to train, one a line "
                              "(data.channel_adaptive_kinds; nothing unless data.compare_channel_adaptive)")
+    parser.add_argument("--ingest-table", action="store_true",
+                        help="print ingest.table, the load table `ingest` cuts cells from (nothing when unset)")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    if args.ingest_table:
+        if config.ingest.table:
+            print(config.ingest.table)
+        return 0
     if args.channel_adaptive_kinds:
         if config.data.compare_channel_adaptive and config.data.channel_combinations:
             print("\n".join(config.data.channel_adaptive_kinds))
