@@ -149,18 +149,26 @@ def widen_file(path: Path, dtype: np.dtype, wider: np.dtype, elements: int) -> i
     return crc
 
 
+ROW_CHUNK = 8192
+"""Table rows kept as Python lists before they are turned into an Arrow chunk: a part's memory per
+cell is then a few dozen bytes, whatever its metadata, up to the SHARD_BYTES of a pixel file."""
+
+
 @dataclass
 class ShardRows:
-    """The table rows of the cells in one pixel file, collected while it is written."""
+    """The table rows of the cells in one pixel file, collected while it is written: the latest
+    rows as lists, the earlier ones as Arrow chunks of ROW_CHUNK rows."""
 
     paths: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     heights: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)
     metadata: dict[str, list] = field(default_factory=dict)
+    chunks: list[pa.Table] = field(default_factory=list)
+    count: int = 0
 
     def add(self, path: str, offset: int, shape: tuple[int, ...], metadata: dict[str, Any]) -> None:
-        if not self.paths:
+        if not self.count:
             self.metadata = {name: [] for name in metadata}
         elif metadata.keys() != self.metadata.keys():
             raise ValueError(f"cell {path}: metadata columns {sorted(metadata)} differ from the first cell's "
@@ -171,11 +179,22 @@ class ShardRows:
         self.widths.append(int(shape[-1]))
         for name, value in metadata.items():
             self.metadata[name].append(value)
+        self.count += 1
+        if len(self.paths) >= ROW_CHUNK:
+            self.chunks.append(self._lists_table())
+
+    def _lists_table(self) -> pa.Table:
+        n = len(self.paths)
+        table = storage_table(self.paths, np.zeros(n, np.uint16), self.offsets, self.heights, self.widths,
+                              self.metadata)
+        self.paths, self.offsets, self.heights, self.widths = [], [], [], []
+        self.metadata = {name: [] for name in self.metadata}
+        return table
 
     def table(self) -> pa.Table:
-        n = len(self.paths)
-        return storage_table(self.paths, np.zeros(n, np.uint16), self.offsets, self.heights, self.widths,
-                             self.metadata)
+        if self.paths or not self.chunks:
+            self.chunks.append(self._lists_table())
+        return pa.concat_tables(self.chunks, promote_options="permissive") if len(self.chunks) > 1 else self.chunks[0]
 
 
 class PartWriter:
@@ -216,7 +235,7 @@ class PartWriter:
         write_table(self.folder / table, self.rows.table())
         self.shards.append({"file": self.writer.path.name, "table": table, "dtype": self.writer.dtype.str,
                             "elements": self.writer.elements, "bytes": self.writer.nbytes,
-                            "crc32": crc32_hex(self.writer.crc), "cells": len(self.rows.paths)})
+                            "crc32": crc32_hex(self.writer.crc), "cells": self.rows.count})
         self.dtype, self.writer = self.writer.dtype, None
 
     def finish(self, **extra: Any) -> dict[str, Any]:

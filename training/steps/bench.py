@@ -3,12 +3,15 @@
     python -m training bench loader --config run.yaml [--batches 10 --warmup 2 --workers 2 --images 2000 --size 48/24]
     python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
     python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
+    python -m training bench ingest [--fields 16,64 --cells 200 --crop 64] [--out ingest.json]
 
 `loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64,
 per-sample torchvision transforms) against the packed loader with batched multi-crop, same images,
 same worker count (training/benchmarks/loader.py). `step`: training-step throughput
 (training/benchmarks/step.py). `scale`: what opening a dataset of 10^5..10^7 cells costs, per process
-and per loader worker, against the JSON index of before (training/benchmarks/scale.py). This module
+and per loader worker, against the JSON index of before (training/benchmarks/scale.py). `ingest`:
+crops per CPU-second cut out of 1080 x 1080 x 5 uint16 fields of view, and peak memory at two
+numbers of fields (training/benchmarks/ingest.py). This module
 is the one place where the flags become a typed request
 (training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
 """
@@ -33,7 +36,7 @@ LOADER_ONLY = ("workers", "images", "size")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
-    parser.add_argument("what", choices=["loader", "step", "scale"], help="which benchmark to run")
+    parser.add_argument("what", choices=["loader", "step", "scale", "ingest"], help="which benchmark to run")
     parser.add_argument("--batches", type=int,
                         help="timed batches (loader, default 10) or steps (step, default 20)")
     parser.add_argument("--warmup", type=int, help="untimed batches or steps first (loader 2, step 3)")
@@ -42,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="loader: synthetic images to generate when data.source is absent (default 2000)")
     parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
     parser.add_argument("--sizes", help="scale: dataset sizes in cells, e.g. 100000,1000000,10000000 (the default)")
+    parser.add_argument("--fields", help="ingest: numbers of fields of view, e.g. 16,64 (the default)")
+    parser.add_argument("--cells", type=int, help="ingest: cells per field of view (default 200)")
+    parser.add_argument("--crop", type=int, help="ingest: crop side in pixels (default 64)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
@@ -66,7 +72,11 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
 
 
 def run(config, layout, args: argparse.Namespace) -> int:
-    if args.what == "scale":
+    if args.what == "ingest":
+        from training.benchmarks.ingest import run_ingest_benchmark
+
+        result = run_ingest_benchmark(ingest_fields(args.fields), cells=args.cells or 200, crop=args.crop or 64)
+    elif args.what == "scale":
         from training.benchmarks.scale import run_scale_benchmark
 
         result = run_scale_benchmark(scale_sizes(args.sizes))
@@ -103,6 +113,17 @@ def scale_sizes(text: str | None) -> list[int]:
     if not sizes or min(sizes) < 1000:
         raise UserError(f"--sizes {text!r}: give cell counts of at least 1000, e.g. 100000,1000000")
     return sizes
+
+
+def ingest_fields(text: str | None) -> list[int]:
+    """--fields as numbers of fields of view (16 and 64 by default)."""
+    try:
+        counts = [int(part) for part in (text or "16,64").split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise UserError(f"--fields {text!r}: give numbers of fields of view, e.g. 16,64")
+    return counts
 
 
 def _write_text(out: Path, text: str) -> None:

@@ -148,12 +148,17 @@ def screen_config(tmp_path: Path, table: Path, name: str, **ingest):
                            "data.batch_column": "Metadata_Batch", "ingest.crop_size": CROP})
 
 
-def test_per_channel_files_give_the_cells_of_one_multichannel_file(tmp_path, screens):
+def test_per_channel_files_give_the_cells_of_one_multichannel_file(tmp_path, screens, monkeypatch):
+    """Also: table rows kept in Arrow chunks of 7 (packed.ROW_CHUNK) give the same table as one chunk."""
+    import training.data.packed as packed
+
     stacked = screen_config(tmp_path, screens["stacked"] / "load_data.csv", "stacked")
     planes = screen_config(tmp_path, screens["planes"] / "load_data.csv", "planes")
     reordered = planes.replace({"ingest.channels": ["Marker2", "Membrane", "Cytoplasm", "DNA", "Marker"]})
     reordered = reordered.replace({"run.output_dir": str(tmp_path / "reordered")})
-    for config in (stacked, planes, reordered):
+    assert run_cli(stacked, "ingest") == 0
+    monkeypatch.setattr(packed, "ROW_CHUNK", 7)
+    for config in (planes, reordered):
         assert run_cli(config, "ingest") == 0
     one, one_columns, one_report = cells(stacked)
     many, many_columns, many_report = cells(planes)
@@ -164,6 +169,7 @@ def test_per_channel_files_give_the_cells_of_one_multichannel_file(tmp_path, scr
     np.testing.assert_array_equal(moved.read_batch(everything), one.read_batch(everything)[:, [4, 0, 1, 2, 3]])
     for name in one_columns:
         np.testing.assert_array_equal(one_columns[name], many_columns[name])
+    assert one.table.table.drop_columns(["path"]).equals(many.table.table.drop_columns(["path"])) and len(one) > 7
     assert one.class_names == ["DMSO", "cpdA", "cpdB", "cpdC", "cpdD", "cpdE"]
     with open(screens["stacked"] / "load_data.csv", newline="") as f:
         rows = list(csv.DictReader(f))
