@@ -477,6 +477,25 @@ class EvalConfig:
     embed_all_cells: bool = True
     """Features of the final checkpoint for every cell of the dataset, training and held-out, which
     `export` writes as profiles; false: for the evaluated held-out cells only, as every epoch."""
+    knn_exclude_same_batch: bool = True
+    """With data.batch_column set, `knn` also scores every feature set "not same batch": a query never
+    votes with a reference of its own imaging batch (the same references and queries, same-batch
+    neighbours masked before the top k), reported beside the plain kNN in knn.json, knn.md, the
+    comparison and the report. Batches otherwise make any representation look better than it is.
+    False, or no data.batch_column: the plain kNN only."""
+    plate_column: str = ""
+    """The per-cell table's column naming each cell's plate, for per-well profiles (`export`) and
+    retrieval mAP (`knn`). Empty: Metadata_Plate where the table has it, else no per-well profiles."""
+    well_column: str = ""
+    """The column naming each cell's well within its plate. Empty: Metadata_Well where the table has it."""
+    profile_normalization: Literal["none", "spherize"] = "none"
+    """How per-well profiles are normalised before retrieval mAP compares them, and `export` writes
+    a normalised copy: "spherize" is pycytominer's ZCA sphering fitted on the control wells
+    (data.control_column = data.control_value), which turns the controls' spread, the batch effect
+    among it, into unit variance in every direction. "none": the raw medians."""
+    umap_color_columns: tuple[str, ...] = ()
+    """Metadata columns (with or without the Metadata_ prefix) that colour extra UMAPs of the trained
+    model and both baselines, besides the label. Empty: data.batch_column when it is set."""
 
     def __post_init__(self) -> None:
         if not self.knn_k or min(self.knn_k) < 1:

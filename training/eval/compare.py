@@ -42,6 +42,10 @@ PLAIN_ADAPTIVE_NOTE = ("Every kNN here is scDINO's plain cosine, which weighs ea
                        "channel-adaptive model's feature alike; to compare channel-adaptive models, run the knn "
                        "steps and compare again with eval.knn_whiten=true (docs/performance.md measures both).")
 """What they say when channel-adaptive models are compared under the plain kNN."""
+SCREEN_NOTE = ("kNN not same batch: a query never votes with a cell of its own imaging batch (data.batch_column), "
+               "top-1 / top-2 % at its best k. mAP: retrieval mean average precision of per-well profiles by "
+               "treatment (copairs), with the treatments whose FDR-corrected p < 0.05 out of those scored.")
+"""What comparison.md and the report say when the runs measured a screen."""
 
 
 def adaptive_models(comparison: dict[str, Any]) -> list[str]:
@@ -57,8 +61,9 @@ def knn_note(comparison: dict[str, Any]) -> str | None:
 
 
 def knn_scores(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per headline tag (trained, raw pixels, random init): best k and top-1/top-2 there."""
-    return {tag: {"best_k": entry["best_k"], "top1": entry["top1"], "top2": entry["top2"]}
+    """Per headline tag (trained, raw pixels, random init): best k and top-1/top-2 there, and where
+    the run measured them the not-same-batch kNN's and the mAP."""
+    return {tag: {key: entry[key] for key in ("best_k", "top1", "top2", "not_same_batch", "map") if key in entry}
             for tag, entry in knn_headline(knn).items()}
 
 
@@ -208,18 +213,40 @@ def _channels_cell(combo: str, entry: dict[str, Any]) -> str:
     return f"{combo} ({', '.join(entry['channel_names'])})"
 
 
+def _measured(entries: dict[str, Any], key: str) -> bool:
+    """Whether any combination's run measured `key` ("not_same_batch", "map") for any tag."""
+    return any(key in scores for entry in entries.values() for scores in entry["knn"].values())
+
+
+def _screen_cells(entry: dict[str, Any], tag: str, key: str) -> str:
+    """Not-same-batch top-1 / top-2 at its best k, or mAP (significant / treatments), of one tag."""
+    found = entry["knn"].get(tag, {}).get(key)
+    if found is None:
+        return "-"
+    if key == "map":
+        return "-" if found["mean_map"] is None else \
+            f"{found['mean_map']:.3f} ({found['n_significant']}/{found['n_treatments']})"
+    return f"{_pct(found['top1'])} / {_pct(found['top2'])}"
+
+
 def comparison_rows(comparison: dict[str, Any], model: str = PER_COMBINATION) -> tuple[list[str], list[list[str]]]:
-    """Header and one row per combination: kNN top-1 / top-2 and linear top-1 of the trained model
-    and of both baselines, and the pretraining compute where each combination has its own."""
+    """Header and one row per combination: kNN top-1 / top-2 (and where measured not-same-batch kNN
+    and mAP) and linear top-1 of the trained model and of both baselines, and the pretraining
+    compute where each combination has its own."""
     entries = comparison["models"][model]["combinations"]
     own_compute = all("compute" in entry for entry in entries.values())
+    screen = [key for key in ("not_same_batch", "map") if _measured(entries, key)]
+    names = {"not_same_batch": "kNN not same batch", "map": "mAP (q<0.05)"}
     header = ["channels", *[f"kNN {tags.LABELS[t]}" for t in tags.HEADLINE],
+              *[f"{names[key]} {tags.LABELS[t]}" for key in screen for t in tags.HEADLINE],
               *[f"linear {tags.LABELS[t]}" for t in tags.HEADLINE], *(["pretrain compute"] if own_compute else [])]
     rows = []
     for combo, entry in entries.items():
         knn = [_knn_cell(entry, t) for t in tags.HEADLINE]
+        measures = [_screen_cells(entry, t, key) for key in screen for t in tags.HEADLINE]
         linear = [_linear_cell(entry, t) for t in tags.HEADLINE]
-        rows.append([_channels_cell(combo, entry), *knn, *linear, *([_cost(entry["compute"])] if own_compute else [])])
+        rows.append([_channels_cell(combo, entry), *knn, *measures, *linear,
+                     *([_cost(entry["compute"])] if own_compute else [])])
     return header, rows
 
 
@@ -266,6 +293,9 @@ def comparison_markdown(comparison: dict[str, Any]) -> str:
     """comparison.md: the models side by side (with channel-adaptive ones), each model's table
     against its baselines, then what each channel adds."""
     parts = ["# Channel combinations (kNN top-1 / top-2 % at the best k; linear probe final top-1 %)", ""]
+    if any(_measured(model["combinations"], key) for model in comparison["models"].values()
+           for key in ("not_same_batch", "map")):
+        parts += [SCREEN_NOTE, ""]
     note = knn_note(comparison)
     if note:
         parts += [note, ""]

@@ -2,7 +2,11 @@
 
 Each query image votes with its k most similar reference images (cosine similarity of L2-normalised
 features); a neighbour with similarity s adds exp(s / T) to its class. With eval.knn_whiten the
-features are whitened first (`whiten`), a rule of our own that scDINO does not apply. Queries are
+features are whitened first (`whiten`), a rule of our own that scDINO does not apply. "Not same
+batch" (eval.knn_exclude_same_batch with data.batch_column): the same vote with every reference of
+the query's own imaging batch masked out of its similarity block before the top k, so the memory
+bound below holds unchanged; each feature set's retrieval mAP (training/eval/retrieval.py) is
+recorded beside its kNN in knn.json. Queries are
 processed in batches sized so that the (batch x references) similarity block stays under a memory
 budget: 100k references at 384 dimensions need the 150 MB of features plus a few hundred MB of
 working space.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +25,7 @@ from tqdm import tqdm
 
 from training.config import EvalConfig
 from training.errors import UserError
+from training.eval.retrieval import MapSetup, tag_map
 from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)
@@ -29,12 +35,15 @@ DEFAULT_BLOCK_BYTES = 256 * 2**20
 
 @dataclass
 class KnnResult:
-    """Accuracies per requested k; `predictions[k]` is the top-1 class of every query."""
+    """Accuracies per requested k; `predictions[k]` is the top-1 class of every query (-1 for a
+    query that was not counted: under a batch exclusion, one with no reference outside its batch)."""
 
     top1: dict[int, float] = field(default_factory=dict)
     top2: dict[int, float] = field(default_factory=dict)
     effective_k: dict[int, int] = field(default_factory=dict)
     predictions: dict[int, np.ndarray] = field(default_factory=dict)
+    counted: np.ndarray | None = None
+    """Which queries the accuracies count (None: all)."""
 
     @property
     def best_k(self) -> int:
@@ -106,10 +115,15 @@ def knn_classify(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     batch_size: int | None = None,
     progress: bool = False,
+    batches: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> KnnResult:
     """Weighted kNN of `queries` against `reference` (both L2-normalised rows), per k.
 
     A k larger than the number of references is clipped to it (and reported in `effective_k`).
+    `batches` (reference batches, query batches): "not same batch", a query's similarity to every
+    reference of its own batch is set to -inf inside its block before the top k, so such a reference
+    is never a neighbour (a masked slot that still reaches the top k votes with weight exp(-inf) = 0);
+    queries with no reference outside their batch are not counted.
     """
     ref = torch.from_numpy(np.ascontiguousarray(reference, dtype=np.float32))
     ref_labels = torch.from_numpy(np.asarray(reference_labels, dtype=np.int64))
@@ -118,20 +132,50 @@ def knn_classify(
     batch = batch_size or query_batch_size(len(ref), block_bytes)
     predictions = {k: np.empty(len(queries), np.int64) for k in effective}
     top2_hits = {k: np.zeros(len(queries), bool) for k in effective}
+    masks = BatchMask(*batches) if batches is not None else None
     starts = range(0, len(queries), batch)
     for start in tqdm(starts, desc="kNN", unit="batch", disable=not progress):
         block = torch.from_numpy(np.ascontiguousarray(queries[start : start + batch], dtype=np.float32))
-        scores = _vote_block(block @ ref.T, ref_labels, sorted(set(effective.values())), num_classes, temperature)
         rows = slice(start, start + len(block))
+        sims = block @ ref.T
+        if masks is not None:
+            sims.masked_fill_(masks.same(rows), float("-inf"))
+        scores = _vote_block(sims, ref_labels, sorted(set(effective.values())), num_classes, temperature)
         target = torch.from_numpy(truth[rows]).unsqueeze(1)
         for k, k_eff in effective.items():
             ranked = rank_classes(scores[k_eff])
             predictions[k][rows] = ranked[:, 0].numpy()
             top2_hits[k][rows] = (ranked[:, : min(2, k_eff)] == target).any(dim=1).numpy()
-    result = KnnResult(effective_k=effective, predictions=predictions)
+    counted = masks.counted if masks is not None else None
+    return _result(effective, predictions, top2_hits, truth, counted)
+
+
+class BatchMask:
+    """Which references share each query's imaging batch, a block of queries at a time."""
+
+    def __init__(self, reference_batches: np.ndarray, query_batches: np.ndarray) -> None:
+        self.reference = torch.from_numpy(np.asarray(reference_batches, np.int64))
+        self.query = torch.from_numpy(np.asarray(query_batches, np.int64))
+        names, counts = np.unique(np.asarray(reference_batches), return_counts=True)
+        query = np.asarray(query_batches)
+        at = np.minimum(np.searchsorted(names, query), max(len(names) - 1, 0))
+        own = np.where(names[at] == query, counts[at], 0) if len(names) else np.zeros(len(query), np.int64)
+        self.counted = len(reference_batches) - own > 0
+
+    def same(self, rows: slice) -> torch.Tensor:
+        return self.query[rows].unsqueeze(1) == self.reference.unsqueeze(0)
+
+
+def _result(effective: dict[int, int], predictions: dict[int, np.ndarray], top2_hits: dict[int, np.ndarray],
+            truth: np.ndarray, counted: np.ndarray | None) -> KnnResult:
+    """Accuracies over the counted queries; the others' predictions set to -1."""
+    keep = np.ones(len(truth), bool) if counted is None else counted
+    result = KnnResult(effective_k=effective, predictions=predictions, counted=counted)
     for k in effective:
-        result.top1[k] = float(np.mean(predictions[k] == truth)) if len(truth) else float("nan")
-        result.top2[k] = float(np.mean(top2_hits[k])) if len(truth) else float("nan")
+        predictions[k][~keep] = -1
+        hits = predictions[k][keep] == truth[keep]
+        result.top1[k] = float(np.mean(hits)) if keep.any() else float("nan")
+        result.top2[k] = float(np.mean(top2_hits[k][keep])) if keep.any() else float("nan")
     return result
 
 
@@ -183,36 +227,61 @@ def reference_query(labels: dict[str, Any], fraction: float, seed: int) -> tuple
     return y, ref, query
 
 
-def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.ndarray, np.ndarray],
-                 settings: EvalConfig, num_classes: int) -> dict[str, Any]:
-    """The knn.json entry of one feature set: accuracy per k, and per class at the best k."""
-    ref, query = rows
-    x = whiten(feature_set.features, ref) if settings.knn_whiten else feature_set.features
-    result = knn_classify(x[ref], labels[ref], x[query], labels[query], ks=settings.knn_k,
-                          temperature=settings.knn_temperature, num_classes=num_classes, progress=True)
+def accuracy_entry(result: KnnResult, truth: np.ndarray, num_classes: int) -> dict[str, Any]:
+    """Accuracy per k, the best k, and per class and confused classes at the best k, over the
+    queries the result counted."""
     best = result.best_k
+    keep = np.ones(len(truth), bool) if result.counted is None else result.counted
+    predicted = result.predictions[best][keep]
     return {
-        "epoch": feature_set.meta.get("epoch"),
-        "kind": feature_set.meta.get("kind"),
-        "checkpoint": feature_set.meta.get("checkpoint"),
-        "dim": feature_set.dim,
         "top1": {str(k): v for k, v in result.top1.items()},
         "top2": {str(k): v for k, v in result.top2.items()},
         "effective_k": {str(k): v for k, v in result.effective_k.items()},
         "best_k": best,
-        "per_class_top1": per_class_accuracy(labels[query], result.predictions[best], num_classes),
-        "confusion": confusion_matrix(labels[query], result.predictions[best], num_classes).tolist(),
+        "per_class_top1": per_class_accuracy(truth[keep], predicted, num_classes),
+        "confusion": confusion_matrix(truth[keep], predicted, num_classes).tolist(),
     }
 
 
-def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], settings: EvalConfig,
-                          seed: int) -> dict[str, Any]:
-    """The knn.json payload: every feature set evaluated on one shared reference/query split."""
+def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.ndarray, np.ndarray],
+                 settings: EvalConfig, num_classes: int, batches: np.ndarray | None = None) -> dict[str, Any]:
+    """The knn.json entry of one feature set: accuracy per k, and per class at the best k; with
+    `batches` (each held-out cell's batch code), the same "not_same_batch" as well."""
+    ref, query = rows
+    x = whiten(feature_set.features, ref) if settings.knn_whiten else feature_set.features
+    run = partial(knn_classify, x[ref], labels[ref], x[query], labels[query], ks=settings.knn_k,
+                  temperature=settings.knn_temperature, num_classes=num_classes, progress=True)
+    entry = {"epoch": feature_set.meta.get("epoch"), "kind": feature_set.meta.get("kind"),
+             "checkpoint": feature_set.meta.get("checkpoint"), "dim": feature_set.dim,
+             **accuracy_entry(run(), labels[query], num_classes)}
+    if batches is not None:
+        result = run(batches=(batches[ref], batches[query]))
+        counted = int(result.counted.sum())
+        entry["not_same_batch"] = {**accuracy_entry(result, labels[query], num_classes), "n_query": counted,
+                                   "n_query_left_out": int(len(query) - counted)}
+    return entry
+
+
+def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], settings: EvalConfig, seed: int,
+                          *, batches: np.ndarray | None = None, retrieval: MapSetup | None = None) -> dict[str, Any]:
+    """The knn.json payload: every feature set evaluated on one shared reference/query split; with
+    `batches`, also not same batch; with `retrieval`, each set's mAP of per-well profiles."""
     y, ref, query = reference_query(labels, settings.knn_train_fraction, seed)
     num_classes = len(labels["class_names"])
-    return {
+    payload = {
         "seed": seed, "temperature": settings.knn_temperature, "whitened": settings.knn_whiten,
         "train_fraction": settings.knn_train_fraction, "ks": list(settings.knn_k),
         "n_reference": int(len(ref)), "n_query": int(len(query)), "class_names": labels["class_names"],
-        "tags": {tag: evaluate_tag(fs, y, (ref, query), settings, num_classes) for tag, fs in sets.items()},
     }
+    if batches is not None:
+        payload["not_same_batch"] = {"batch_column": labels.get("batch_column"),
+                                     "n_batches": int(len(np.unique(batches)))}
+    if retrieval is not None:
+        payload["map"] = retrieval.settings
+    payload["tags"] = {}
+    for tag, feature_set in sets.items():
+        entry = evaluate_tag(feature_set, y, (ref, query), settings, num_classes, batches)
+        if retrieval is not None:
+            entry["map"] = tag_map(feature_set.features, retrieval, labels["class_names"], seed)
+        payload["tags"][tag] = entry
+    return payload

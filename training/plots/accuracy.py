@@ -1,4 +1,5 @@
-"""kNN accuracy versus k and versus epoch, and the confusion matrix, from knn/knn.json."""
+"""kNN accuracy versus k and versus epoch, the screen measures side by side, and the confusion matrix,
+from knn/knn.json."""
 
 from __future__ import annotations
 
@@ -43,6 +44,39 @@ def plot_knn_vs_epoch(knn: dict[str, Any]):
                        label=tags.label(tag))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _finish_accuracy_axes(fig, ax, "epoch", "Global kNN accuracy during pretraining")
+
+
+def screen_values(knn: dict[str, Any]) -> dict[str, list[float | None]]:
+    """Per headline tag: plain kNN top-1, not-same-batch top-1 (each at its best k, %) and mAP x 100."""
+    def best(entry: dict[str, Any] | None) -> float | None:
+        return None if entry is None else 100 * entry["top1"][str(entry["best_k"])]
+
+    values = {}
+    for tag in [t for t in tags.HEADLINE if t in knn["tags"]]:
+        entry = knn["tags"][tag]
+        mean_map = (entry.get("map") or {}).get("mean_map")
+        values[tag] = [best(entry), best(entry.get("not_same_batch")), None if mean_map is None else 100 * mean_map]
+    return values
+
+
+def plot_screen_measures(knn: dict[str, Any]):
+    """Grouped bars: for the trained model and each baseline, plain kNN, not-same-batch kNN and mAP."""
+    values = screen_values(knn)
+    measures = ["kNN top-1", "kNN not same batch", "mAP x 100"]
+    fig, ax = new_figure(6.5, 4.0)
+    width = 0.8 / max(len(values), 1)
+    for i, (tag, heights) in enumerate(values.items()):
+        x = np.arange(len(measures)) + (i - (len(values) - 1) / 2) * width
+        shown = [h if h is not None else 0.0 for h in heights]
+        bars = ax.bar(x, shown, width, label=tags.label(tag), hatch=None if tag == tags.FINAL else "//", alpha=0.85)
+        ax.bar_label(bars, labels=["-" if h is None else f"{h:.0f}" for h in heights], fontsize=7)
+    ax.set_xticks(np.arange(len(measures)), measures)
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 105)
+    ax.set_title("What a screen judges: plain kNN, kNN across batches, retrieval mAP")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    return fig
 
 
 def _finish_accuracy_axes(fig, ax, xlabel: str, title: str):

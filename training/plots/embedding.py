@@ -1,4 +1,4 @@
-"""UMAP of CLS features coloured by class, one figure per checkpoint (scDINO's `plot_in_2D`)."""
+"""UMAP of CLS features coloured by class (or any metadata column), one figure per checkpoint (scDINO's `plot_in_2D`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import numpy as np
 from training.plots.common import class_colours, new_figure
 
 log = logging.getLogger(__name__)
+
+MAX_LEGEND = 20
+"""Classes a UMAP's legend lists; a column with more values (wells, sites) is drawn without one."""
 
 
 def umap_embedding(features: np.ndarray, *, seed: int, n_neighbors: int, min_dist: float) -> np.ndarray:
@@ -30,19 +33,22 @@ def umap_embedding(features: np.ndarray, *, seed: int, n_neighbors: int, min_dis
 
 
 def plot_embedding(embedding: np.ndarray, labels: np.ndarray, class_names: list[str], title: str):
-    """Scatter of the 2-D embedding, one colour and legend entry (with its count) per class."""
+    """Scatter of the 2-D embedding, one colour and legend entry (with its count) per class; above
+    MAX_LEGEND classes the colours repeat and there is no legend. Cells without a class (-1) in grey."""
     fig, ax = new_figure(6.5, 5.5)
     colours = class_colours(len(class_names))
     size = max(2.0, min(20.0, 4000.0 / max(len(labels), 1)))
-    for cls, name in enumerate(class_names):
+    legend = len(class_names) <= MAX_LEGEND
+    for cls, name in [*enumerate(class_names), (-1, "no value")]:
         mask = labels == cls
         if mask.any():
-            ax.scatter(embedding[mask, 0], embedding[mask, 1], s=size, color=colours[cls],
+            ax.scatter(embedding[mask, 0], embedding[mask, 1], s=size, color=colours[cls] if cls >= 0 else "0.6",
                        label=f"{name} ({int(mask.sum())})", alpha=0.8, linewidths=0)
     ax.set_title(title)
     ax.set_xlabel("UMAP 1")
     ax.set_ylabel("UMAP 2")
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=2)
+    if legend:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=2)
     return fig

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from training.atomic import write_json_atomic
 from training.config import Config
 from training.errors import MissingInputError
-from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k
+from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k, plot_screen_measures
 from training.plots.attention import cls_attention, plot_attention
 from training.plots.common import save_figure
 from training.plots.curves import plot_training_curves
-from training.plots.embedding import plot_embedding, umap_embedding
+from training.plots.embedding import MAX_LEGEND, plot_embedding, umap_embedding
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics, read_optional_json
 from training.rundir.features import list_tags, load_features
@@ -48,23 +48,55 @@ def _entry(section: str, title: str, paths: list[Path], caption: str) -> PlotEnt
 
 def umap_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
     """One UMAP per feature tag (each checkpoint epoch and the baselines), seeded, of the cells
-    labels.json lists (at most eval.umap_max_points of them, a seeded sample stratified by class)."""
+    labels.json lists (at most eval.umap_max_points of them, a seeded sample stratified by class),
+    coloured by class; the trained model's and the baselines' again by each column of
+    eval.umap_color_columns (by default data.batch_column)."""
     from training.data.split import stratified_sample
 
     labels = load_labels(layout)
     classes, rows = np.asarray(labels["labels"], np.int64), np.asarray(labels["indices"], np.int64)
     keep = stratified_sample(classes, np.arange(len(rows)), config.eval.umap_max_points, config.run.seed)
     shown = f"{len(keep)} of the {len(rows)}" if len(keep) < len(rows) else f"{len(rows)}"
+    colourings = umap_colourings(config, rows[keep])
     entries = []
     for tag in sorted(list_tags(layout.features_root), key=tags.sort_key):
         feature_set = load_features(layout.features(tag), mmap=True).select(rows[keep], layout.features(tag))
         embedding = umap_embedding(feature_set.features, seed=config.run.seed,
                                    n_neighbors=config.eval.umap_neighbors, min_dist=config.eval.umap_min_dist)
-        title = f"UMAP of {tags.label(tag, feature_set.meta.get('epoch'))} features"
+        name = tags.label(tag, feature_set.meta.get("epoch"))
+        about = f"{shown} evaluated held-out cells, {feature_set.dim}-d features, coloured by"
+        title = f"UMAP of {name} features"
         paths = save_figure(plot_embedding(embedding, classes[keep], labels["class_names"], title), out, f"umap_{tag}")
-        entries.append(_entry("umap", title, paths, f"{shown} evaluated held-out cells, "
-                                                    f"{feature_set.dim}-d features, coloured by class."))
+        entries.append(_entry("umap", title, paths, f"{about} class."))
+        for column, (codes, names) in colourings.items() if tag in tags.HEADLINE else ():
+            title = f"UMAP of {name} features by {column}"
+            paths = save_figure(plot_embedding(embedding, codes, names, title), out, f"umap_{tag}_{_safe(column)}")
+            entries.append(_entry("umap", title, paths, f"{about} {column}{_repeat_note(names)}."))
     return entries
+
+
+def umap_colourings(config: Config, rows: np.ndarray) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """(codes, names) of each column eval.umap_color_columns names (default: data.batch_column) at
+    the table `rows`; none for a dataset without a per-cell table."""
+    from training.data.dataset import open_images
+
+    columns = config.eval.umap_color_columns or ((config.data.batch_column,) if config.data.batch_column else ())
+    if not columns:
+        return {}
+    table = getattr(open_images(config), "table", None)
+    if table is None:
+        log.info("a TIFF folder has no per-cell table: UMAPs coloured by class only")
+        return {}
+    found = {}
+    for column in columns:
+        name = table.find(column, "eval.umap_color_columns")
+        categories = table.categories(name)
+        found[name] = (categories.codes[rows], categories.names)
+    return found
+
+
+def _repeat_note(names: list[str]) -> str:
+    return f" ({len(names)} values: colours repeat, no legend)" if len(names) > MAX_LEGEND else ""
 
 
 def knn_plots(knn: dict[str, Any], out: Path) -> list[PlotEntry]:
@@ -75,6 +107,11 @@ def knn_plots(knn: dict[str, Any], out: Path) -> list[PlotEntry]:
         entries.append(_entry("knn", "kNN accuracy versus epoch",
                               save_figure(plot_knn_vs_epoch(knn), out, "knn_vs_epoch"),
                               "Top-1 accuracy at the best k of each checkpoint; baselines as horizontal lines."))
+    if "not_same_batch" in knn or "map" in knn:
+        entries.append(_entry("knn", "Plain kNN, not-same-batch kNN and mAP",
+                              save_figure(plot_screen_measures(knn), out, "screen_measures"),
+                              "Top-1 at each one's best k; mAP of the per-well profiles by treatment, x 100. A "
+                              "plain kNN far above the not-same-batch one shows neighbours found by batch."))
     for tag in [t for t in tags.HEADLINE if t in knn["tags"]]:
         entry = knn["tags"][tag]
         title = f"Confusion matrix, {tags.label(tag, entry.get('epoch'))}, k={entry['best_k']}"

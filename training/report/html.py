@@ -16,12 +16,21 @@ from typing import Any
 from training.eval.compare import (
     MODEL_NAMES,
     PER_COMBINATION,
+    SCREEN_NOTE,
     adaptive_models,
     comparison_rows,
     knn_note,
     side_by_side_rows,
 )
-from training.eval.tables import finetune_rows, knn_rows, knn_setup, linear_rows
+from training.eval.tables import (
+    finetune_rows,
+    has_screen_measures,
+    knn_rows,
+    knn_setup,
+    linear_rows,
+    screen_rows,
+    screen_setup,
+)
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
@@ -51,6 +60,10 @@ ARTEFACTS = (
     ("knn_json", "kNN accuracies, per-class accuracy, confusion matrices"),
     ("knn_md", "kNN table"),
     ("linear_json", "linear-probe accuracy per epoch"),
+    ("profiles_h5ad", "per-cell AnnData for scanpy: obsm['X_scdino'], metadata and split in obs (`export`)"),
+    ("profiles_cells", "per-cell profiles, Parquet, Metadata_ columns then features (`export`)"),
+    ("profiles_wells", "per-well median profiles, Parquet, for pycytominer (`export`)"),
+    ("profiles_manifest", "what `export` wrote and where the features came from"),
     ("finetune_json", "fine-tuning accuracy per epoch (optional `linear --finetune`)"),
     ("finetune_weights", "fine-tuned backbone and head"),
     ("plots", "figures (PNG, PDF) and their manifest"),
@@ -96,11 +109,21 @@ def figures(layout: RunLayout, entries: list[PlotEntry], section: str) -> str:
 
 
 def headline(knn: dict[str, Any] | None) -> str:
-    """One sentence: trained top-1 at its best k against both baselines."""
+    """One sentence: trained top-1 at its best k against both baselines; on a screen also the
+    not-same-batch top-1 and the mAP of each."""
     if not knn:
         return ""
-    parts = [f"{m['label']} {100 * m['top1']:.1f}% (k={m['best_k']})" for m in knn_headline(knn).values()]
-    return f'<p class="headline">kNN top-1 accuracy: {esc(", ".join(parts))}.</p>' if parts else ""
+    models = knn_headline(knn).values()
+    parts = [f"{m['label']} {100 * m['top1']:.1f}% (k={m['best_k']})" for m in models]
+    sentences = [f"kNN top-1 accuracy: {', '.join(parts)}."] if parts else []
+    other = [f"{m['label']} {100 * m['not_same_batch']['top1']:.1f}%" for m in models if "not_same_batch" in m]
+    if other:
+        sentences.append(f"Not same batch: {', '.join(other)}.")
+    scored = [f"{m['label']} {m['map']['mean_map']:.3f} ({m['map']['n_significant']}/{m['map']['n_treatments']} "
+              "treatments q < 0.05)" for m in models if m.get("map") and m["map"]["mean_map"] is not None]
+    if scored:
+        sentences.append(f"mAP: {', '.join(scored)}.")
+    return f'<p class="headline">{esc(" ".join(sentences))}</p>' if sentences else ""
 
 
 def relative_link(layout: RunLayout, path: Path) -> str:
@@ -137,15 +160,44 @@ def results_sections(layout: RunLayout, entries: list[PlotEntry], knn: Any, line
     parts.append("<h2>Global kNN (top-1 / top-2 %)</h2>")
     if knn:
         parts.append(f"<p>{esc(knn_setup(knn))}</p>" + html_table(*knn_rows(knn)))
+        parts += screen_lines(knn)
     else:
         parts.append(missing("kNN results", "knn"))
     parts += [figures(layout, entries, "knn"), figures(layout, entries, "confusion")]
     parts.append("<h2>Linear probe (validation top-1 %)</h2>")
     parts.append(html_table(*linear_rows(linear)) if linear else missing("linear-probe results", "linear"))
     parts += finetune_section(layout)
+    parts += profiles_section(layout)
     parts += ["<h2>UMAP</h2>", figures(layout, entries, "umap") or missing("UMAPs", "plots")]
     parts += ["<h2>Attention maps</h2>", figures(layout, entries, "attention") or missing("attention maps", "plots")]
     return parts
+
+
+def screen_lines(knn: dict[str, Any]) -> list[str]:
+    """The not-same-batch kNN table and plain kNN against it and mAP, where the run measured them."""
+    if not has_screen_measures(knn):
+        return []
+    lines = ["<h3>Screen measures</h3>", f"<p>{esc(screen_setup(knn))}</p>", html_table(*screen_rows(knn))]
+    if "not_same_batch" in knn:
+        lines += ["<p>Not same batch, every k (top-1 / top-2 %):</p>", html_table(*knn_rows(knn, "not_same_batch"))]
+    return lines
+
+
+def profiles_section(layout: RunLayout) -> list[str]:
+    """What `export` wrote and how to open it; a note naming the step before it has run."""
+    record = read_optional_json(layout.profiles_manifest, "export")
+    if not record:
+        return ["<h2>Profiles</h2>", missing("profiles (AnnData, Parquet)", "export")]
+    wells = record.get("wells")
+    about = (f"{wells['n_wells']} wells by {wells['plate_column']} and {wells['well_column']}" if wells
+             else "no per-well profiles: the dataset has no plate and well columns")
+    links = ", ".join(f'<a href="{esc(name)}">{esc(name)}</a>' for name in record["files"])
+    return ["<h2>Profiles</h2>",
+            f"<p>{record['n_cells']} cells ({record['n_held_out']} held out) x {record['dim']} features of "
+            f"<code>{esc(record['provenance'].get('tag'))}</code>; {esc(about)}. Files: {links}.</p>",
+            "<p>scanpy: <code>adata = anndata.read_h5ad(...)</code>, <code>sc.pp.neighbors(adata, "
+            "use_rep='X_scdino')</code>; pycytominer: <code>pd.read_parquet(...)</code>, features inferred from "
+            "the Cells_ prefix, metadata from Metadata_.</p>"]
 
 
 def collapse_lines(layout: RunLayout) -> list[str]:
@@ -183,6 +235,9 @@ def comparison_section(layout: RunLayout, entries: list[PlotEntry]) -> list[str]
                       for c in comparison["models"][PER_COMBINATION]["combinations"])
     note = knn_note(comparison)
     knn_line = [f"<p>{esc(note)}</p>"] if note else []
+    if any(key in scores for entry in comparison["models"][PER_COMBINATION]["combinations"].values()
+           for scores in entry["knn"].values() for key in ("not_same_batch", "map")):
+        knn_line.append(f"<p>{esc(SCREEN_NOTE)}</p>")
     return ["<h2>Channel combinations (kNN top-1 / top-2 %, linear probe top-1 %)</h2>", *knn_line,
             *channel_adaptive_lines(comparison),
             f"<p>One pretraining per combination, each with its own report: {links}.</p>",

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per headline tag present in knn.json: its label, best k and top-1/top-2 there and per k."""
+    """Per headline tag present in knn.json: its label, best k and top-1/top-2 there and per k; where
+    measured, the same of the not-same-batch kNN ("not_same_batch") and the mAP ("map": the mean
+    over treatments and the fraction whose mAP is significant)."""
     models = {}
     for tag in tags.HEADLINE:
         entry = knn["tags"].get(tag)
@@ -37,6 +39,14 @@ def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
         k = str(entry["best_k"])
         models[tag] = {"label": tags.label(tag), "best_k": entry["best_k"], "top1": entry["top1"][k],
                        "top2": entry["top2"][k], "top1_by_k": entry["top1"], "top2_by_k": entry["top2"]}
+        other = entry.get("not_same_batch")
+        if other is not None:
+            k = str(other["best_k"])
+            models[tag]["not_same_batch"] = {"best_k": other["best_k"], "top1": other["top1"][k],
+                                             "top2": other["top2"][k]}
+        if entry.get("map") is not None:
+            models[tag]["map"] = {key: entry["map"][key] for key in
+                                  ("mean_map", "fraction_significant", "n_significant", "n_treatments")}
     return models
 
 
@@ -78,14 +88,35 @@ def build_summary(layout: RunLayout, *, jobs: dict[str, int] | None = None,
 
 def summary_text(summary: dict[str, Any]) -> str:
     """The kNN table and the step times, as printed at the end of `make demo`."""
-    lines = [f"{'features':<18} {'k':>4} {'top-1':>8} {'top-2':>8}"]
+    lines = [f"{'features':<18} {'k':>4} {'top-1':>8} {'top-2':>8}{screen_header(summary['knn'])}"]
     for entry in summary["knn"].values():
-        lines.append(f"{entry['label']:<18} {entry['best_k']:>4} {entry['top1']:>8.3f} {entry['top2']:>8.3f}")
+        lines.append(f"{entry['label']:<18} {entry['best_k']:>4} {entry['top1']:>8.3f} {entry['top2']:>8.3f}"
+                     f"{screen_cells(entry, summary['knn'])}")
     lines += ["", "step times, s (in Python / as a Slurm job):"]
     for step, value in summary["step_seconds"].items():
         job = summary["job_seconds"].get(step)
         lines.append(f"  {step:<12} {value:>7.1f} / {'-' if job is None else job}")
     return "\n".join(lines + bill_lines(summary.get("bill")))
+
+
+def screen_header(models: dict[str, Any]) -> str:
+    """The not-same-batch and mAP columns' headers, where the run measured them."""
+    batches = any("not_same_batch" in m for m in models.values())
+    retrieval = any("map" in m for m in models.values())
+    return (f" {'not-same-batch top-1':>21}" if batches else "") + (f" {'mAP':>6} {'q<0.05':>7}" if retrieval else "")
+
+
+def screen_cells(entry: dict[str, Any], models: dict[str, Any]) -> str:
+    cells = ""
+    if any("not_same_batch" in m for m in models.values()):
+        other = entry.get("not_same_batch")
+        cells += f" {'-' if other is None else format(other['top1'], '.3f') + ' (k=' + str(other['best_k']) + ')':>21}"
+    if any("map" in m for m in models.values()):
+        found = entry.get("map") or {}
+        value = found.get("mean_map")
+        cells += f" {'-' if value is None else format(value, '.3f'):>6}"
+        cells += f" {'-' if value is None else str(found['n_significant']) + '/' + str(found['n_treatments']):>7}"
+    return cells
 
 
 def bill_lines(bill: dict[str, Any] | None) -> list[str]:

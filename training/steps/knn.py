@@ -1,12 +1,17 @@
-"""knn: global weighted kNN on the held-out features, as scDINO evaluates a representation.
+"""knn: global weighted kNN on the held-out features, as scDINO evaluates a representation, and the
+measures a screen is judged by: not-same-batch kNN and retrieval mAP of per-well profiles.
 
     python -m training knn --config run.yaml
 
 For every feature tag (final, each epoch, the raw-pixel and random-init baselines) the held-out
 images are split (seeded, stratified) into references and queries, the same split for every tag;
-each query votes with exp(cosine / T) of its k nearest references. Writes <run>/knn/knn.json (top-1
-and top-2 per k, per-class accuracy and the confusion matrix at the best k) and knn/knn.md, the
-table this step also prints.
+each query votes with exp(cosine / T) of its k nearest references. With data.batch_column set (and
+eval.knn_exclude_same_batch, the default) the same kNN again "not same batch": a query never votes
+with a reference of its own imaging batch. Where the per-cell table has plate and well columns, each
+tag's per-well profiles (median of the evaluated cells) are scored by retrieval mAP by treatment
+(copairs; training/eval/retrieval.py). Writes <run>/knn/knn.json (top-1 and top-2 per k, per-class
+accuracy and the confusion matrix at the best k, "not_same_batch" and "map" per tag where measured)
+and knn/knn.md, whose tables this step also prints.
 """
 
 from __future__ import annotations
@@ -21,18 +26,21 @@ log = logging.getLogger(__name__)
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
-    """kNN of every feature tag on one shared split; write knn.json and knn.md, print the table."""
+    """kNN (and mAP) of every feature tag on one shared split; write knn.json and knn.md, print the tables."""
     from training.atomic import write_json_atomic, write_text_atomic
     from training.eval.knn import evaluate_feature_sets
-    from training.eval.tables import knn_rows, knn_setup, markdown_table
+    from training.eval.screen import evaluation_batches, evaluation_wells
+    from training.eval.tables import knn_markdown
     from training.rundir.artifacts import load_labels, load_tagged_features
 
     labels = load_labels(layout)
-    result = evaluate_feature_sets(load_tagged_features(layout, labels), labels, config.eval, config.run.seed)
+    sets = load_tagged_features(layout, labels)
+    result = evaluate_feature_sets(sets, labels, config.eval, config.run.seed,
+                                   batches=evaluation_batches(config, labels, layout),
+                                   retrieval=evaluation_wells(config, labels))
     write_json_atomic(layout.knn_json, result)
-    table = markdown_table(*knn_rows(result))
-    text = f"# Global kNN (top-1 / top-2 accuracy, %)\n\n{knn_setup(result)}\n\n{table}\n"
+    text = knn_markdown(result)
     write_text_atomic(layout.knn_md, text)
-    print(table)
+    print(text)
     log.info("wrote %s and %s", layout.knn_json, layout.knn_md.name)
     return 0

@@ -1,0 +1,340 @@
+"""Profiles out: the trained model's features of every cell, as single-cell and profiling tools read them.
+
+    <run>/profiles/cells.h5ad       AnnData (scanpy): one observation per cell of features/final;
+                                    obsm["X_scdino"] the (cells, D) float32 embedding, X empty (no
+                                    genes); obs every Metadata_ column of the per-cell table
+                                    (categoricals, numbers), Metadata_Path, Metadata_TableRow and
+                                    Metadata_Split (train / holdout), indexed by the table row;
+                                    uns["scdino"] the provenance: checkpoint, epoch, architecture,
+                                    channels, image size, the resolved config.yaml
+    <run>/profiles/cells.parquet    the same cells as pycytominer reads a profile: Metadata_ columns
+                                    first, then the features Cells_scDINO_0000 ... (the Cells_
+                                    compartment prefix lets pycytominer's features="infer" find them)
+    <run>/profiles/wells.parquet    one row per well (plate and well columns: eval.plate_column and
+                                    eval.well_column, Metadata_Plate and Metadata_Well by default):
+                                    the median of its cells' features, every Metadata_ column all its
+                                    cells share, Metadata_Object_Count; skipped with one log line for
+                                    a dataset without wells (class folders)
+    <run>/profiles/wells_normalized.parquet   eval.profile_normalization=spherize: the per-well
+                                    profiles sphered on the control wells
+    <run>/profiles/export.json      what was written: counts, columns, provenance, seconds
+
+Memory stays bounded at any number of cells: features are read from their memory map and the
+per-cell table from its own, ROW_GROUP cells at a time for the Parquet row groups and the AnnData
+embedding; obs is written one column at a time (a column of 10^7 codes is 40 MB); the per-well
+medians go a block of wells at a time (training/eval/profiles.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from training.atomic import atomic_path, write_json_atomic
+from training.config import Config
+from training.data.cells import METADATA_PREFIX, CellTable
+from training.eval.profiles import (
+    cell_wells,
+    check_normalization,
+    comparable_values,
+    control_wells,
+    is_numeric,
+    metadata_columns,
+    spherize,
+    well_columns,
+    well_medians,
+    well_metadata,
+)
+from training.rundir import RunLayout, tags
+from training.rundir.features import FeatureSet, load_features
+
+log = logging.getLogger(__name__)
+
+EMBEDDING_KEY = "X_scdino"
+"""obsm key of the embedding, as scanpy names a representation (X_pca, X_umap)."""
+FEATURE_PREFIX = "Cells_scDINO_"
+"""Feature columns: the Cells compartment (the whole cell) then the model, pycytominer's naming."""
+ROW_COLUMN, PATH_COLUMN, SPLIT_COLUMN = "Metadata_TableRow", "Metadata_Path", "Metadata_Split"
+SPLIT_NAMES = ["holdout", "train"]
+"""Metadata_Split's categories, sorted: code 0 held out, 1 trained on."""
+ROW_GROUP = 65536
+"""Cells per Parquet row group and per block of the AnnData embedding (384 floats: 100 MB)."""
+
+
+@dataclass
+class ExportSource:
+    """What the profiles are made of: the features of table `rows`, the table and each row's split."""
+
+    cells: CellTable
+    features: FeatureSet
+    held_out: np.ndarray
+    """1 for a held-out cell, 0 for one pretraining saw, per table row."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.features.indices
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [f"{FEATURE_PREFIX}{i:04d}" for i in range(self.features.dim)]
+
+    def chunks(self) -> range:
+        return range(0, len(self.rows), ROW_GROUP)
+
+    def metadata(self, start: int, stop: int) -> dict[str, pa.Array]:
+        """The Metadata_ columns of cells start..stop (their own types; the table's map, sliced)."""
+        rows = self.rows[start:stop]
+        contiguous = len(rows) and rows[-1] - rows[0] == len(rows) - 1
+        table = self.cells.table.slice(int(rows[0]), len(rows)) if contiguous else self.cells.table.take(rows)
+        split = pa.DictionaryArray.from_arrays(pa.array(1 - self.held_out[rows].astype(np.int32)),
+                                               pa.array(SPLIT_NAMES))
+        columns = {ROW_COLUMN: pa.array(rows), PATH_COLUMN: table.column("path").cast(pa.string())}
+        columns.update({name: table.column(name) for name in metadata_columns(self.cells)})
+        columns[SPLIT_COLUMN] = split
+        return columns
+
+
+def open_source(config: Config, layout: RunLayout, tag: str = tags.FINAL) -> ExportSource:
+    """The features of `tag` (features/final: every cell under eval.embed_all_cells), memory-mapped,
+    the per-cell table and the split."""
+    from training.data.dataset import open_images
+    from training.data.split import load_split
+
+    images = open_images(config)
+    features = load_features(layout.features(tag), mmap=True)
+    cells = cell_table(images)
+    held_out = np.zeros(len(images), np.uint8)
+    held_out[load_split(config, images).holdout] = 1
+    if len(features.indices) < len(images):
+        log.info("features/%s holds %d of the %d cells (eval.embed_all_cells is false, or `features` ran before it "
+                 "was set): exporting those", tag, len(features.indices), len(images))
+    return ExportSource(cells, features, held_out, provenance(config, layout, features, tag))
+
+
+def cell_table(images) -> CellTable:
+    """The per-cell table of a packed dataset; for a TIFF folder, one of its paths and class folders."""
+    table = getattr(images, "table", None)
+    if table is not None:
+        return table
+    names = np.asarray(images.class_names, dtype=object)
+    return CellTable(Path("cells"), table=pa.table({"path": pa.array(list(images.paths), pa.string()),
+                                                    "Metadata_Class": pa.array(list(names[images.labels]))}))
+
+
+def provenance(config: Config, layout: RunLayout, features: FeatureSet, tag: str) -> dict[str, Any]:
+    """Where the features came from: the feature set's record (checkpoint, epoch, architecture, ...)
+    and the run's resolved configuration."""
+    kept = ("kind", "checkpoint", "epoch", "checkpoint_key", "arch", "patch_size", "image_size", "resize",
+            "normalize", "normalization", "channels", "cells")
+    record = {key: features.meta[key] for key in kept if features.meta.get(key) is not None}
+    config_text = layout.config.read_text() if layout.config.is_file() else ""
+    return {"run": config.run.name, "tag": tag, "features": record, "dim": features.dim,
+            "data_source": config.data.source, "config_yaml": config_text}
+
+
+def write_cells_parquet(path: Path, source: ExportSource) -> None:
+    """Per-cell profiles, one row group per ROW_GROUP cells."""
+    import pyarrow.parquet as pq
+
+    names = source.feature_names
+    with atomic_path(path) as tmp:
+        writer = None
+        for start in source.chunks():
+            stop = min(start + ROW_GROUP, len(source.rows))
+            block = np.ascontiguousarray(np.asarray(source.features.features[start:stop], np.float32).T)
+            columns = {**source.metadata(start, stop), **{n: pa.array(block[i]) for i, n in enumerate(names)}}
+            batch = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, batch.schema)
+            writer.write_table(batch, row_group_size=ROW_GROUP)
+        if writer is not None:
+            writer.close()
+        else:
+            pq.write_table(pa.table({ROW_COLUMN: pa.array([], pa.int64())}), tmp)
+
+
+def _string_dataset(group, name: str, values) -> None:
+    """A string column written ROW_GROUP values at a time (anndata's string-array encoding)."""
+    import h5py
+
+    dataset = group.create_dataset(name, shape=(len(values),), dtype=h5py.string_dtype())
+    dataset.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
+    for start in range(0, len(values), ROW_GROUP):
+        dataset[start:start + ROW_GROUP] = np.asarray(values[start:start + ROW_GROUP], dtype=object)
+
+
+def _obs_column(source: ExportSource, name: str):
+    """One Metadata_ column of the exported cells: numbers as they are, anything else categorical."""
+    import pandas as pd
+
+    if is_numeric(source.cells, name):
+        return np.asarray(comparable_values(source.cells, name)[source.rows])
+    categories = source.cells.categories(name)
+    return pd.Categorical.from_codes(categories.codes[source.rows], categories=categories.names)
+
+
+def write_obs(file, source: ExportSource) -> None:
+    """obs as anndata lays out a DataFrame, one column at a time: index the table row (as text)."""
+    import pandas as pd
+    from anndata.io import write_elem
+
+    columns = [ROW_COLUMN, PATH_COLUMN, *metadata_columns(source.cells), SPLIT_COLUMN]
+    obs = file.create_group("obs")
+    obs.attrs.update({"encoding-type": "dataframe", "encoding-version": "0.2.0", "_index": "_index",
+                      "column-order": np.asarray(columns, dtype=object)})
+    _string_dataset(obs, "_index", _RowNames(source.rows))
+    write_elem(obs, ROW_COLUMN, np.asarray(source.rows, np.int64))
+    _string_dataset(obs, PATH_COLUMN, _Paths(source))
+    for name in metadata_columns(source.cells):
+        write_elem(obs, name, _obs_column(source, name))
+    split = 1 - source.held_out[source.rows].astype(np.int8)
+    write_elem(obs, SPLIT_COLUMN, pd.Categorical.from_codes(split, categories=SPLIT_NAMES))
+
+
+class _RowNames:
+    """Table rows as obs names ("0", "1", ...), made a slice at a time."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        return self.rows[part].astype(str)
+
+
+class _Paths(_RowNames):
+    """The cells' paths, read from the table a slice at a time."""
+
+    def __init__(self, source: ExportSource) -> None:
+        super().__init__(source.rows)
+        self.paths = source.cells.strings("path")
+
+    def __getitem__(self, part: slice) -> list[str]:
+        return self.paths.take(self.rows[part])
+
+
+def write_embedding(file, source: ExportSource) -> None:
+    """obsm[EMBEDDING_KEY], copied ROW_GROUP rows at a time from the memory-mapped features."""
+    obsm = file.create_group("obsm")
+    obsm.attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+    n, dim = len(source.rows), source.features.dim
+    chunks = (max(1, min(n, 4096)), dim) if n and dim else None
+    dataset = obsm.create_dataset(EMBEDDING_KEY, shape=(n, dim), dtype=np.float32, chunks=chunks)
+    dataset.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+    for start in source.chunks():
+        dataset[start:start + ROW_GROUP] = np.asarray(source.features.features[start:start + ROW_GROUP], np.float32)
+
+
+def write_h5ad(path: Path, source: ExportSource) -> None:
+    """cells.h5ad in anndata's on-disk layout, written piece by piece so memory stays bounded; read
+    back whole by anndata.read_h5ad (or lazily with backed="r")."""
+    import h5py
+    import pandas as pd
+    from anndata.io import write_elem
+
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w") as file:
+            file.attrs.update({"encoding-type": "anndata", "encoding-version": "0.1.0"})
+            write_obs(file, source)
+            write_elem(file, "var", pd.DataFrame(index=pd.Index([], dtype=object)))
+            write_embedding(file, source)
+            for empty in ("layers", "obsp", "varm", "varp"):
+                write_elem(file, empty, {})
+            write_elem(file, "uns", {"scdino": _storable(source.provenance)})
+
+
+def _storable(value: Any) -> Any:
+    """A provenance record as HDF5 attributes hold it: None becomes "" (HDF5 has no null)."""
+    if isinstance(value, dict):
+        return {key: _storable(item) for key, item in value.items()}
+    return "" if value is None else value
+
+
+@dataclass
+class WellProfiles:
+    """Per-well profiles of the exported cells: the medians and the metadata their cells share."""
+
+    columns: tuple[str, str]
+    profiles: np.ndarray
+    metadata: dict[str, Any]
+    controls: np.ndarray | None
+    cells_without_well: int
+
+
+def well_profiles(config: Config, source: ExportSource) -> WellProfiles | None:
+    """The exported cells' per-well profiles; None (one log line) for a dataset without wells."""
+    columns = well_columns(source.cells, config)
+    if columns is None:
+        log.info("the per-cell table has no Metadata_Plate and Metadata_Well columns (eval.plate_column, "
+                 "eval.well_column): per-well profiles skipped, per-cell profiles written")
+        return None
+    wells = cell_wells(source.cells, columns, source.rows)
+    if wells.left_out:
+        log.warning("%d cells have no %s or %s value and are in no per-well profile", wells.left_out, *columns)
+    start = time.perf_counter()
+    profiles = well_medians(source.features.features, wells)
+    log.info("medians of %d wells (%d cells) in %.1f s", wells.count, len(wells.order), time.perf_counter() - start)
+    metadata = well_metadata(source.cells, wells, source.rows)
+    sphere = config.eval.profile_normalization == "spherize"
+    controls = control_wells(source.cells, config, wells, source.rows) if sphere else None
+    return WellProfiles(columns, profiles, metadata, controls, wells.left_out)
+
+
+def write_wells_parquet(path: Path, wells: WellProfiles, profiles: np.ndarray, names: list[str]) -> None:
+    import pyarrow.parquet as pq
+
+    features = {name: pa.array(np.ascontiguousarray(profiles[:, i], np.float32)) for i, name in enumerate(names)}
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.table({**wells.metadata, **features}), tmp)
+
+
+def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) -> dict[str, Any]:
+    """Write every file of the module docstring; returns export.json's payload."""
+    start = time.perf_counter()
+    check_normalization(config)
+    source = open_source(config, layout, tag)
+    write_h5ad(layout.profiles_h5ad, source)
+    write_cells_parquet(layout.profiles_cells, source)
+    written = [layout.profiles_h5ad, layout.profiles_cells]
+    wells = well_profiles(config, source)
+    if wells is not None:
+        write_wells_parquet(layout.profiles_wells, wells, wells.profiles, source.feature_names)
+        written.append(layout.profiles_wells)
+        if wells.controls is not None:
+            write_wells_parquet(layout.profiles_wells_normalized, wells, spherize(wells.profiles, wells.controls),
+                                source.feature_names)
+            written.append(layout.profiles_wells_normalized)
+    manifest = export_record(config, layout, source, wells, written)
+    manifest["seconds"] = round(time.perf_counter() - start, 3)
+    write_json_atomic(layout.profiles_manifest, manifest, indent=2)
+    return manifest
+
+
+def export_record(config: Config, layout: RunLayout, source: ExportSource, wells: WellProfiles | None,
+                  written: list[Path]) -> dict[str, Any]:
+    """export.json: the files, what they hold and where the features came from."""
+    meta = metadata_columns(source.cells)
+    record = {"files": [p.relative_to(layout.root).as_posix() for p in written], "n_cells": int(len(source.rows)),
+              "n_held_out": int(source.held_out[source.rows].sum()), "dim": source.features.dim,
+              "embedding": f"obsm[{EMBEDDING_KEY!r}]", "feature_columns": f"{FEATURE_PREFIX}0000 .. "
+              f"{FEATURE_PREFIX}{source.features.dim - 1:04d}", "metadata_columns": [ROW_COLUMN, PATH_COLUMN, *meta,
+                                                                                    SPLIT_COLUMN],
+              "provenance": {k: v for k, v in source.provenance.items() if k != "config_yaml"}}
+    if wells is None:
+        record["wells"] = None
+        record["wells_skipped"] = "no plate and well columns"
+    else:
+        record["wells"] = {"plate_column": wells.columns[0], "well_column": wells.columns[1],
+                           "n_wells": int(len(wells.profiles)), "cells_without_well": wells.cells_without_well,
+                           "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
+                           "normalization": config.eval.profile_normalization}
+    return record

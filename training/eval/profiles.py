@@ -1,0 +1,217 @@
+"""Per-well profiles: each well's cells grouped without a Python object per cell, the median of
+their features, the metadata every cell of a well shares, and sphering fitted on control wells.
+
+Grouping sorts one integer key per cell (plate code x wells + well code): 10^7 cells cost an 80 MB
+index, not 10^7 tuples. Medians are taken a block of wells at a time (at most MEDIAN_BLOCK_CELLS
+cells gathered from the memory-mapped features at once), so memory stays bounded at any size.
+
+Sphering is pycytominer's ZCA (`normalize(method="spherize")`), written here from its definition:
+the control profiles' mean is subtracted and the covariance's eigen-directions scaled to unit
+variance, W = V diag(1 / sqrt(lambda + epsilon)) V^T. With fewer control profiles than dimensions,
+the directions the controls do not span take the smallest eigenvalue they do span (as pycytominer
+fills them), so that no direction is blown up by 1 / sqrt(epsilon).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from training.config import Config
+from training.data.cells import METADATA_PREFIX, CellTable
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLATE, DEFAULT_WELL = "Metadata_Plate", "Metadata_Well"
+OBJECT_COUNT = "Metadata_Object_Count"
+"""How many cells a per-well profile aggregates (pycytominer's aggregate names it so)."""
+MEDIAN_BLOCK_CELLS = 1 << 18
+"""Cells gathered at a time for the medians: 2^18 x 384 float32 features are 400 MB."""
+SPHERE_EPSILON = 1e-6
+"""Added to each eigenvalue before its inverse square root (pycytominer's default fudge factor)."""
+
+
+@dataclass(frozen=True)
+class Wells:
+    """Cells grouped by well: the cells of well w are `order[starts[w]:starts[w + 1]]` (positions
+    in the cell list given to `group_wells`, ascending within a well); wells in plate, well order."""
+
+    order: np.ndarray
+    starts: np.ndarray
+    left_out: int
+    """Cells without a plate or well value, in no well."""
+
+    @property
+    def count(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    @property
+    def first(self) -> np.ndarray:
+        """The position of each well's first cell."""
+        return self.order[self.starts[:-1]]
+
+
+def group_wells(plates: np.ndarray, wells: np.ndarray) -> Wells:
+    """Group cells by (plate code, well code); a negative code (no value) leaves the cell out."""
+    plates, wells = np.asarray(plates, np.int64), np.asarray(wells, np.int64)
+    valid = np.flatnonzero((plates >= 0) & (wells >= 0))
+    key = plates[valid] * (int(wells.max(initial=0)) + 1) + wells[valid]
+    sort = np.argsort(key, kind="stable")
+    order, key = valid[sort], key[sort]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1, [len(order)]]) if len(order) else np.zeros(1)
+    return Wells(order=order, starts=starts.astype(np.int64), left_out=len(plates) - len(valid))
+
+
+def well_medians(features: np.ndarray, wells: Wells, block_cells: int = MEDIAN_BLOCK_CELLS) -> np.ndarray:
+    """(wells, D) float32: the median of each well's feature rows (`features` may be a memory map:
+    at most `block_cells` rows, or one well's, are read at once, in ascending row order)."""
+    out = np.empty((wells.count, features.shape[1]), np.float32)
+    first = 0
+    while first < wells.count:
+        last = int(np.searchsorted(wells.starts, wells.starts[first] + block_cells, side="right")) - 1
+        last = min(max(last, first + 1), wells.count)
+        begin = wells.starts[first]
+        rows = wells.order[begin:wells.starts[last]]
+        ascending = np.argsort(rows, kind="stable")
+        block = np.empty((len(rows), features.shape[1]), np.float32)
+        block[ascending] = features[rows[ascending]]
+        for w in range(first, last):
+            out[w] = np.median(block[wells.starts[w] - begin:wells.starts[w + 1] - begin], axis=0)
+        first = last
+    return out
+
+
+def shared_in_every_well(codes: np.ndarray, wells: Wells) -> bool:
+    """Whether every cell of each well has the same value (a number or category code) as the others."""
+    if wells.count == 0:
+        return False
+    grouped = np.asarray(codes)[wells.order]
+    low = np.minimum.reduceat(grouped, wells.starts[:-1])
+    high = np.maximum.reduceat(grouped, wells.starts[:-1])
+    return bool(np.array_equal(low, high))
+
+
+def well_columns(table: CellTable, config: Config) -> tuple[str, str] | None:
+    """The plate and well columns per-well profiles group by: eval.plate_column and eval.well_column
+    (each must name a column), else Metadata_Plate and Metadata_Well where the table has both; None
+    when it has no such pair (a dataset of class folders)."""
+    plate, well = config.eval.plate_column, config.eval.well_column
+    if plate or well:
+        plate = table.find(plate or DEFAULT_PLATE, "eval.plate_column")
+        well = table.find(well or DEFAULT_WELL, "eval.well_column")
+        return plate, well
+    columns = table.columns
+    return (DEFAULT_PLATE, DEFAULT_WELL) if DEFAULT_PLATE in columns and DEFAULT_WELL in columns else None
+
+
+def cell_wells(table: CellTable, columns: tuple[str, str], rows: np.ndarray | None = None) -> Wells:
+    """The cells of table `rows` (every row when None) grouped by the plate and well `columns`."""
+    plates, wells = (table.categories(name).codes for name in columns)
+    if rows is not None:
+        plates, wells = plates[rows], wells[rows]
+    return group_wells(plates, wells)
+
+
+def control_column(table: CellTable, config: Config) -> str | None:
+    """The column data.control_column names (checked), None when no control is configured."""
+    return table.find(config.data.control_column, "data.control_column") if config.data.control_column else None
+
+
+def check_normalization(config: Config) -> None:
+    """Sphering needs controls: a UserError naming the settings when none are configured."""
+    if config.eval.profile_normalization == "spherize" and not config.data.control_column:
+        raise UserError("eval.profile_normalization=spherize fits on control wells: set data.control_column and "
+                        "data.control_value (e.g. Metadata_Treatment and DMSO), or eval.profile_normalization=none")
+
+
+def control_wells(table: CellTable, config: Config, wells: Wells, rows: np.ndarray | None = None) -> np.ndarray:
+    """Which wells are controls (data.control_column = data.control_value, per each well's first
+    cell); a UserError naming the settings when none is."""
+    check_normalization(config)
+    name = control_column(table, config)
+    if name is None:
+        raise UserError("control wells are marked by data.control_column and data.control_value: set them")
+    categories = table.categories(name)
+    value = config.data.control_value
+    if value not in categories.names:
+        shown = ", ".join(categories.names[:10]) + (", ..." if len(categories.names) > 10 else "")
+        raise UserError(f"data.control_value={value!r} is no value of {name} (its values: {shown}): set "
+                        "data.control_value to the controls' value")
+    first = wells.first if rows is None else np.asarray(rows)[wells.first]
+    chosen = categories.codes[first] == categories.names.index(value)
+    if not chosen.any():
+        raise UserError(f"no well of the profiled cells has {name}={value!r}, so sphering has no controls to fit "
+                        "on: check data.control_value, or set eval.profile_normalization=none")
+    return chosen
+
+
+def fit_sphering(controls: np.ndarray, epsilon: float = SPHERE_EPSILON) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, W) of the ZCA sphering that makes `controls` (n, D) white: (x - mean) @ W."""
+    x = np.asarray(controls, np.float64)
+    if len(x) < 2:
+        raise UserError(f"sphering needs at least 2 control profiles, got {len(x)}: add control wells or set "
+                        "eval.profile_normalization=none")
+    mean = x.mean(axis=0)
+    _, singular, vt = np.linalg.svd(x - mean, full_matrices=True)
+    variances = np.zeros(x.shape[1])
+    variances[:len(singular)] = singular ** 2 / (len(x) - 1)
+    spanned = int((variances > variances[0] * 1e-10).sum()) if variances[0] > 0 else 0
+    if spanned == 0:
+        raise UserError("the control profiles do not vary at all, so sphering is undefined: set "
+                        "eval.profile_normalization=none")
+    variances[spanned:] = variances[spanned - 1]
+    w = (vt.T / np.sqrt(variances + epsilon)) @ vt
+    return mean, w
+
+
+def spherize(profiles: np.ndarray, controls: np.ndarray) -> np.ndarray:
+    """Every profile sphered by the ZCA fitted on the `controls` mask's rows."""
+    mean, w = fit_sphering(profiles[controls])
+    return ((np.asarray(profiles, np.float64) - mean) @ w).astype(np.float32)
+
+
+def normalized(profiles: np.ndarray, method: str, controls: np.ndarray | None) -> np.ndarray:
+    """Profiles as eval.profile_normalization asks ("none": unchanged)."""
+    if method == "none":
+        return profiles
+    if controls is None:
+        raise ValueError("sphering needs the control wells")
+    return spherize(profiles, controls)
+
+
+def is_numeric(table: CellTable, name: str) -> bool:
+    kind = table.table.schema.field(name).type
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def comparable_values(table: CellTable, name: str) -> np.ndarray:
+    """A column as numbers that are equal where its values are: a numeric column itself (no
+    dictionary of 10^7 distinct floats is built), any other its category codes."""
+    return table.numbers(name) if is_numeric(table, name) else table.categories(name).codes
+
+
+def metadata_columns(table: CellTable) -> list[str]:
+    """The table's Metadata_ columns, in its order."""
+    return [name for name in table.columns if name.startswith(METADATA_PREFIX)]
+
+
+def well_metadata(table: CellTable, wells: Wells, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """The Metadata_ columns every cell of each well shares, taken from each well's first cell
+    (pyarrow arrays, their own types), plus OBJECT_COUNT."""
+    first = wells.first if rows is None else np.asarray(rows)[wells.first]
+    shared: dict[str, Any] = {}
+    for name in metadata_columns(table):
+        values = comparable_values(table, name)
+        if shared_in_every_well(values if rows is None else values[rows], wells):
+            shared[name] = table.table.column(name).take(first)
+    shared[OBJECT_COUNT] = wells.sizes
+    return shared
