@@ -1,5 +1,6 @@
 # Two commands on a fresh Debian/Ubuntu machine with Python 3.11 and Node 20:
 #   make demo   installs, then runs the pipeline on the embedded synthetic data through a local Slurm cluster
+#   make screen the same for a synthetic screen: fields of view and label masks, cut into cells by `ingest`
 #   make test   installs, then runs the linter and the whole test suite (infra, training, Slurm integration)
 #   make test-quick   the unit tests only (no Slurm, no end-to-end runs, no synthesis): a few minutes
 # Installs are idempotent: stamps are rebuilt only when a requirements file changes.
@@ -12,7 +13,7 @@ PYTEST_ARGS ?=
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: install system-deps demo test test-quick synth lint clean
+.PHONY: install system-deps demo screen test test-quick synth lint clean
 
 install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed node_modules/.installed
 
@@ -37,6 +38,9 @@ node_modules/.installed: package.json package-lock.json
 demo: install
 	scripts/demo.sh
 
+screen: install
+	scripts/screen.sh
+
 test: install lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
@@ -50,4 +54,4 @@ synth: install
 	npx cdk synth --quiet
 
 clean:
-	rm -rf cdk.out runs/demo .pytest_cache
+	rm -rf cdk.out runs/demo runs/screen .pytest_cache

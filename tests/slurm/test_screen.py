@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-from pathlib import Path
 
 import pytest
 from slurm_helpers import REPO, log_of

@@ -301,3 +301,17 @@ def test_finished_parts_are_kept_and_merge_into_the_one_process_result(tmp_path,
         {k: v for k, v in single_report.items() if k != "parts"}
     layout = RunLayout.from_config(changed)
     np.testing.assert_array_equal(np.load(layout.split_rows), np.load(RunLayout.from_config(whole).split_rows))
+
+
+def test_an_ome_tiff_says_where_its_channels_are(tmp_path):
+    """Six channels of 4 x 5 pixels: the smallest-axis rule would take the rows for channels; the
+    OME-TIFF's own axes (CYX) say otherwise. An RGB TIFF's samples (YXS) become channels too."""
+    from training.data.ingest import read_planes
+
+    stack = np.arange(6 * 4 * 5, dtype=np.uint16).reshape(6, 4, 5)
+    tifffile.imwrite(tmp_path / "field.ome.tif", stack, metadata={"axes": "CYX"})
+    np.testing.assert_array_equal(read_planes(tmp_path / "field.ome.tif", "t.csv", 1, "FileName_X", "auto"), stack)
+    rgb = np.arange(8 * 9 * 3, dtype=np.uint8).reshape(8, 9, 3)
+    tifffile.imwrite(tmp_path / "rgb.tif", rgb, photometric="rgb")
+    np.testing.assert_array_equal(read_planes(tmp_path / "rgb.tif", "t.csv", 1, "FileName_X", "first"),
+                                  np.moveaxis(rgb, -1, 0))
