@@ -164,23 +164,29 @@ class LoadTable:
         return chosen
 
     def field(self, index: int) -> FieldSpec:
-        """Row `index` (0-based) as a FieldSpec; BadField when a file name is missing."""
-        row = self.frame.iloc[index]
+        """Row `index` (0-based) as a FieldSpec; BadField when a file name is missing. Values are read
+        column by column (a row of a Parquet table read whole would turn its integers into floats)."""
         number = index + 1
-        images = [(column.file, self._resolve(row, column, number)) for column in self.images]
-        mask = (self.objects.file, self._resolve(row, self.objects, number)) if self.objects else None
-        metadata = {name: _plain(row[column]) for column, name in self.metadata.items()}
-        return FieldSpec(number, self._field_name(images[0][1], number), images, mask, metadata)
+        images = [(column.file, self._resolve(index, column, number)) for column in self.images]
+        mask = (self.objects.file, self._resolve(index, self.objects, number)) if self.objects else None
+        metadata = {name: _plain(self._values[column][index]) for column, name in self.metadata.items()}
+        return FieldSpec(number, self._field_name(images[0][1]), images, mask, metadata)
 
-    def _resolve(self, row: pd.Series, column: ImageColumn, number: int) -> Path:
-        name = row[column.file]
-        if pd.isna(name) or not str(name).strip():
+    @property
+    def _values(self) -> dict[str, np.ndarray]:
+        if not hasattr(self, "_columns"):
+            self._columns = {str(c): self.frame[c].to_numpy() for c in self.frame.columns}
+        return self._columns
+
+    def _resolve(self, index: int, column: ImageColumn, number: int) -> Path:
+        name = self._values[column.file][index]
+        if _plain(name) is None or not str(name).strip():
             raise BadField(self.name, number, column.file, "no file name")
-        folder = row[column.path] if column.path else None
-        folder = self.folder if folder is None or pd.isna(folder) or not str(folder).strip() else Path(str(folder))
-        return Path(str(name)) if Path(str(name)).is_absolute() else self.folder / folder / str(name)
+        folder = _plain(self._values[column.path][index]) if column.path else None
+        folder = self.folder if folder is None or not str(folder).strip() else self.folder / str(folder)
+        return folder / str(name)  # an absolute PathName_ or FileName_ replaces what comes before it
 
-    def _field_name(self, path: Path, number: int) -> str:
+    def _field_name(self, path: Path) -> str:
         """The field's name in each cell's path: its first image relative to the table's folder (as
         given when it lies outside that folder)."""
         relative = Path(os.path.relpath(path, self.folder)).as_posix()

@@ -57,6 +57,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         finish(config, layout, parts)
         return 0
     load = LoadTable(config)
+    check_columns(config, load)
     if args.propose_crop_size:
         from training.data.ingest import propose
 
@@ -77,6 +78,24 @@ def check_settings(config: Config) -> None:
     if config.data.split_method == "scdino":
         raise UserError("data.split_method=scdino draws scDINO's split over a folder of images, and ingest cuts cells "
                         "out of fields of view: set data.split_method=stratified")
+
+
+def check_columns(config: Config, load) -> None:
+    """data.label_column, batch_column and control_column name columns the cells will have: checked
+    before any cell is cut rather than when the split is drawn."""
+    from training.data.cells import column_name
+    from training.data.ingest_table import FIELD_COLUMNS
+
+    columns = [*load.metadata.values(), *FIELD_COLUMNS]
+    for setting in ("label_column", "batch_column", "control_column"):
+        name = getattr(config.data, setting)
+        if name:
+            try:
+                column_name(columns, name, f"data.{setting}")
+            except UserError:
+                raise UserError(f"data.{setting}={name!r} names no column of {load.name} (its metadata columns, "
+                                f"Metadata_-prefixed: {', '.join(load.metadata.values())}): set data.{setting} "
+                                "to one of them") from None
 
 
 def require_crop_size(config: Config, load) -> None:

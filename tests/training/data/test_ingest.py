@@ -266,6 +266,16 @@ def test_bad_input_is_named_in_one_line(tmp_path, screens, capsys, change, messa
         assert 2 * np.sqrt(np.median(areas) / np.pi) < proposed <= 96
 
 
+def test_a_label_column_the_table_lacks_stops_before_any_cell_is_cut(tmp_path, screens, capsys):
+    config = screen_config(tmp_path, screens["stacked"] / "load_data.csv", "label").replace(
+        {"data.label_column": "Compound"})
+    assert run_cli(config, "ingest") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: data.label_column='Compound' names no column of load_data.csv") and \
+        "Metadata_Treatment" in err
+    assert not (Path(config.run.output_dir) / "packed.parts").exists()
+
+
 def test_a_table_without_images_and_a_column_ingest_writes(tmp_path, capsys):
     table = write_table(tmp_path / "t.csv", [{"Metadata_Plate": "P1", "Image": "a.tif"}])
     assert run_cli(config_for(tmp_path, table), "ingest") == 2
@@ -315,3 +325,27 @@ def test_an_ome_tiff_says_where_its_channels_are(tmp_path):
     tifffile.imwrite(tmp_path / "rgb.tif", rgb, photometric="rgb")
     np.testing.assert_array_equal(read_planes(tmp_path / "rgb.tif", "t.csv", 1, "FileName_X", "first"),
                                   np.moveaxis(rgb, -1, 0))
+
+
+def test_a_table_without_pathname_columns_finds_its_files_beside_it(tmp_path, screens, monkeypatch):
+    """LoadData's PathName_ may be left out: the files are then in the table's own folder (here a
+    relative one, as a config names it)."""
+    root = tmp_path / "flat"
+    root.mkdir()
+    with open(screens["stacked"] / "load_data.csv", newline="") as f:
+        rows = list(csv.DictReader(f))[:2]
+    for row in rows:
+        for kind in ("", "Objects"):
+            source = screens["stacked"] / row[f"{kind}PathName_Cell{'s' if kind else ''}"]
+            name = row[f"{kind}FileName_Cell{'s' if kind else ''}"]
+            (root / f"{row['Metadata_Plate']}_{name}").write_bytes((source / name).read_bytes())
+    write_table(root / "load_data.csv", [
+        {"Metadata_Plate": row["Metadata_Plate"], "Metadata_Treatment": row["Metadata_Treatment"],
+         "Metadata_Batch": row["Metadata_Batch"], "FileName_Cell": f"{row['Metadata_Plate']}_{row['FileName_Cell']}",
+         "ObjectsFileName_Cells": f"{row['Metadata_Plate']}_{row['ObjectsFileName_Cells']}"} for row in rows])
+    monkeypatch.chdir(tmp_path)
+    config = screen_config(tmp_path, Path("flat/load_data.csv"), "flat")
+    assert run_cli(config, "ingest") == 0
+    packed, columns, report = cells(config)
+    assert report["fields"] == 2 and report["bad_fields"] == 0 and len(packed) == report["cut"] > 0
+    assert packed.paths[0].startswith(f"{rows[0]['Metadata_Plate']}_{rows[0]['FileName_Cell']}#")
