@@ -349,3 +349,24 @@ def test_a_table_without_pathname_columns_finds_its_files_beside_it(tmp_path, sc
     packed, columns, report = cells(config)
     assert report["fields"] == 2 and report["bad_fields"] == 0 and len(packed) == report["cut"] > 0
     assert packed.paths[0].startswith(f"{rows[0]['Metadata_Plate']}_{rows[0]['FileName_Cell']}#")
+
+
+def test_a_parquet_load_table_keeps_its_types(tmp_path, screens):
+    """The same screen from a Parquet table whose Site column is an integer: the cells are those of the
+    CSV table, and Metadata_Site stays an integer (a CSV's values are kept as text)."""
+    import pandas as pd
+
+    frame = pd.read_csv(screens["stacked"] / "load_data.csv", dtype=str)
+    frame["Metadata_Site"] = frame["Metadata_Site"].astype("int64")
+    frame.to_parquet(screens["stacked"] / "load_data.parquet")
+    from_csv = screen_config(tmp_path, screens["stacked"] / "load_data.csv", "csv")
+    from_parquet = screen_config(tmp_path, screens["stacked"] / "load_data.parquet", "parquet")
+    for config in (from_csv, from_parquet):
+        assert run_cli(config, "ingest") == 0
+    csv_cells, _, _ = cells(from_csv)
+    parquet_cells, _, _ = cells(from_parquet)
+    everything = np.arange(len(csv_cells))
+    np.testing.assert_array_equal(csv_cells.read_batch(everything), parquet_cells.read_batch(everything))
+    sites = parquet_cells.table.table.column("Metadata_Site")
+    assert str(sites.type) == "int64" and set(sites.to_pylist()) == {1}
+    assert set(csv_cells.table.strings("Metadata_Site")) == {"1"}
