@@ -38,6 +38,7 @@ from training.data.ingest_crops import CropSettings, Objects, cut_crops, measure
 from training.data.ingest_table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
 from training.data.packed import PartWriter
 from training.data.tiff import BadImage, missing_codec, to_channels_first
+from training.diskspace import require_free
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -124,15 +125,17 @@ def read_field(load: LoadTable, spec: FieldSpec, channel_axis: str) -> tuple[lis
     return sources, read_labels(path, load.name, spec.row, column, shape)
 
 
-def probe_format(load: LoadTable, channel_axis: str) -> tuple[int, np.dtype]:
-    """The channel count and pixel type of the first readable field among the leading rows."""
+def probe_format(load: LoadTable, channel_axis: str) -> tuple[int, np.dtype, int]:
+    """The channel count and pixel type of the first readable field among the leading rows, and how
+    many objects its mask holds (0 without masks)."""
     for index in range(min(PROBE_ROWS, len(load))):
         try:
-            sources, _ = read_field(load, load.field(index), channel_axis)
+            sources, labels = read_field(load, load.field(index), channel_axis)
         except BadField:
             continue
-        return sum(s.shape[0] for s in sources), np.result_type(*sources)
-    return 0, np.dtype(np.uint16)
+        objects = len(np.unique(labels)) - 1 if labels is not None else 0
+        return sum(s.shape[0] for s in sources), np.result_type(*sources), objects
+    return 0, np.dtype(np.uint16), 0
 
 
 def read_ahead(load: LoadTable, rows: range, channel_axis: str) -> Iterator[tuple[FieldSpec | None, Any]]:
@@ -192,9 +195,12 @@ def ingest_part(config: Config, load: LoadTable, rows: range, folder: Path, iden
     settings, channel_axis = crop_settings(config), config.data.channel_axis
     centres = CentresTable(config, load) if config.ingest.centres else None
     keys = centres.field_keys(load) if centres is not None else None
-    channels, dtype = probe_format(load, channel_axis)
+    channels, dtype, objects = probe_format(load, channel_axis)
+    crop_bytes = channels * settings.size ** 2 * dtype.itemsize
+    require_free(folder.parent, crop_bytes * max(objects, 1) * len(rows), "the ingested crops (as many per field "
+                 "as the first one has)")
     writer, counts = PartWriter(folder, channels=channels, dtype=dtype), PartCounts()
-    bar = tqdm(total=len(rows), desc="ingest", unit="field", disable=None)
+    bar = tqdm(total=len(rows), desc="ingest", unit="field")
     with closing(read_ahead(load, rows, channel_axis)) as fields, bar:
         for index, (spec, found) in zip(rows, fields):
             bar.update()
