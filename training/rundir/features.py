@@ -154,7 +154,7 @@ def load_features(directory: Path, *, mmap: bool = False) -> FeatureSet:
         raise MissingInputError("features", directory, "features")
     array = np.load(directory / FEATURES_FILE, mmap_mode="r" if mmap else None)
     if "rows_bytes" in index:
-        rows = np.load(directory / ROWS_FILE)
+        rows = np.load(directory / ROWS_FILE, mmap_mode="r" if mmap else None)
     else:
         rows = np.asarray(index["indices"], dtype=np.int64)
     if array.ndim != 2 or not array.shape[0] == index["n_images"] == len(rows):
