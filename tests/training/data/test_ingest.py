@@ -223,19 +223,23 @@ def test_bad_fields_are_skipped_and_reported_or_stop_the_step(tmp_path, screens,
     (table.parent / rows[6]["ObjectsPathName_Cells"] / rows[6]["ObjectsFileName_Cells"]).unlink()
     small = table.parent / rows[9]["ObjectsPathName_Cells"] / rows[9]["ObjectsFileName_Cells"]
     tifffile.imwrite(small, np.ones((40, 40), np.uint16))
+    three = table.parent / rows[11]["PathName_Cell"] / rows[11]["FileName_Cell"]
+    tifffile.imwrite(three, tifffile.imread(three)[:3], photometric="minisblack")
     config = screen_config(tmp_path, table, "skip")
     assert run_cli(config, "ingest") == 0
     packed, columns, report = cells(config)
     bad = {entry["row"]: entry for entry in report["bad"]}
-    assert sorted(bad) == [3, 7, 10] and report["bad_fields"] == 3 and report["fields"] == 12
+    assert sorted(bad) == [3, 7, 10, 12] and report["bad_fields"] == 4 and report["fields"] == 12
+    assert bad[12]["reason"] == "load_data.csv row 12: FileName_Cell: 3 channels, the dataset has 5 (as the first " \
+                                "readable field)"
     assert bad[3]["reason"].startswith("load_data.csv row 3: FileName_Cell: ") and "not a readable TIFF" in \
         bad[3]["reason"]
     assert bad[7]["reason"].startswith("load_data.csv row 7: ObjectsFileName_Cells: no such file ")
     assert bad[10]["reason"].endswith("is 40 x 40, the field's images 96 x 96")
-    assert set(columns["Metadata_FieldOfView"].tolist()) == set(range(1, 13)) - {3, 7, 10}
+    assert set(columns["Metadata_FieldOfView"].tolist()) == set(range(1, 13)) - {3, 7, 10, 12}
     listed = json.loads(RunLayout.from_config(config).bad_images.read_text())
-    assert listed["step"] == "ingest" and listed["count"] == 3
-    assert "3 bad" in capsys.readouterr().out
+    assert listed["step"] == "ingest" and listed["count"] == 4
+    assert "4 bad" in capsys.readouterr().out
     failing = config.replace({"data.on_bad_image": "fail", "run.output_dir": str(tmp_path / "fail")})
     assert run_cli(failing, "ingest") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
