@@ -43,7 +43,7 @@ def tiny(prepared: Config, out_dir, **overrides) -> Config:
     """Copies the prepared inputs into a fresh run directory and returns its config."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = prepared.run.output_dir
-    for name in ("packed", "split.json", "mean_std.json"):
+    for name in ("packed", "split.json", "split.npy", "mean_std.json"):
         src = os.path.join(source, name)
         (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, out_dir / name)
     base = {
