@@ -1,7 +1,7 @@
 """`ingest`: cut one crop per cell out of whole fields of view, straight into a packed dataset.
 
-For each row of the load table (training/data/ingest_table.py): read its image files (TIFF or
-OME-TIFF, one per channel or one multi-channel file) and its label mask, or its objects from a
+For each row of the load table (training/data/ingest_table.py): read its images (TIFF, OME-TIFF or
+OME-Zarr, one per channel or one multi-channel image) and its label mask, or its objects from a
 table of centres; measure the objects and cut a crop centred on each (training/data/ingest_crops.py);
 append the crops to the part's pixel files with one row each in the per-cell table:
 
@@ -56,7 +56,10 @@ def crop_settings(config: Config) -> CropSettings:
 
 
 def read_planes(path: Path, table: str, row: int, column: str, channel_axis: str) -> np.ndarray:
-    """One image file as (C, H, W): an OME-TIFF's channel axis from its metadata, else data.channel_axis."""
+    """One image file as (C, H, W): an OME-TIFF's channel axis from its metadata, else
+    data.channel_axis; a folder is read as an OME-Zarr image (read_ngff)."""
+    if path.is_dir():
+        return read_ngff(path, lambda problem: BadField(table, row, column, f"{path} {problem}"))
     if not path.is_file():
         raise BadField(table, row, column, f"no such file {path}")
     try:
@@ -70,6 +73,23 @@ def read_planes(path: Path, table: str, row: int, column: str, channel_axis: str
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise BadField(table, row, column, f"{path} is not a readable TIFF ({reason})") from None
     return channels_first(array, axes, channel_axis, lambda problem: BadField(table, row, column, f"{path} {problem}"))
+
+
+def read_ngff(path: Path, bad) -> np.ndarray:
+    """The full-resolution level of an OME-Zarr (NGFF 0.4 or 0.5) image as (C, H, W), read with
+    zarr-python: the first multiscale's first dataset, its axes named by the multiscale."""
+    import zarr
+
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        attrs = dict(group.attrs)
+        multiscale = attrs.get("ome", attrs)["multiscales"][0]
+        names = [axis["name"] if isinstance(axis, dict) else axis for axis in multiscale.get("axes", [])]
+        array = np.asarray(group[multiscale["datasets"][0]["path"]][...])
+    except Exception as exc:  # zarr and its codecs raise many types for what is not an NGFF image
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise bad(f"is not a readable OME-Zarr image ({type(exc).__name__}: {reason})") from None
+    return channels_first(array, "".join(str(n)[:1].upper() for n in names), "first", bad)
 
 
 def channels_first(array: np.ndarray, axes: str, channel_axis: str, bad) -> np.ndarray:

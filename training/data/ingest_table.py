@@ -1,6 +1,6 @@
 """The load table of `ingest`: one row per field of view, in CellProfiler's LoadData naming.
 
-    FileName_<Channel>, PathName_<Channel>              an image file (TIFF or OME-TIFF) per channel,
+    FileName_<Channel>, PathName_<Channel>              an image (TIFF, OME-TIFF or OME-Zarr) per channel,
                                                         or one multi-channel file under one name
     ObjectsFileName_<Objects>, ObjectsPathName_<Objects>  the field's label mask (0 background, 1..n)
     anything else                                       metadata, carried to every cell of the field

@@ -374,3 +374,33 @@ def test_a_parquet_load_table_keeps_its_types(tmp_path, screens):
     sites = parquet_cells.table.table.column("Metadata_Site")
     assert str(sites.type) == "int64" and set(sites.to_pylist()) == {1}
     assert set(csv_cells.table.strings("Metadata_Site")) == {"1"}
+
+
+def test_an_ome_zarr_field_is_cut_like_its_tiff(tmp_path, real, capsys):
+    """The real field as an OME-Zarr image (NGFF 0.4: axes c, y, x; a second channel that is the first
+    reversed), next to its TIFF mask: every crop is the slice of both channels at its centroid."""
+    import zarr
+
+    image, mask = real
+    stack = np.stack([image, image[::-1, ::-1]])
+    group = zarr.open_group(str(tmp_path / "field.ome.zarr"), mode="w", zarr_format=2)
+    group.create_array("0", shape=stack.shape, dtype=stack.dtype, chunks=(1, 128, 128))[:] = stack
+    group.attrs["multiscales"] = [{"version": "0.4", "datasets": [{"path": "0"}],
+                                   "axes": [{"name": "c", "type": "channel"}, {"name": "y", "type": "space"},
+                                            {"name": "x", "type": "space"}]}]
+    table = write_table(tmp_path / "load_data.csv", [
+        {"Metadata_Well": "A01", "FileName_Both": "field.ome.zarr", "ObjectsFileName_Nuclei": "mask2d.tif",
+         "ObjectsPathName_Nuclei": str(REAL)}])
+    config = config_for(tmp_path, table).replace({"data.channels": "01"})
+    assert run_cli(config, "ingest") == 0
+    packed, columns, report = cells(config)
+    objects = expected_objects(mask)
+    assert len(packed) == report["cut"] > 50
+    for i, label in enumerate(columns["Metadata_ObjectNumber"].tolist()):
+        top, left = window(*objects[label][:2])
+        np.testing.assert_array_equal(packed.read(i), stack[:, top:top + SIZE, left:left + SIZE])
+    (tmp_path / "field.ome.zarr" / ".zattrs").write_text("{}")
+    failing = config.replace({"data.on_bad_image": "fail", "run.output_dir": str(tmp_path / "fail")})
+    assert run_cli(failing, "ingest") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: load_data.csv row 1: FileName_Both: ") and "not a readable OME-Zarr image" in err
