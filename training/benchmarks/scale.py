@@ -166,24 +166,27 @@ def rss_mb() -> float:
 
 def split_and_features(folder: Path, n: int) -> dict:
     """Write and read back a split by row and a feature set of N rows (4-d features) in this process."""
-    from training.rundir.features import FeatureSet, load_features, save_features
+    from training.rundir import RunLayout
+    from training.rundir.features import INDEX_FILE, FeatureSet, load_features, save_features
 
+    layout = RunLayout(folder)
     member = np.zeros(n, np.uint8)
     member[::5] = 1
     start = time.perf_counter()
-    np.save(folder / "split.npy", member)
+    np.save(layout.split_rows, member)
     saved = time.perf_counter() - start
     base, start = rss_mb(), time.perf_counter()
-    loaded = np.load(folder / "split.npy", mmap_mode="r")
+    loaded = np.load(layout.split_rows, mmap_mode="r")
     train, holdout = np.flatnonzero(loaded == 0), np.flatnonzero(loaded == 1)
     split = {"split_save_s": saved, "split_load_s": time.perf_counter() - start, "split_rss_mb": rss_mb() - base,
              "n_holdout": int(len(holdout))}
     del train, holdout, loaded
-    save_features(folder / "features", FeatureSet(np.zeros((n, 4), np.float32), np.arange(n, dtype=np.int64)))
+    features = layout.features("final")
+    save_features(features, FeatureSet(np.zeros((n, 4), np.float32), np.arange(n, dtype=np.int64)))
     base, start = rss_mb(), time.perf_counter()
-    feature_set = load_features(folder / "features", mmap=True)
+    feature_set = load_features(features, mmap=True)
     split.update(features_load_s=time.perf_counter() - start, features_rss_mb=rss_mb() - base,
-                 features_index_bytes=(folder / "features" / "index.json").stat().st_size)
+                 features_index_bytes=(features / INDEX_FILE).stat().st_size)
     del feature_set
     return split
 
