@@ -1,7 +1,7 @@
 """Command line: `python -m training <step> --config run.yaml [--set section.key=value ...]`.
 
 Steps, in pipeline order: synth-data, prepare (or ingest: cells cut out of fields of view),
-mean-std, pretrain, features, labels, knn, linear, plots, report, summary; `compare` after one
+mean-std, pretrain, features, labels, knn, linear, export, plots, report, summary; `compare` after one
 chain per channel combination. `bench step|loader`
 prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
 prints where a run's files are (for shell scripts);

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PLATE, DEFAULT_WELL = "Metadata_Plate", "Metadata_Well"
 OBJECT_COUNT = "Metadata_Object_Count"
 """How many cells a per-well profile aggregates (pycytominer's aggregate names it so)."""
-MEDIAN_BLOCK_CELLS = 1 << 18
-"""Cells gathered at a time for the medians: 2^18 x 384 float32 features are 400 MB."""
+MEDIAN_BLOCK_CELLS = 1 << 16
+"""Cells gathered at a time for the medians: 2^16 x 384 float32 features are 100 MB."""
 SPHERE_EPSILON = 1e-6
 """Added to each eigenvalue before its inverse square root (pycytominer's default fudge factor)."""
 
@@ -84,9 +84,21 @@ def well_medians(features: np.ndarray, wells: Wells, block_cells: int = MEDIAN_B
         ascending = np.argsort(rows, kind="stable")
         block = np.empty((len(rows), features.shape[1]), np.float32)
         block[ascending] = features[rows[ascending]]
-        for w in range(first, last):
-            out[w] = np.median(block[wells.starts[w] - begin:wells.starts[w + 1] - begin], axis=0)
+        out[first:last] = _block_medians(block, wells.starts[first:last + 1] - begin)
         first = last
+    return out
+
+
+def _block_medians(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Medians of the row segments `starts[i]:starts[i + 1]` of `block` (the mean of the two middle
+    values for an even count, as np.median), one sort per distinct segment length (wells of a plate
+    mostly hold similar numbers of cells)."""
+    sizes = np.diff(starts)
+    out = np.empty((len(sizes), block.shape[1]), np.float32)
+    for size in np.unique(sizes):
+        chosen = np.flatnonzero(sizes == size)
+        ordered = np.sort(block[starts[chosen, None] + np.arange(size)], axis=1)  # (wells, size, D)
+        out[chosen] = (ordered[:, (size - 1) // 2] + ordered[:, size // 2]) / 2  # np.median's, 3x faster here
     return out
 
 

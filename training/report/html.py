@@ -184,10 +184,11 @@ def screen_lines(knn: dict[str, Any]) -> list[str]:
 
 
 def profiles_section(layout: RunLayout) -> list[str]:
-    """What `export` wrote and how to open it; a note naming the step before it has run."""
+    """What `export` wrote and how to open it; nothing before `export` has run (the artefact table
+    lists its files as absent)."""
     record = read_optional_json(layout.profiles_manifest, "export")
     if not record:
-        return ["<h2>Profiles</h2>", missing("profiles (AnnData, Parquet)", "export")]
+        return []
     wells = record.get("wells")
     about = (f"{wells['n_wells']} wells by {wells['plate_column']} and {wells['well_column']}" if wells
              else "no per-well profiles: the dataset has no plate and well columns")
