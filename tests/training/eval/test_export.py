@@ -22,6 +22,7 @@ from screen_run import screen_run
 from tiny import TINY_RUN, run_cli, tiny_config
 
 import training.eval.export as export
+from training.data.dataset import open_images
 from training.data.packed import PackedImages
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, save_features
@@ -149,3 +150,18 @@ def test_bad_settings_are_one_line_naming_the_fix(tmp_path, capsys, overrides, m
         assert run_cli(config, step) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_a_tiff_folder_exports_its_paths_and_class_folders(make_config):
+    """data.loader=tiff: no packed table, so the profiles carry each image's path and class folder."""
+    config = make_config({"data.loader": "tiff"})
+    layout = RunLayout.from_config(config)
+    images = open_images(config)
+    features = np.random.default_rng(0).standard_normal((len(images), 5)).astype(np.float32)
+    save_features(layout.features(tags.FINAL), FeatureSet(features, np.arange(len(images)), {"kind": "checkpoint"}))
+    assert run_cli(config, "export") == 0
+    cells = pd.read_parquet(layout.profiles_cells)
+    names = np.asarray(images.class_names)[images.labels]
+    assert list(cells["Metadata_Class"]) == list(names) and list(cells["Metadata_Path"]) == list(images.paths)
+    assert all(path.split("/")[0] == name for path, name in zip(cells["Metadata_Path"], names))
+    np.testing.assert_array_equal(anndata.read_h5ad(layout.profiles_h5ad).obsm["X_scdino"], features)
