@@ -13,7 +13,7 @@
 #                     cuts the cells of a slice of the fields), then one merge job (default 1: one job)
 #     --dry-run       print the sbatch commands instead of submitting
 #   --set overrides go to every step, so all steps read the same configuration.
-# Steps: prepare mean-std pretrain features labels knn linear plots report; when the config sets
+# Steps: prepare mean-std pretrain features labels knn linear export plots report; when the config sets
 # ingest.table (a screen's load table), ingest takes prepare's place.
 # Logs: $SCDINO_LOG_DIR/<job name>_<job id>.out (default logs/ in the current directory).
 # If a step fails, Slurm cancels the steps after it (--kill-on-invalid-dep).
@@ -26,7 +26,7 @@
 # skipped, and the pretraining too when all are), before `compare`.
 set -euo pipefail
 
-STEPS=(prepare mean-std pretrain features labels knn linear plots report)
+STEPS=(prepare mean-std pretrain features labels knn linear export plots report)
 # Steps every channel combination shares, with the run file that shows each is done.
 declare -A SHARED_OUTPUT=([prepare]=split [ingest]=split [mean-std]=mean_std)
 # Steps that start their own processes on whole nodes; the others run one process on a CPU share.

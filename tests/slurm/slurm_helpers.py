@@ -12,7 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SLURM = REPO / "scripts" / "local-slurm.sh"
 SLURM_DIR = REPO / "slurm"
-PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "export", "plots",
+                  "report"]
 TINY_PIPELINE = {
     "run": {"name": "slurm-test", "seed": 0},
     "data": {"num_workers": 0, "holdout_fraction": 0.3},

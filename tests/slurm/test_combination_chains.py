@@ -21,7 +21,7 @@ from training.rundir import RunLayout
 
 SUBMIT = str(REPO / "slurm" / "submit_pipeline.sh")
 COMBINATIONS = ["0", "01"]
-CHAIN = ["pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+CHAIN = ["pretrain", "features", "labels", "knn", "linear", "export", "plots", "report"]
 EVALUATION = ["features", "labels", "knn", "linear"]
 """The channel-adaptive model's steps on each combination (after its one pretraining)."""
 KIND = "bag_of_channels"
@@ -64,7 +64,8 @@ def test_dry_run_shares_prepare_and_chains_each_combination(tmp_path):
     out = dry_run(tmp_path).stdout.splitlines()
     scripts = scripts_of(out)
     assert scripts == ["prepare", "mean-std", *CHAIN, *CHAIN, "pretrain", *EVALUATION, *EVALUATION, "compare"]
-    for combo, lines in zip(COMBINATIONS, (out[2:9], out[9:16])):
+    chains = (out[2:2 + len(CHAIN)], out[2 + len(CHAIN):2 + 2 * len(CHAIN)])
+    for combo, lines in zip(COMBINATIONS, chains):
         assert "--dependency=afterok:<mean-std>" in lines[0]
         for before, line in zip(CHAIN, lines[1:]):
             assert f"--dependency=afterok:<{before}:{combo}>" in line
@@ -79,7 +80,7 @@ def test_dry_run_trains_the_channel_adaptive_model_once_and_evaluates_it_per_com
     """Without a cluster: one pretraining after mean-std, then features..linear per combination after it."""
     write_config(tmp_path, tmp_path / "images")
     out = dry_run(tmp_path).stdout.splitlines()
-    pretrain, evaluations = out[16], out[17:-1]
+    pretrain, evaluations = out[2 + 2 * len(CHAIN)], out[3 + 2 * len(CHAIN):-1]
     assert scripts_of([pretrain]) == ["pretrain"] and "--nodes=1 " in pretrain
     assert f"--job-name=scdino-pretrain-{ADAPTIVE} " in pretrain and "--dependency=afterok:<mean-std> " in pretrain
     assert pretrain.endswith(f"pretrain.slurm run.yaml --set run.channel_adaptive={KIND}")
@@ -94,8 +95,8 @@ def test_dry_run_trains_the_channel_adaptive_model_once_and_evaluates_it_per_com
 def test_dry_run_from_knn_evaluates_without_pretraining(tmp_path):
     write_config(tmp_path, tmp_path / "images")
     out = dry_run(tmp_path, "--from", "knn").stdout.splitlines()
-    assert scripts_of(out) == ["knn", "linear", "plots", "report"] * 2 + ["knn", "linear"] * 2 + ["compare"]
-    first = out[8]
+    assert scripts_of(out) == ["knn", "linear", "export", "plots", "report"] * 2 + ["knn", "linear"] * 2 + ["compare"]
+    first = out[2 * len(CHAIN[CHAIN.index("knn"):])]
     assert "--dependency" not in first and first.endswith(f"--set run.channel_adaptive={KIND} --set run.combination=0")
 
 
@@ -265,8 +266,8 @@ def test_dry_run_skips_what_is_finished(tmp_path):
     out = done.stdout.splitlines()
     assert scripts_of(out) == [*CHAIN, "pretrain", *EVALUATION, "compare"]
     assert "--dependency" not in out[0] and out[0].endswith("--set run.combination=01")
-    assert "--dependency" not in out[7] and out[7].endswith(f"--set run.channel_adaptive={KIND}")
-    assert out[8].endswith(f"--set run.channel_adaptive={KIND} --set run.combination=01")
+    assert "--dependency" not in out[len(CHAIN)] and out[len(CHAIN)].endswith(f"--set run.channel_adaptive={KIND}")
+    assert out[len(CHAIN) + 1].endswith(f"--set run.channel_adaptive={KIND} --set run.combination=01")
     assert f"--dependency=afterok:<report:01>:<linear:{ADAPTIVE}-01> " in out[-1]
     assert "prepare: skipped" in done.stderr and "mean-std: skipped" in done.stderr
     assert "channels 0: finished (its report exists), skipped" in done.stderr
@@ -308,11 +309,12 @@ def test_dry_run_trains_one_model_of_each_listed_kind(tmp_path):
     out = dry_run(tmp_path, "--set", "data.channel_adaptive_kinds=bag_of_channels,channel_vit").stdout.splitlines()
     assert scripts_of(out) == ["prepare", "mean-std", *CHAIN, *CHAIN,
                                "pretrain", *EVALUATION, *EVALUATION, "pretrain", *EVALUATION, *EVALUATION, "compare"]
-    vit_pretrain = out[25]
+    vit_pretrain = out[2 + 2 * len(CHAIN) + 1 + 2 * len(EVALUATION)]
     assert "--job-name=scdino-pretrain-adaptive-channel_vit " in vit_pretrain
     assert vit_pretrain.endswith("--set run.channel_adaptive=channel_vit")
-    assert out[26].endswith("--set run.channel_adaptive=channel_vit --set run.combination=0")
-    assert "--dependency=afterok:<pretrain:adaptive-channel_vit> " in out[26]
+    first_vit = out[out.index(vit_pretrain) + 1]
+    assert first_vit.endswith("--set run.channel_adaptive=channel_vit --set run.combination=0")
+    assert "--dependency=afterok:<pretrain:adaptive-channel_vit> " in first_vit
     ends = [f"<report:{c}>" for c in COMBINATIONS] + [f"<linear:adaptive-{k}-{c}>" for k in (KIND, "channel_vit")
                                                       for c in COMBINATIONS]
     assert f"--dependency=afterok:{':'.join(ends)} " in out[-1]

@@ -14,7 +14,8 @@ SCRIPTS = sorted((REPO / "slurm").glob("*.slurm"))
 SHELL_FILES = [*SCRIPTS, *sorted((REPO / "slurm").glob("*.sh")), REPO / "scripts" / "local-slurm.sh",
                REPO / "scripts" / "demo.sh"]
 SECTIONS = ["# --- resources ---", "# --- user variables ---", "# --- environment ---", "# --- launch ---"]
-PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "plots", "report"]
+PIPELINE_STEPS = ["prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "export", "plots",
+                  "report"]
 
 
 def env_sh_defaults() -> dict[str, str]:
