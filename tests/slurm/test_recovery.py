@@ -41,7 +41,7 @@ def copy_prepared(workdir: Path, name: str) -> Path:
     mean/std), so that pretraining can start there at once."""
     run = workdir / name
     run.mkdir()
-    for item in ("packed", "split.json", "mean_std.json"):
+    for item in ("packed", "split.json", "split.npy", "mean_std.json"):
         source = workdir / "run" / item
         (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
     return run
