@@ -23,8 +23,7 @@ fields (the load table itself is one small row per field).
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,6 +36,7 @@ from training.config import Config
 from training.data.ingest_crops import CropSettings, Objects, cut_crops, measure_objects
 from training.data.ingest_table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
 from training.data.packed import PartWriter
+from training.data.read_ahead import read_in_order
 from training.data.tiff import BadImage, missing_codec, to_channels_first
 from training.diskspace import require_free
 from training.errors import UserError
@@ -169,18 +169,7 @@ def read_ahead(load: LoadTable, rows: range, channel_axis: str) -> Iterator[tupl
         except BadField as bad:
             return spec, bad
 
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        pending: deque[Future] = deque()
-        try:
-            for index in rows:
-                pending.append(pool.submit(read, index))
-                if len(pending) >= READ_AHEAD:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+    return read_in_order(read, rows, threads=READ_THREADS, ahead=READ_AHEAD)
 
 
 class PartCounts:

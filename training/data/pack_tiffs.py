@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
 from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,6 +21,7 @@ from tqdm import tqdm
 from training.data.cells import CLASS_COLUMN
 from training.data.index import ImageIndex
 from training.data.packed import PartWriter, merge_parts
+from training.data.read_ahead import read_in_order
 from training.data.tiff import BadImage, ChannelAxis, read_image
 from training.diskspace import require_free
 
@@ -71,11 +71,7 @@ def conform(image: np.ndarray, channels: int, path: str) -> np.ndarray:
 
 
 def read_all(root: Path, paths: list[str], channel_axis: ChannelAxis) -> Iterator[np.ndarray | BadImage]:
-    """Read images in order with a few threads, which hides per-file latency on FSx/S3 mounts.
-
-    At most READ_AHEAD images wait in memory; closing the generator (a bad image under the `fail`
-    policy, an interrupt) cancels the reads not yet started instead of finishing the whole folder.
-    """
+    """Every image in order, read by READ_THREADS threads at most READ_AHEAD ahead (read_ahead.py)."""
     def read(rel: str) -> np.ndarray | BadImage:
         try:
             return read_image(root / rel, channel_axis)
@@ -83,18 +79,7 @@ def read_all(root: Path, paths: list[str], channel_axis: ChannelAxis) -> Iterato
             bad.path = rel
             return bad
 
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        pending: deque[Future] = deque()
-        try:
-            for rel in paths:
-                pending.append(pool.submit(read, rel))
-                if len(pending) >= READ_AHEAD:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+    return read_in_order(read, paths, threads=READ_THREADS, ahead=READ_AHEAD)
 
 
 def pack_part(root: Path, index: ImageIndex, rows: range, part_dir: Path, *, channel_axis: ChannelAxis,
