@@ -130,7 +130,7 @@ step_options() {
 # job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, a channel-adaptive
 # model's scdino-STEP-adaptive-KIND and scdino-STEP-adaptive-KIND-COMBINATION.
 submit() {
-  local step=$1 after=$2 label=$3 options command
+  local step=$1 after=$2 label=$3 options
   shift 3
   if [ "$step" = prepare ] && ((PREPARE_TASKS > 1)); then
     submit_parts prepare "$PREPARE_TASKS" "$after" --exclusive -- "$@"
@@ -143,13 +143,20 @@ submit() {
   mapfile -t options < <(step_options "$step")
   [ "$label" = "$step" ] || options+=(--job-name="scdino-${label/:/-}")
   [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@")
+  run_sbatch "$label" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@"
+}
+
+# `sbatch ARGS...` for the job called LABEL: prints "LABEL JOBID" and leaves the id in JOB_ID; under
+# --dry-run prints the command instead and uses "<LABEL>" as the id.
+run_sbatch() {
+  local label=$1
+  shift
   if ((DRY_RUN)); then
-    echo "${command[*]}"
+    echo "sbatch $*"
     JOB_ID="<$label>"
     return 0
   fi
-  JOB_ID=$("${command[@]}")
+  JOB_ID=$(sbatch "$@")
   JOB_ID=${JOB_ID%%;*}
   echo "$label $JOB_ID"
 }
@@ -160,7 +167,7 @@ submit() {
 # the node's cores and its own link to FSx (decoding and reading are what a part spends its time
 # on); ingest's tasks crop on one core each, so Slurm packs several onto a node.
 submit_parts() {
-  local step=$1 tasks=$2 after=$3 options array_options=() command
+  local step=$1 tasks=$2 after=$3 options array_options=()
   shift 3
   while (($#)) && [ "$1" != -- ]; do
     array_options+=("$1")
@@ -170,26 +177,10 @@ submit_parts() {
   mapfile -t options < <(step_options "$step")
   options+=(--job-name="scdino-$step-parts" --array="0-$((tasks - 1))" "${array_options[@]}")
   [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$tasks")
-  if ((DRY_RUN)); then
-    echo "${command[*]}"
-    after="<$step-parts>"
-  else
-    after=$("${command[@]}")
-    after=${after%%;*}
-    echo "$step-parts $after"
-  fi
+  run_sbatch "$step-parts" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$tasks"
   mapfile -t options < <(step_options "$step")
-  options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  command=(sbatch "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$tasks")
-  if ((DRY_RUN)); then
-    echo "${command[*]}"
-    JOB_ID="<$step>"
-    return 0
-  fi
-  JOB_ID=$("${command[@]}")
-  JOB_ID=${JOB_ID%%;*}
-  echo "$step $JOB_ID"
+  options+=(--dependency="afterok:$JOB_ID" --kill-on-invalid-dep=yes)
+  run_sbatch "$step" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$tasks"
 }
 
 # The --set arguments that pick one run by the name its job labels carry, one a line: "" the run
