@@ -60,7 +60,7 @@ def umap_plots(config: Config, layout: RunLayout, out: Path) -> list[PlotEntry]:
     colourings = umap_colourings(config, rows[keep])
     entries = []
     for tag in sorted(list_tags(layout.features_root), key=tags.sort_key):
-        feature_set = load_features(layout.features(tag), mmap=True).select(rows[keep], layout.features(tag))
+        feature_set = load_features(layout.features(tag), rows=rows[keep])
         embedding = umap_embedding(feature_set.features, seed=config.run.seed,
                                    n_neighbors=config.eval.umap_neighbors, min_dist=config.eval.umap_min_dist)
         name = tags.label(tag, feature_set.meta.get("epoch"))

@@ -132,8 +132,7 @@ def load_tagged_features(layout: RunLayout, labels: dict[str, Any]) -> dict[str,
     if not found:
         raise MissingInputError("features", layout.features_root, "features")
     expected = np.asarray(labels["indices"], np.int64)
-    return {tag: load_features(layout.features(tag), mmap=True).select(expected, layout.features(tag))
-            for tag in found}
+    return {tag: load_features(layout.features(tag), rows=expected) for tag in found}
 
 
 def final_weights(layout: RunLayout) -> Path:

@@ -135,33 +135,47 @@ def _npy_bytes(path: Path) -> int:
         raise DamagedFileError(path, f"has no valid .npy header ({one_line(exc)})", REMEDY) from None
 
 
-def checked_index(directory: Path) -> dict[str, Any] | None:
-    """read_index, plus the arrays' CRC-32s where the index records them (a full read of the
-    arrays: kNN, the probe and the plots read every row anyway)."""
+CHECKSUM_READ_LIMIT = 1 << 30
+"""A reader of some rows of a larger set checks its CRC-32s only up to this many bytes (~1 s): the
+kNN, probe and plots of a 10^7-cell dataset read 20,000 rows of features/final, and reading all of
+its 15 GB to check them would make each epoch's evaluation grow with the dataset again. Sizes are
+checked at every open whatever the size."""
+
+
+def checked_index(directory: Path, *, checksum: bool = True) -> dict[str, Any] | None:
+    """read_index, plus the arrays' CRC-32s where the index records them and `checksum` (a full
+    read of the arrays)."""
     index = read_index(directory)
-    if index is not None:
+    if index is not None and checksum:
         for name, file in (("features", FEATURES_FILE), ("rows", ROWS_FILE)):
             if f"{name}_crc32" in index:
                 check_crc32(directory / file, index[f"{name}_crc32"], INDEX_FILE, REMEDY)
     return index
 
 
-def load_features(directory: Path, *, mmap: bool = False) -> FeatureSet:
-    """Load a feature set; MissingInputError names the `features` step when it is absent, a damaged
-    one (checked_index) is a DamagedFileError."""
-    index = checked_index(directory)
+def load_features(directory: Path, *, mmap: bool = False, rows: np.ndarray | None = None) -> FeatureSet:
+    """Load a feature set, or with `rows` the features of those table rows (FeatureSet.select);
+    MissingInputError names the `features` step when it is absent, a damaged one is a
+    DamagedFileError. Its CRC-32s are checked when every row is read or the set is small
+    (CHECKSUM_READ_LIMIT)."""
+    index = read_index(directory)
     if index is None:
         raise MissingInputError("features", directory, "features")
-    array = np.load(directory / FEATURES_FILE, mmap_mode="r" if mmap else None)
+    every_row = rows is None or len(rows) >= int(index["n_images"])
+    set_bytes = int(index.get("features_bytes", 0)) + int(index.get("rows_bytes", 0))
+    checked_index(directory, checksum=every_row or set_bytes <= CHECKSUM_READ_LIMIT)
+    mode = "r" if mmap or rows is not None else None
+    array = np.load(directory / FEATURES_FILE, mmap_mode=mode)
     if "rows_bytes" in index:
-        rows = np.load(directory / ROWS_FILE, mmap_mode="r" if mmap else None)
+        table_rows = np.load(directory / ROWS_FILE, mmap_mode=mode)
     else:
-        rows = np.asarray(index["indices"], dtype=np.int64)
-    if array.ndim != 2 or not array.shape[0] == index["n_images"] == len(rows):
+        table_rows = np.asarray(index["indices"], dtype=np.int64)
+    if array.ndim != 2 or not array.shape[0] == index["n_images"] == len(table_rows):
         raise DamagedFileError(directory / INDEX_FILE, f"does not describe {FEATURES_FILE} (shape {array.shape}, "
-                               f"{index['n_images']} images, {len(rows)} rows)", REMEDY)
+                               f"{index['n_images']} images, {len(table_rows)} rows)", REMEDY)
     meta = {k: v for k, v in index.items() if k not in ("labels", "indices", "paths")}
-    return FeatureSet(features=array, indices=rows.astype(np.int64, copy=False), meta=meta)
+    loaded = FeatureSet(features=array, indices=table_rows.astype(np.int64, copy=False), meta=meta)
+    return loaded if rows is None else loaded.select(rows, directory)
 
 
 def list_tags(features_root: Path) -> list[str]:

@@ -139,3 +139,24 @@ def test_two_gloo_ranks_gather_exactly_the_single_rank_result(tmp_path, monkeypa
     np.testing.assert_array_equal(gathered["labels"], single.labels)
     np.testing.assert_allclose(gathered["projection"], single.features["projection"], atol=1e-6)
     np.testing.assert_allclose(gathered["raw"], single.features["raw_pixels"], atol=1e-6)
+
+
+def test_a_few_rows_of_a_large_set_are_read_without_checksumming_all_of_it(tmp_path, monkeypatch):
+    """Each epoch's kNN reads the evaluated rows of features/final, a set of every cell: its CRC-32
+    (a read of the whole array) is checked only when every row is read or the set is small."""
+    import training.rundir.features as features_module
+
+    save_features(tmp_path / "final", _feature_set(n=50, d=4))  # rows 0, 3, ..., 147
+    with open(tmp_path / "final" / "features.npy", "r+b") as handle:
+        handle.seek(-8, 2)
+        handle.write(b"\x7f" * 8)  # the last row garbled, the size kept
+    subset = np.array([0, 3, 6])
+    with pytest.raises(DamagedFileError, match="fails its checksum"):
+        load_features(tmp_path / "final", rows=subset)  # small: checked
+    monkeypatch.setattr(features_module, "CHECKSUM_READ_LIMIT", 100)
+    picked = load_features(tmp_path / "final", rows=subset)
+    np.testing.assert_array_equal(picked.features, _feature_set(n=50, d=4).features[:3])
+    with pytest.raises(DamagedFileError, match="fails its checksum"):
+        load_features(tmp_path / "final", rows=np.arange(50) * 3)  # every row: checked whatever the size
+    with pytest.raises(DamagedFileError, match="fails its checksum"):
+        load_features(tmp_path / "final")
