@@ -44,8 +44,6 @@ METADATA_PREFIX = "Metadata_"
 CLASS_COLUMN = "Metadata_Class"
 """The class folder of each image (scDINO's labels), for datasets packed from class folders."""
 STORAGE_COLUMNS = ("path", "shard", "offset", "height", "width")
-STORAGE_TYPES = {"path": pa.large_string(), "shard": pa.uint16(), "offset": pa.int64(),
-                 "height": pa.int32(), "width": pa.int32()}
 
 
 @dataclass(frozen=True)

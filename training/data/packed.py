@@ -35,7 +35,6 @@ import os
 import shutil
 import time
 import zlib
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -241,9 +240,9 @@ class PartWriter:
     def finish(self, **extra: Any) -> dict[str, Any]:
         """Close the last pixel file and write part.json (with `extra`, e.g. what was skipped and why)."""
         self._close_shard()
-        shape = next(iter(self.shapes)) if len(self.shapes) == 1 else None
+        shape = next(iter(self.shapes)) if len(self.shapes) == 1 else None  # None: cells of several shapes
         part = {"format": PART_FORMAT, "channels": self.channels, "shards": self.shards,
-                "shape": list(shape) if shape else None, "mixed_shapes": len(self.shapes) > 1,
+                "shape": list(shape) if shape else None,
                 "n_cells": sum(s["cells"] for s in self.shards), **extra}
         write_json_atomic(self.folder / PART_FILE, part)
         return part
@@ -298,8 +297,8 @@ def _merge_into(tmp: Path, parts: list[Path], infos: list[dict], channels: int, 
         tables.append(table.set_column(1, "shard", pa.array(np.full(table.num_rows, number, np.uint16))))
     merged = pa.concat_tables(tables, promote_options="permissive") if tables else storage_table([], *[[]] * 4)
     table_bytes, table_crc = write_table(tmp / CELLS_FILE, merged)
-    shapes = {tuple(info["shape"]) for info in infos if info["n_cells"] and info["shape"]}
-    uniform = len(shapes) == 1 and not any(info.get("mixed_shapes") for info in infos)
+    shapes = {tuple(info["shape"]) if info["shape"] else None for info in infos if info["n_cells"]}
+    uniform = len(shapes) == 1 and None not in shapes
     index = {"format": FORMAT, "dtype": dtype.str, "channels": channels, "n_cells": merged.num_rows,
              "shape": list(shapes.pop()) if uniform else None, "shards": files,
              "table": {"file": CELLS_FILE, "bytes": table_bytes, "crc32": crc32_hex(table_crc)}, **extra}
@@ -429,10 +428,6 @@ class PackedImages:
                                        f"records {len(self)} cells", REMEDY)
             self._checked = True
 
-    def column(self, name: str) -> np.ndarray:
-        self._check_table()
-        return self.table.numbers(name)
-
     @property
     def paths(self) -> StringColumn:
         self._check_table()
@@ -520,9 +515,3 @@ def check_present_size(path: Path, expected: int) -> None:
 def pixel_bytes(meta: dict[str, Any]) -> int:
     """All pixel bytes of a pack, from its index."""
     return sum(int(shard["bytes"]) for shard in meta["shards"])
-
-
-def class_counts(images: PackedImages) -> Counter:
-    names = images.class_names
-    return Counter({names[code]: int(n) for code, n in zip(*np.unique(images.labels, return_counts=True))
-                    if code >= 0})

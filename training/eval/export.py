@@ -45,7 +45,6 @@ from training.eval.profiles import (
     comparable_values,
     control_wells,
     is_numeric,
-    metadata_columns,
     spherize,
     well_columns,
     well_medians,
@@ -96,7 +95,7 @@ class ExportSource:
         split = pa.DictionaryArray.from_arrays(pa.array(1 - self.held_out[rows].astype(np.int32)),
                                                pa.array(SPLIT_NAMES))
         columns = {ROW_COLUMN: pa.array(rows), PATH_COLUMN: table.column("path").cast(pa.string())}
-        columns.update({name: table.column(name) for name in metadata_columns(self.cells)})
+        columns.update({name: table.column(name) for name in self.cells.metadata_columns})
         columns[SPLIT_COLUMN] = split
         return columns
 
@@ -191,14 +190,14 @@ def write_obs(file, source: ExportSource) -> None:
     import pandas as pd
     from anndata.io import write_elem
 
-    columns = [ROW_COLUMN, PATH_COLUMN, *metadata_columns(source.cells), SPLIT_COLUMN]
+    columns = [ROW_COLUMN, PATH_COLUMN, *source.cells.metadata_columns, SPLIT_COLUMN]
     obs = file.create_group("obs")
     obs.attrs.update({"encoding-type": "dataframe", "encoding-version": "0.2.0", "_index": "_index",
                       "column-order": np.asarray(columns, dtype=object)})
     _string_dataset(obs, "_index", _RowNames(source.rows))
     write_elem(obs, ROW_COLUMN, np.asarray(source.rows, np.int64))
     _string_dataset(obs, PATH_COLUMN, _Paths(source))
-    for name in metadata_columns(source.cells):
+    for name in source.cells.metadata_columns:
         write_elem(obs, name, _obs_column(source, name))
     split = 1 - source.held_out[source.rows].astype(np.int8)
     write_elem(obs, SPLIT_COLUMN, pd.Categorical.from_codes(split, categories=SPLIT_NAMES))
@@ -342,7 +341,7 @@ class Timed:
 def export_record(config: Config, layout: RunLayout, source: ExportSource, wells: WellProfiles | None,
                   written: list[Path]) -> dict[str, Any]:
     """export.json: the files, what they hold and where the features came from."""
-    meta = metadata_columns(source.cells)
+    meta = source.cells.metadata_columns
     record = {"files": [p.relative_to(layout.root).as_posix() for p in written], "n_cells": int(len(source.rows)),
               "n_held_out": int(source.held_out[source.rows].sum()), "dim": source.features.dim,
               "embedding": f"obsm[{EMBEDDING_KEY!r}]", "feature_columns": f"{FEATURE_PREFIX}0000 .. "

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from training.config import Config
-from training.data.cells import METADATA_PREFIX, CellTable
+from training.data.cells import CellTable
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -211,17 +211,12 @@ def comparable_values(table: CellTable, name: str) -> np.ndarray:
     return table.numbers(name) if is_numeric(table, name) else table.categories(name).codes
 
 
-def metadata_columns(table: CellTable) -> list[str]:
-    """The table's Metadata_ columns, in its order."""
-    return [name for name in table.columns if name.startswith(METADATA_PREFIX)]
-
-
 def well_metadata(table: CellTable, wells: Wells, rows: np.ndarray | None = None) -> dict[str, Any]:
     """The Metadata_ columns every cell of each well shares, taken from each well's first cell
     (pyarrow arrays, their own types), plus OBJECT_COUNT."""
     first = wells.first if rows is None else np.asarray(rows)[wells.first]
     shared: dict[str, Any] = {}
-    for name in metadata_columns(table):
+    for name in table.metadata_columns:
         values = comparable_values(table, name)
         if shared_in_every_well(values if rows is None else values[rows], wells):
             shared[name] = table.table.column(name).take(first)
