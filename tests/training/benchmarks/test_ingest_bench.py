@@ -23,7 +23,11 @@ def test_every_object_is_cut_or_counted_at_both_field_counts(capsys, tmp_path):
     assert [run["fields"] for run in result["runs"]] == [1, 3] and set(result["peak_rss_mb"]) == {"1", "3"}
     for run in result["runs"]:
         assert run["crops"] + sum(run["skipped"].values()) == 16 * run["fields"] and run["crops"] > 0
-        assert run["crops_per_core_s"] == pytest.approx(run["crops"] / run["cpu_s"], rel=0.01)
+        # cpu_s is printed to the millisecond, crops_per_core_s from the unrounded CPU time: at a few
+        # hundredths of a second that rounding alone moves the ratio by a few per cent.
+        fastest = run["crops"] / max(run["cpu_s"] - 0.0005, 1e-9)
+        slowest = run["crops"] / (run["cpu_s"] + 0.0005)
+        assert slowest * 0.999 <= run["crops_per_core_s"] <= fastest * 1.001
     assert result["crops_per_core_s"] == result["runs"][-1]["crops_per_core_s"]
     assert main(["bench", "ingest", "--fields", "0"]) == 2
     assert "--fields '0'" in capsys.readouterr().err
