@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from training.benchmarks.ingest import SIDE, draw_labels, run_ingest_benchmark
 from training.cli import main
