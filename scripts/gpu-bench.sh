@@ -1,55 +1,137 @@
 #!/usr/bin/env bash
-# Every GPU figure docs/performance.md asks for, in one command, as JSON files in OUT_DIR:
-#   scripts/gpu-bench.sh OUT_DIR                      # on a GPU node (about 10 minutes on one H100)
+# Every GPU figure docs/performance.md asks for, as JSON files in OUT_DIR, in two parts that each fit
+# a short lease of a GPU machine, the most important first:
+#   scripts/gpu-bench.sh OUT_DIR                      # both parts (about 10 minutes on one H100)
+#   GPU_BENCH_PART=1 scripts/gpu-bench.sh OUT_DIR     # part 1 only (about 5 minutes)
 #   srun --gpus=1 scripts/gpu-bench.sh OUT_DIR        # on the cluster
 #   GPU_BENCH_SMOKE=1 scripts/gpu-bench.sh OUT_DIR    # tiny sizes, runs on a CPU (what the tests check)
-# Writes device.json, step_<setting>.json (ViT-S/16 and ViT-B/16 at scDINO's crops, eager and
-# compiled, and ViT-S/8 at the cells' native resolution), loader_224.json and loader_native.json
-# (baseline, packed, device-side multi-crop, DALI), scaling_vits16_224.json (the multi-node model of
-# training/benchmarks/scaling.py fed the ViT-S/16 step), gpu_tests.txt (pytest -m gpu) and summary.json.
-# Settings: BENCH_BATCH (images per step, 64), BENCH_STEPS (timed steps, 30), BENCH_WARMUP (untimed
-# steps first, 3: enough for cuDNN autotuning and torch.compile), PYTHON.
-set -euo pipefail
+# Part 1: correctness (pytest -m gpu: bf16 and fp16 against fp32, the CUDA multi-crop against the
+#   CPU path, DDP and FSDP2 through NCCL), then ViT-S/16 at scDINO's crops (2 x 224 + 8 x 96,
+#   5 channels) eager, compiled and as DINO's reference code runs it, then the loader at those crops.
+# Part 2: ViT-B/16 eager and compiled, ViT-S/8 at the cells' native resolution (configs/fast.yaml's
+#   recipe), the bag of channels, the loader at native resolution, and the demo's chain (synthetic
+#   cells, prepare, mean-std, pretrain, features, labels, kNN) on the GPU.
+# Each stage writes its own file and a failed or timed-out stage does not stop the next (stages.txt
+# says which); GPU_BENCH_SKIP="step_vits16_224 loader_224" leaves stages out (their names, spaces as
+# underscores), e.g. those a first lease measured; GPU_BENCH_BUNDLE=FILE.tar re-writes a tar of OUT_DIR after every stage, so a run cut
+# short still leaves what it measured. summary.json sums up whatever files are there.
+# Settings: BENCH_BATCH (images per step, 128), BENCH_STEPS (timed steps, 30), BENCH_WARMUP (untimed
+# steps first, 3: enough for cuDNN autotuning and torch.compile), BENCH_STAGE_TIMEOUT (seconds per
+# stage, 600), PYTHON.
+set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:?usage: scripts/gpu-bench.sh OUT_DIR}
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 SMOKE=${GPU_BENCH_SMOKE:-0}
-BATCH=${BENCH_BATCH:-64}
+PART=${GPU_BENCH_PART:-all}
+BUNDLE=${GPU_BENCH_BUNDLE:-}
+SKIP=${GPU_BENCH_SKIP:-}
+BATCH=${BENCH_BATCH:-128}
 STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-3}
+STAGE_TIMEOUT=${BENCH_STAGE_TIMEOUT:-600}
 
 die() { echo "gpu-bench: error: $*" >&2; exit 1; }
-[ -x "$PYTHON" ] || die "no Python at $PYTHON: run \`make install\` or set PYTHON"
-mkdir -p "$OUT"
+case "$PART" in 1|2|all) ;; *) die "GPU_BENCH_PART=$PART: give 1, 2 or all" ;; esac
+[ -x "$PYTHON" ] || command -v "$PYTHON" >/dev/null || die "no Python at $PYTHON: run \`make install\` or set PYTHON"
+mkdir -p "$OUT" || die "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
-cd "$REPO"
+[ -z "$BUNDLE" ] || BUNDLE=$(cd "$(dirname "$BUNDLE")" && pwd)/$(basename "$BUNDLE")
+cd "$REPO" || exit 1
 
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   [ "$SMOKE" = 1 ] || die "no CUDA GPU visible to torch (nvidia-smi, CUDA_VISIBLE_DEVICES); GPU_BENCH_SMOKE=1 runs the tiny CPU version"
 fi
 
-# The settings, as `name|--set overrides` lines. Full size: scDINO's crops, 5 channels, bf16 where
-# the GPU has it; smoke: the same code paths at toy sizes.
+# The settings. Full size: scDINO's crops, 5 channels, bf16 where the GPU has it; smoke: the same
+# code paths at toy sizes.
 if [ "$SMOKE" = 1 ]; then
   BATCH=2 STEPS=1 WARMUP=0
   COMMON="data.channels=01234 model.out_dim=64 dino.local_crops_number=2 dino.global_crop_size=16 dino.local_crop_size=8"
-  SETTINGS=("vits16_224|model.arch=vit_tiny model.patch_size=8"
-            "vits8_native|model.arch=vit_tiny model.patch_size=8 dino.global_crop_size=8 dino.local_crop_size=8")
+  S16="model.arch=vit_tiny model.patch_size=8"
+  B16="model.arch=vit_tiny model.patch_size=8"
+  S8="model.arch=vit_tiny model.patch_size=8 dino.global_crop_size=8 dino.local_crop_size=8"
   LOADER=(--images 40 --batches 1 --warmup 0 --workers 1)
   NATIVE_SIZE=8/8
+  CHAIN="--per-class 12 --size 24|optim.epochs=1 eval.image_size=16 dino.global_crop_size=16 dino.local_crop_size=8"
 else
   COMMON="data.channels=01234"
-  SETTINGS=("vits16_224|model.arch=vit_small model.patch_size=16"
-            "vits16_224_compiled|model.arch=vit_small model.patch_size=16 train.compile=true"
-            "vitb16_224|model.arch=vit_base model.patch_size=16"
-            "vitb16_224_compiled|model.arch=vit_base model.patch_size=16 train.compile=true"
-            "vits8_native|model.arch=vit_small model.patch_size=8 dino.global_crop_size=48 dino.local_crop_size=24")
-  LOADER=(--images 2000 --batches 20 --warmup 3 --workers "$(( $(nproc) > 8 ? 8 : $(nproc) ))")
+  S16="model.arch=vit_small model.patch_size=16"
+  B16="model.arch=vit_base model.patch_size=16"
+  S8="model.arch=vit_small model.patch_size=8 dino.global_crop_size=48 dino.local_crop_size=24"
+  workers=$(( $(nproc) > 8 ? 8 : $(nproc) ))
+  LOADER=(--images $(( (WARMUP + 20) * BATCH + BATCH )) --batches 20 --warmup 3 --workers "$workers")
   NATIVE_SIZE=48/24
+  CHAIN="|data.num_workers=$workers train.precision=auto"
 fi
 
 sets() { local kv; for kv in $COMMON $1 "optim.batch_size_per_gpu=$BATCH"; do printf -- '--set\n%s\n' "$kv"; done; }
+
+bundle() { if [ -n "$BUNDLE" ]; then tar -cf "$BUNDLE.part" -C "$OUT" . && mv "$BUNDLE.part" "$BUNDLE"; fi; }
+
+# stage NAME COMMAND...: run one stage under the stage time limit, note how it ended, bundle.
+# COMMAND may be one of this script's functions (exported below).
+stage() {
+  local name=$1 start rc; shift
+  case " $SKIP " in *" ${name// /_} "*) echo "== $name: skipped (GPU_BENCH_SKIP)" >&2; return 0 ;; esac
+  echo "== $name" >&2
+  start=$(date +%s)
+  if [ "$(type -t "$1")" = function ]; then
+    timeout --kill-after=20 "$STAGE_TIMEOUT" bash -c "$*"
+  else
+    timeout --kill-after=20 "$STAGE_TIMEOUT" "$@"
+  fi
+  rc=$?
+  printf '%s\t%s\t%ss\n' "$name" "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" "$(( $(date +%s) - start ))" >> "$OUT/stages.txt"
+  [ $rc = 0 ] || echo "gpu-bench: stage $name failed ($rc); going on" >&2
+  bundle
+}
+
+step() {  # step NAME "SETTINGS" [bench flags...]
+  local name=$1 settings=$2 args; shift 2
+  mapfile -t args < <(sets "$settings")
+  stage "step $name" "$PYTHON" -m training bench step --batches "$STEPS" --warmup "$WARMUP" "${args[@]}" "$@" \
+    --out "$OUT/step_$name.json" >/dev/null
+}
+
+loader() {  # loader NAME SIZE
+  local args size=()
+  mapfile -t args < <(sets "")
+  [ -z "$2" ] || size=(--size "$2")
+  stage "loader $1" "$PYTHON" -m training bench loader "${LOADER[@]}" "${size[@]}" "${args[@]}" --out "$OUT/loader_$1.json" >/dev/null
+}
+
+gpu_tests() {
+  "$PYTHON" -m pytest -m gpu -q -s -p no:cacheprovider tests/training/test_gpu.py tests/training/data/test_torch_loader.py \
+    > "$OUT/gpu_tests.txt" 2>&1
+}
+
+chain() {  # the demo's chain at the demo's size on this machine: does it run and learn here?
+  local run=$WORK/chain synth=${CHAIN%%|*} args kv s
+  args=(--config configs/demo.yaml --set "run.output_dir=$run" --set "data.source=$run/data/images")
+  for kv in ${CHAIN#*|}; do args+=(--set "$kv"); done
+  # shellcheck disable=SC2086
+  "$PYTHON" -m training synth-data "${args[@]}" $synth >/dev/null || return
+  for s in prepare mean-std pretrain features labels knn; do
+    "$PYTHON" -m training "$s" "${args[@]}" > "$WORK/chain_$s.log" 2>&1 || { tail -20 "$WORK/chain_$s.log" >&2; return 1; }
+  done
+  "$PYTHON" - "$run" "$OUT/chain.json" <<'PY'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+found = {str(p.relative_to(run)): json.loads(p.read_text()) for p in sorted(run.rglob("knn*.json"))}
+metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+epochs = [m for m in metrics if m.get("kind") == "epoch"]
+json.dump({"knn": found, "epochs": epochs}, open(sys.argv[2], "w"), indent=2)
+PY
+}
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export PYTHON OUT WORK CHAIN
+export -f gpu_tests chain
+: > "$OUT/stages.txt"
 
 "$PYTHON" - "$OUT/device.json" <<'PY'
 import json, os, platform, sys, torch
@@ -60,50 +142,23 @@ info = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": tor
 json.dump(info, open(sys.argv[1], "w"), indent=2)
 print(f"device: {info['device']} (torch {info['torch']}, {info['gpus']} GPU(s), {info['cpus']} CPUs)")
 PY
+bundle
 
-for entry in "${SETTINGS[@]}"; do
-  name=${entry%%|*}
-  mapfile -t args < <(sets "${entry#*|}")
-  echo "== bench step: $name"
-  "$PYTHON" -m training bench step --batches "$STEPS" --warmup "$WARMUP" "${args[@]}" --out "$OUT/step_$name.json" >/dev/null
-done
-
-echo "== scaling model: vits16_224"
-"$PYTHON" -m training.benchmarks.scaling --step-json "$OUT/step_vits16_224.json" > "$OUT/scaling_vits16_224.json"
-
-mapfile -t args < <(sets "")
-echo "== bench loader: 2 x 224 + 8 x 96"
-"$PYTHON" -m training bench loader "${LOADER[@]}" "${args[@]}" --out "$OUT/loader_224.json" >/dev/null
-echo "== bench loader: native resolution ($NATIVE_SIZE)"
-"$PYTHON" -m training bench loader "${LOADER[@]}" --size "$NATIVE_SIZE" "${args[@]}" --out "$OUT/loader_native.json" >/dev/null
-
-if [ "$SMOKE" != 1 ]; then
-  echo "== pytest -m gpu"
-  "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/training > "$OUT/gpu_tests.txt" 2>&1 ||
-    echo "gpu-bench: some GPU tests failed: see $OUT/gpu_tests.txt" >&2
+if [ "$PART" != 2 ]; then
+  [ "$SMOKE" = 1 ] || stage "pytest -m gpu" gpu_tests
+  step vits16_224 "$S16"
+  [ "$SMOKE" = 1 ] || step vits16_224_compiled "$S16 train.compile=true"  # inductor on a CPU: minutes
+  step vits16_224_reference "$S16" --dino-reference
+  loader 224 ""
+fi
+if [ "$PART" != 1 ]; then
+  step vitb16_224 "$B16"
+  [ "$SMOKE" = 1 ] || step vitb16_224_compiled "$B16 train.compile=true"
+  step vits8_native "$S8"
+  step vits8_native_bag "$S8 model.kind=bag_of_channels"
+  loader native "$NATIVE_SIZE"
+  stage chain chain
 fi
 
-"$PYTHON" - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-summary = {"device": json.loads((out / "device.json").read_text()), "step": {}, "loader": {}}
-for path in sorted(out.glob("step_*.json")):
-    step = json.loads(path.read_text())
-    summary["step"][path.stem[5:]] = {k: step[k] for k in ("images_per_s", "mfu", "achieved_tflops", "step_time_s",
-                                                           "split_step_time_s", "peak_memory_gb", "precision", "batch_size")}
-for path in sorted(out.glob("loader_*.json")):
-    loader = json.loads(path.read_text())
-    summary["loader"][path.stem[7:]] = {
-        "crops": loader["settings"]["crops"], "baseline_images_per_s": loader["baseline_scdino_style_images_per_s"],
-        "packed_images_per_s": loader["packed_batched_images_per_s"],
-        "device_augment_images_per_s": loader["device_augment"]["images_per_s"],
-        "dali_images_per_s": loader.get("dali_images_per_s"), "dali_device": loader.get("dali_device")}
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-for name, step in summary["step"].items():
-    print(f"step   {name:22s} {step['images_per_s']:10.1f} images/s   MFU {step['mfu']}")
-for name, loader in summary["loader"].items():
-    print(f"loader {name:22s} packed {loader['packed_images_per_s']:.1f}, device {loader['device_augment_images_per_s']:.1f}, "
-          f"DALI {loader['dali_images_per_s']} images/s")
-print(f"figures: {out}/summary.json")
-PY
+"$PYTHON" -m training.benchmarks.gpu_summary "$OUT" || die "could not sum up $OUT"
+bundle

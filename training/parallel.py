@@ -68,7 +68,7 @@ def wrap_model(model: nn.Module, config: Config, ctx: DistContext, *, sync_batch
     """
     model.to(ctx.device)
     if config.train.compile:
-        model.backbone.compile()
+        model.backbone.compile(dynamic=False)
     if not ctx.distributed:
         return WrappedModel(model, model, sharded=False)
     if config.train.parallel == "fsdp":
@@ -84,7 +84,7 @@ def parallelize(student: nn.Module, teacher: nn.Module, config: Config, ctx: Dis
     """The DINO pair: the student wrapped for training, the teacher on the device (sharded under FSDP)."""
     teacher.to(ctx.device)
     if config.train.compile:
-        teacher.backbone.compile()
+        teacher.backbone.compile(dynamic=False)
     wrapped = wrap_model(student, config, ctx, sync_batchnorm=config.model.use_bn_in_head)
     if wrapped.sharded:
         _fully_shard(teacher, ctx)

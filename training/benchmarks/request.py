@@ -60,6 +60,8 @@ class StepBenchRequest:
     """Timed steps (the `--batches` flag), in each of the split and the free-running pass."""
     warmup: int = 3
     """Untimed steps first: cuDNN autotuning, allocator growth and, compiled, the compilation."""
+    reference: bool = False
+    """Run the step as facebookresearch/dino's main_dino.py does (`--dino-reference`), the baseline."""
 
     def __post_init__(self) -> None:
         _at_least("--batches", self.steps, 1, "time at least one step")

@@ -1,7 +1,11 @@
 """Training-step benchmark: `python -m training bench step --config run.yaml [--batches 20] [--warmup 3]`.
 
 `--batches` is the number of timed steps (StepBenchRequest.steps); `--set train.compile=true`
-compares compiled with eager.
+compares compiled with eager; `--dino-reference` runs the same model as facebookresearch/dino's
+main_dino.py runs it, the baseline our speed is quoted against: eager, fp16 autocast with a gradient
+scaler, attention as explicit matmuls and softmax (no fused kernel), AdamW looping over tensors,
+per-tensor clipping that reads each norm back to the host, the EMA one tensor at a time, and the
+loss read back every step.
 
 Runs the real DINO step (teacher + student forward, loss, backward, clipping, AdamW, EMA) on
 synthetic crops, so the figure is the model's speed, not the loader's, in two passes:
@@ -84,10 +88,55 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device,
-                 warmup: int) -> tuple[dict[str, float], float]:
-    """Seconds per phase of the timed steps, and the seconds of the warm-up steps before them."""
+def dino_reference_style(state: Any) -> None:
+    """Make `state` step as main_dino.py does (see the module docstring); its precision (fp16 on a
+    GPU) and eager mode come from the config the caller built it with."""
+    for module in [*state.models.student.modules(), *state.models.teacher.modules()]:
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    for group in state.optimizer.param_groups:
+        group["foreach"], group["fused"] = False, False
+
+
+def _reference_optimizer_step(state: Any, epoch: int, loss: torch.Tensor) -> None:
+    """main_dino.py's update: the loss read back (its finiteness check), unscale, clipping with one
+    host read per tensor, last-layer freezing, the scaled AdamW step, then the EMA tensor by tensor."""
+    import math
+
+    from training.dino.optim import cancel_last_layer_gradients
+
+    if not math.isfinite(loss.item()):
+        raise RuntimeError("loss is not finite")
+    optim, student = state.config.optim, state.models.student
+    state.scaler.unscale_(state.optimizer)
+    for param in student.parameters():
+        if param.grad is not None:
+            norm = param.grad.norm(2)
+            coefficient = optim.clip_grad / (norm.item() + 1e-6)
+            if coefficient < 1:
+                param.grad.mul_(coefficient)
+    cancel_last_layer_gradients(student, epoch, optim.freeze_last_layer)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    _, _, momentum = state.schedules.at(state.global_step)
+    with torch.no_grad():
+        for student_param, teacher_param in zip(student.parameters(), state.models.teacher.parameters()):
+            teacher_param.mul_(momentum).add_((1 - momentum) * student_param.detach())
+
+
+def _step_functions(reference: bool):
+    """(forward_loss, backward, optimizer_step(state, epoch, loss)) of our step or main_dino.py's."""
     from training.dino.step import backward, forward_loss, optimizer_step
+
+    if reference:
+        return forward_loss, backward, _reference_optimizer_step
+    return forward_loss, backward, lambda state, epoch, loss: optimizer_step(state, epoch)
+
+
+def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device,
+                 warmup: int, reference: bool = False) -> tuple[dict[str, float], float]:
+    """Seconds per phase of the timed steps, and the seconds of the warm-up steps before them."""
+    forward_loss, backward, optimizer_step = _step_functions(reference)
 
     totals = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
     warmup_s = 0.0
@@ -104,7 +153,7 @@ def _timed_steps(state: Any, loader: SyntheticCrops, device: torch.device,
         backward(state, loss)
         _sync(device)
         marks.append(time.perf_counter())
-        optimizer_step(state, epoch=0)
+        optimizer_step(state, 0, loss)
         state.global_step += 1
         _sync(device)
         marks.append(time.perf_counter())
@@ -141,26 +190,34 @@ def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, A
 
     steps, warmup = request.steps, request.warmup
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if request.reference:
+        config = config.replace({"train.compile": False, "train.parallel": "ddp",
+                                 "train.precision": "fp16" if device.type == "cuda" else "fp32"})
     ctx = DistContext(env=DistEnv(), device=device, backend=None)
     start = time.perf_counter()
     state = build_state(config, ctx, steps_per_epoch=2 * steps + warmup)
     build_s = time.perf_counter() - start
+    if request.reference:
+        dino_reference_style(state)
     loader = SyntheticCrops(config, batches=steps + warmup)
-    log.info("bench step: %d warm-up + %d timed steps on %s, then %d free-running", warmup, steps, device, steps)
-    totals, warmup_s = _timed_steps(state, loader, device, warmup)
-    free_running_s = _free_running(state, loader, device, steps)
+    log.info("bench step: %d warm-up + %d timed steps on %s, then %d free-running%s", warmup, steps, device, steps,
+             " (as main_dino.py runs it)" if request.reference else "")
+    totals, warmup_s = _timed_steps(state, loader, device, warmup, request.reference)
+    free_running_s = _free_running(state, loader, device, steps, request.reference)
     checkpoint_s, checkpoint_bytes = _checkpoint_seconds(state)
     params = sum(p.numel() for p in state.models.student.parameters() if p.requires_grad)
     return {**summarise(config, state.precision.name, device, steps, totals, free_running_s),
-            "warmup_steps": warmup, "params": params, "build_s": round(build_s, 3),
+            "style": "dino_reference" if request.reference else "scdino_pcluster",
+            "torch": torch.__version__, "warmup_steps": warmup, "params": params, "build_s": round(build_s, 3),
             "warmup_step_s": round(warmup_s / warmup, 5) if warmup else None,
             "checkpoint_s": round(checkpoint_s, 3), "checkpoint_bytes": checkpoint_bytes}
 
 
-def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, steps: int) -> float:
-    """Seconds for `steps` steps with no synchronisation between them, on a few batches staged on
-    the device beforehand (cycled), as a training loop with a prefetching loader runs."""
-    from training.dino.step import backward, forward_loss, optimizer_step
+def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, steps: int,
+                  reference: bool = False) -> float:
+    """Seconds for `steps` steps with no synchronisation between them (but main_dino.py's own), on a
+    few batches staged on the device beforehand (cycled), as a training loop with a prefetching loader runs."""
+    forward_loss, backward, optimizer_step = _step_functions(reference)
 
     staged = [[c.to(device) for c in crops] for crops, _ in itertools.islice(iter(loader), 4)]
     _sync(device)
@@ -168,7 +225,7 @@ def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, step
     for index in range(steps):
         loss = forward_loss(state, staged[index % len(staged)], epoch=0)
         backward(state, loss)
-        optimizer_step(state, epoch=0)
+        optimizer_step(state, 0, loss)
         state.global_step += 1
     _sync(device)
     return time.perf_counter() - start

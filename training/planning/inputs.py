@@ -2,9 +2,10 @@
 `bench loader` and the all-reduce benchmark, and the deployment settings; each turned into the
 model's typed inputs (training/planning/model.py) with the source of every figure.
 
-Without measured JSONs it uses published figures, and says which:
-- MFU: 22 % with train.compile, 6.6 % eager: ViT-S/16 at 224 px, bf16, on one H100 (NVIDIA BioNeMo
-  nvSubquadratic benchmarks, "after code fixes"), taken for every GPU;
+Without measured JSONs it uses this project's own measurement, and says so:
+- MFU: 20.9 % with train.compile, 13.7 % eager: `bench step`, ViT-S/16 at 2 x 224 + 8 x 96 px,
+  5 channels, bf16, 128 images per step, on one H200 with torch 2.11 (2026-11-26,
+  docs/benchmarks/gpu_h200_2026-11-26/), taken for every GPU;
 - loader: 3.95 CPU ms per image, the packed loader at 2 x 224 + 8 x 96 crops (docs/performance.md,
   measured on this project's 2-core machine), scaled by the crops' pixel count.
 """
@@ -31,9 +32,10 @@ from training.planning.model import Compute, Storage, Target, Workload, scaled_b
 from training.prices import Price
 from training.rundir import RunLayout
 
-PUBLISHED_MFU = {True: 0.22, False: 0.066}
-MFU_SOURCE = ("published MFU {mfu:.1%} ({how}): ViT-S/16, 224 px, bf16, one H100, NVIDIA BioNeMo nvSubquadratic "
-              "benchmarks; taken for every GPU")
+MEASURED_MFU = {True: 0.209, False: 0.137}
+MFU_SOURCE = ("measured MFU {mfu:.1%} ({how}): bench step, ViT-S/16, 2 x 224 + 8 x 96 px, bf16, batch 128, one H200, "
+              "torch 2.11, 2026-11-26 (docs/benchmarks/gpu_h200_2026-11-26/); taken for every GPU: give --step-json "
+              "measured on yours")
 LOADER_CPU_MS = 3.95
 LOADER_CROP_PIXELS = 2 * 224**2 + 8 * 96**2
 LOADER_SOURCE = ("published: the packed loader's 3.95 CPU ms per image at 2 x 224 + 8 x 96 (docs/performance.md, "
@@ -143,8 +145,8 @@ def _same_device(step: dict[str, Any], target: Target, gpu_model: str | None) ->
     return device == "cpu" if target.on_cpu else bool(gpu_model) and gpu_model in device
 
 
-def _published_profile(config: Config, work: Workload, peak_tflops: float) -> tuple[StepProfile, str]:
-    mfu = PUBLISHED_MFU[config.train.compile]
+def _default_profile(config: Config, work: Workload, peak_tflops: float) -> tuple[StepProfile, str]:
+    mfu = MEASURED_MFU[config.train.compile]
     flops = work.flops_per_image * work.batch
     step = flops / (mfu * peak_tflops * 1e12)
     how = "torch.compile" if config.train.compile else "eager"
@@ -159,7 +161,7 @@ def step_profile(config: Config, work: Workload, target: Target, gpu_model: str 
         if target.on_cpu:
             raise UserError("the local cluster has no published figure: give --step-json, the output of "
                             "`python -m training bench step --config ... --out step.json` on this machine")
-        return _published_profile(config, work, target.net.peak_tflops)
+        return _default_profile(config, work, target.net.peak_tflops)
     measured = scaled_batch(_measured_profile(step, "--step-json"), int(step.get("batch_size") or work.batch),
                             work.batch)
     where = f"bench step on {step.get('device')}"
@@ -173,7 +175,7 @@ def step_profile(config: Config, work: Workload, target: Target, gpu_model: str 
     if target.on_cpu:
         raise UserError(f"--step-json was measured on {step.get('device')}, not on a CPU: give a `bench step` of "
                         "this machine for the local cluster")
-    profile, basis = _published_profile(config, work, target.net.peak_tflops)
+    profile, basis = _default_profile(config, work, target.net.peak_tflops)
     return profile, basis + f" (the measured step ran on {step.get('device')}: not transferable without its MFU)"
 
 

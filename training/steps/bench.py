@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fields", help="ingest: numbers of fields of view, e.g. 16,64 (the default)")
     parser.add_argument("--cells", type=int, help="ingest: cells per field of view (default 200)")
     parser.add_argument("--crop", type=int, help="ingest: crop side in pixels (default 64)")
+    parser.add_argument("--dino-reference", action="store_true",
+                        help="step: run the model as facebookresearch/dino's main_dino.py does (eager, fp16, "
+                             "unfused attention and optimizer), the baseline for speed-ups")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
@@ -68,7 +71,7 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
     given = _given(args, "batches", "warmup")
     if "batches" in given:
         given["steps"] = given.pop("batches")
-    return StepBenchRequest(**given)
+    return StepBenchRequest(**given, reference=bool(getattr(args, "dino_reference", False)))
 
 
 def run(config, layout, args: argparse.Namespace) -> int:

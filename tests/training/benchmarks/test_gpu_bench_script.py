@@ -4,6 +4,7 @@ benchmark it would run on a GPU and writes the summary; without a GPU the full v
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,19 @@ def run(out: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_smoke_run_writes_every_figure(tmp_path):
-    result = run(tmp_path / "out", GPU_BENCH_SMOKE="1")
+    result = run(tmp_path / "out", GPU_BENCH_SMOKE="1", GPU_BENCH_BUNDLE=str(tmp_path / "bundle.tar"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert set(summary["step"]) == {"vits16_224", "vits8_native"}
+    assert set(summary["step"]) == {"vits16_224", "vits16_224_reference", "vitb16_224", "vits8_native",
+                                    "vits8_native_bag"}
     for step in summary["step"].values():
         assert step["images_per_s"] > 0 and step["split_step_time_s"]["total"] > 0
+    assert summary["step"]["vits16_224_reference"]["style"] == "dino_reference"
+    assert summary["speedup_vs_dino_reference"] == pytest.approx(
+        summary["step"]["vits16_224"]["images_per_s"] / summary["step"]["vits16_224_reference"]["images_per_s"], rel=0.01)
+    assert [stage[1] for stage in summary["stages"]] == ["ok"] * 8
+    # the demo's chain ran through kNN: the trained model and both baselines were scored
+    assert {"knn/knn.json:final", "knn/knn.json:random_init", "knn/knn.json:raw_pixels"} <= set(summary["chain"]["knn_top1"])
     step = json.loads((tmp_path / "out" / "step_vits16_224.json").read_text())
     scaling = json.loads((tmp_path / "out" / "scaling_vits16_224.json").read_text())
     assert scaling["model"]["params"] == step["params"] and scaling["model"]["backward_s"] == step["backward_s"]
@@ -35,6 +43,12 @@ def test_smoke_run_writes_every_figure(tmp_path):
     for loader in summary["loader"].values():
         assert loader["baseline_images_per_s"] > 0 and loader["packed_images_per_s"] > 0
         assert loader["device_augment_images_per_s"] > 0
+        share = 24 * 1000 / loader["device_augment_cpu_ms_per_image"]  # a p5's 192 vCPUs over its 8 GPUs
+        assert loader["device_augment_images_per_s_at_p5_cpu_share"] == pytest.approx(share, rel=1e-3)
+        assert loader["supply_over_demand_at_p5_cpu_share"] == pytest.approx(share / loader["step_demand_images_per_s"],
+                                                                         rel=0.01)
+    assert tarfile.open(tmp_path / "bundle.tar").getnames() and \
+        {"./summary.json", "./chain.json"} <= set(tarfile.open(tmp_path / "bundle.tar").getnames())
     assert summary["device"]["device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     assert f"figures: {tmp_path / 'out'}/summary.json" in result.stdout
 
@@ -45,3 +59,31 @@ def test_full_run_without_a_gpu_says_what_is_missing(tmp_path):
     assert result.returncode == 1
     assert "no CUDA GPU visible to torch" in result.stderr and "GPU_BENCH_SMOKE=1" in result.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_part_that_does_not_exist_is_refused(tmp_path):
+    result = run(tmp_path / "out", GPU_BENCH_PART="3", GPU_BENCH_SMOKE="1")
+    assert result.returncode == 1 and "GPU_BENCH_PART=3: give 1, 2 or all" in result.stderr
+
+
+def test_the_planners_default_mfu_is_the_committed_h200_measurement(tmp_path):
+    """training/planning/inputs.py quotes the ViT-S/16 figures of docs/benchmarks/gpu_h200_2026-11-26/:
+    the constants must be what those files say, and the folder's summary must follow from its files."""
+    from training.benchmarks.gpu_summary import summarise
+    from training.planning.inputs import MEASURED_MFU
+
+    folder = REPO / "docs" / "benchmarks" / "gpu_h200_2026-11-26"
+    eager = json.loads((folder / "step_vits16_224.json").read_text())
+    compiled = json.loads((folder / "step_vits16_224_compiled.json").read_text())
+    assert (eager["compiled"], compiled["compiled"]) == (False, True) and eager["device"] == "NVIDIA H200"
+    assert MEASURED_MFU == {False: pytest.approx(eager["mfu"], abs=5e-4), True: pytest.approx(compiled["mfu"], abs=5e-4)}
+    copy = tmp_path / "figures"
+    copy.mkdir()
+    for path in folder.iterdir():
+        if path.name not in ("summary.json", "scaling_vits16_224.json"):
+            (copy / path.name).write_bytes(path.read_bytes())
+    committed = json.loads((folder / "summary.json").read_text())
+    assert summarise(copy)["step"] == committed["step"]
+    assert summarise(copy)["speedup_vs_dino_reference"] == committed["speedup_vs_dino_reference"] == pytest.approx(
+        compiled["images_per_s"] / json.loads((folder / "step_vits16_224_reference.json").read_text())["images_per_s"],
+        abs=0.01)

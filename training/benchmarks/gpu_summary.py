@@ -1,0 +1,126 @@
+"""Sum up a folder of `scripts/gpu-bench.sh` figures: `python -m training.benchmarks.gpu_summary DIR`.
+
+Reads whatever the script left in DIR (a stage that failed or was cut short leaves no file, and is
+listed in stages.txt) and writes DIR/summary.json:
+- step: images/s, MFU, step time and its split, peak memory, precision, batch and torch version of
+  each `bench step` setting;
+- speedup_vs_dino_reference: the faster of ViT-S/16 eager and compiled over the same model stepped
+  as facebookresearch/dino's main_dino.py steps it (`bench step --dino-reference`), same batch;
+- loader: each `bench loader` size's rates, and what the device-side multi-crop would deliver with
+  the CPU share one GPU gets on a p5 (LOADER_VCPUS_PER_GPU vCPUs, at its measured CPU time per image,
+  one vCPU taken as one of this machine's cores), over what the fastest step at those crops consumes;
+- scaling: DIR/scaling_vits16_224.json, the multi-node model (training/benchmarks/scaling.py) fed the
+  faster ViT-S/16 step;
+- chain: the demo's chain on this machine (kNN top-1 and epochs), when it ran.
+Prints one line per figure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+LOADER_VCPUS_PER_GPU = 192 // 8
+"""A p5.48xlarge's vCPUs per GPU (192 vCPUs, 8 H100s); a p5en.48xlarge has the same."""
+
+STEP_KEYS = ("images_per_s", "mfu", "achieved_tflops", "step_time_s", "split_step_time_s", "peak_memory_gb",
+             "precision", "batch_size", "compiled", "style", "torch")
+
+# Which steps consume which loader size: the loader's crops are those steps' crops.
+LOADER_CONSUMERS = {"224": ("vits16_224", "vits16_224_compiled"), "native": ("vits8_native",)}
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summarise(out: Path) -> dict:
+    summary: dict = {"device": _read(out / "device.json") or {}, "step": {}, "loader": {}}
+    for path in sorted(out.glob("step_*.json")):
+        step = _read(path)
+        if step:
+            summary["step"][path.stem[5:]] = {key: step.get(key) for key in STEP_KEYS}
+    steps = summary["step"]
+    ours = [steps[k]["images_per_s"] for k in ("vits16_224", "vits16_224_compiled") if k in steps]
+    if ours and steps.get("vits16_224_reference", {}).get("images_per_s"):
+        summary["speedup_vs_dino_reference"] = round(max(ours) / steps["vits16_224_reference"]["images_per_s"], 2)
+    for path in sorted(out.glob("loader_*.json")):
+        loader = _read(path)
+        if loader:
+            summary["loader"][path.stem[7:]] = _loader_figures(path.stem[7:], loader, steps)
+    best = max((k for k in ("vits16_224", "vits16_224_compiled") if k in steps),
+               key=lambda k: steps[k]["images_per_s"] or 0, default=None)
+    if best:
+        summary["scaling_from"] = best
+        _write_scaling(out / f"step_{best}.json", out / "scaling_vits16_224.json")
+    chain = _read(out / "chain.json")
+    if chain:
+        summary["chain"] = {"knn_top1": {f"{name}:{tag}": result["top1"].get(str(result["best_k"]))
+                                         for name, knn in chain["knn"].items()
+                                         for tag, result in knn.get("tags", {}).items()},
+                            "epochs": len(chain["epochs"]),
+                            "images_per_s": [epoch.get("images_per_s") for epoch in chain["epochs"]]}
+    stages = out / "stages.txt"
+    if stages.exists():
+        summary["stages"] = [line.split("\t") for line in stages.read_text().splitlines() if line]
+    return summary
+
+
+def _loader_figures(size: str, loader: dict, steps: dict) -> dict:
+    device = loader["device_augment"]
+    figures = {"crops": loader["settings"]["crops"], "workers": loader["settings"]["workers"],
+               "torch": loader["settings"].get("torch"),
+               "baseline_images_per_s": loader["baseline_scdino_style_images_per_s"],
+               "packed_images_per_s": loader["packed_batched_images_per_s"],
+               "device_augment_images_per_s": device["images_per_s"],
+               "device_augment_cpu_ms_per_image": device["cpu_ms_per_image"],
+               "dali_images_per_s": loader.get("dali_images_per_s"), "dali_device": loader.get("dali_device")}
+    if device["cpu_ms_per_image"] > 0:
+        share = LOADER_VCPUS_PER_GPU * 1000 / device["cpu_ms_per_image"]
+        figures["device_augment_images_per_s_at_p5_cpu_share"] = round(share, 1)
+        demand = max((steps[k]["images_per_s"] or 0 for k in LOADER_CONSUMERS.get(size, ()) if k in steps), default=0)
+        if demand:
+            figures["step_demand_images_per_s"] = demand
+            figures["supply_over_demand_at_p5_cpu_share"] = round(share / demand, 2)
+    return figures
+
+
+def _write_scaling(step_json: Path, out: Path) -> None:
+    from contextlib import redirect_stdout
+
+    from training.benchmarks.scaling import main as scaling_main
+
+    with out.open("w") as handle, redirect_stdout(handle):
+        scaling_main(["--step-json", str(step_json)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m training.benchmarks.gpu_summary DIR (a folder of scripts/gpu-bench.sh figures)",
+              file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    summary = summarise(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for name, step in summary["step"].items():
+        print(f"step   {name:26s} {step['images_per_s']:10.1f} images/s   MFU {step['mfu']}   "
+              f"{step['precision']}, batch {step['batch_size']}, peak {step['peak_memory_gb']} GB")
+    if "speedup_vs_dino_reference" in summary:
+        print(f"ViT-S/16 over DINO's reference step: {summary['speedup_vs_dino_reference']}x")
+    for name, loader in summary["loader"].items():
+        print(f"loader {name:26s} packed {loader['packed_images_per_s']:.1f}, device {loader['device_augment_images_per_s']:.1f}"
+              f" images/s; at a p5 GPU's CPU share {loader.get('device_augment_images_per_s_at_p5_cpu_share')}"
+              f" = {loader.get('supply_over_demand_at_p5_cpu_share')}x the step")
+    for stage in summary.get("stages", []):
+        print("stage  " + "  ".join(stage))
+    print(f"figures: {out}/summary.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
