@@ -1,6 +1,7 @@
 """Per-channel mean and std of the dataset, as scDINO computes them for normalisation.
 
-Over a seeded random fraction (data.mean_std_fraction) of the training images, each image is
+Over a seeded random fraction (data.mean_std_fraction) of the training images, at most
+data.mean_std_max_images of them, each image is
 min-max scaled per channel first (as the loader does), then pixel moments are accumulated per
 channel. The file holds every channel of the images; `load_mean_std` picks data.channels.
 """
@@ -25,9 +26,14 @@ from training.rundir.artifacts import read_mean_std
 log = logging.getLogger(__name__)
 
 
-def sample_for_stats(train: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """The seeded subset of training indices the statistics are computed on (at least one)."""
+def sample_for_stats(train: np.ndarray, fraction: float, seed: int, max_images: int = 0) -> np.ndarray:
+    """The seeded subset of training indices the statistics are computed on (at least one, at most
+    `max_images` unless it is 0)."""
     count = max(1, int(math.ceil(fraction * len(train))))
+    if max_images and count > max_images:
+        log.info("mean-std: %d of the %d training images (data.mean_std_max_images), not the %d of "
+                 "data.mean_std_fraction=%g", max_images, len(train), count, fraction)
+        count = max_images
     return np.sort(np.random.default_rng([seed, 1]).choice(train, size=min(count, len(train)), replace=False))
 
 
@@ -42,7 +48,8 @@ def scaled_float64(raw: np.ndarray) -> np.ndarray:
 def compute_mean_std(config: Config) -> dict:
     """Mean and std per channel (all channels of the images) over the sampled training images."""
     images = open_images(config)
-    chosen = sample_for_stats(load_split(config).train, config.data.mean_std_fraction, config.run.seed)
+    chosen = sample_for_stats(load_split(config).train, config.data.mean_std_fraction, config.run.seed,
+                              config.data.mean_std_max_images)
     total = squares = None
     pixels, used, skipped = 0, 0, 0
     for i in tqdm(chosen, desc="mean-std", unit="img"):
@@ -64,7 +71,8 @@ def compute_mean_std(config: Config) -> dict:
     mean = total / pixels
     std = np.sqrt(np.maximum(squares / pixels - mean ** 2, 0.0))
     return {"mean": mean.tolist(), "std": std.tolist(), "n_images": used, "n_skipped": skipped,
-            "fraction": config.data.mean_std_fraction, "seed": config.run.seed}
+            "fraction": config.data.mean_std_fraction, "max_images": config.data.mean_std_max_images,
+            "seed": config.run.seed}
 
 
 def load_mean_std(config: Config) -> tuple[list[float], list[float]]:

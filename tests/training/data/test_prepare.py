@@ -11,7 +11,7 @@ import tifffile
 from tiny import run_cli
 
 from training.cli import main
-from training.config import Config
+from training.config import Config, ConfigError
 from training.data.dataset import open_dataset, open_images, resolve_source
 from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
@@ -158,6 +158,22 @@ def test_mean_std_matches_numpy(make_config):
     np.testing.assert_allclose(stats["std"], scaled.std(axis=(0, 2, 3)), rtol=1e-7)
     mean, std = load_mean_std(config)
     assert mean == [stats["mean"][3], stats["mean"][1]] and std == [stats["std"][3], stats["std"][1]]
+
+
+def test_mean_std_reads_at_most_its_cap_of_images(make_config):
+    config = make_config({"data.mean_std_fraction": 0.5, "data.mean_std_max_images": 7})
+    assert run_cli(config, "mean-std") == 0
+    stats = json.loads(RunLayout.from_config(config).mean_std.read_text())
+    train = load_split(config).train
+    chosen = sample_for_stats(train, 0.5, config.run.seed, 7)
+    assert stats["n_images"] == len(chosen) == len(set(chosen.tolist())) == 7 and set(chosen) <= set(train)
+    images = open_images(config)
+    stack = np.stack([images.read(int(i)).astype(np.float64) for i in chosen])
+    low, high = stack.min(axis=(2, 3), keepdims=True), stack.max(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(stats["mean"], ((stack - low) / (high - low)).mean(axis=(0, 2, 3)), rtol=1e-9)
+    assert len(sample_for_stats(train, 0.5, config.run.seed, 0)) == len(sample_for_stats(train, 0.5, config.run.seed))
+    with pytest.raises(ConfigError, match="data.mean_std_max_images"):
+        config.replace({"data.mean_std_max_images": -1})
 
 
 def test_images_of_different_sizes_pack_and_read_back(make_config, tmp_path):
