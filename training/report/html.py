@@ -201,6 +201,35 @@ def profiles_section(layout: RunLayout) -> list[str]:
             "the Cells_ prefix, metadata from Metadata_.</p>"]
 
 
+INGEST_BAD_SHOWN = 10
+"""Bad fields of view listed in the report; ingest_report.json and bad_images.json list them all."""
+
+
+def ingest_section(layout: RunLayout) -> list[str]:
+    """Where the cells came from when `ingest` cut them out of fields of view: every count of
+    ingest_report.json, each reason an object was skipped, the first bad fields; nothing for a
+    dataset of single-cell images."""
+    report = read_optional_json(layout.ingest_report, "ingest")
+    if not report:
+        return []
+    counts = [("fields of view read", report.get("fields", 0)), ("bad fields of view", report.get("bad_fields", 0)),
+              ("fields without objects", report.get("fields_without_objects", 0)),
+              ("objects found", report.get("objects", 0)), ("cells cut", report.get("cut", 0)),
+              *((f"skipped: {reason}", n) for reason, n in report.get("skipped", {}).items())]
+    if report.get("centres_without_field"):
+        counts.append(("centres matching no field", report["centres_without_field"]))
+    parts = ["<h2>Cells cut from fields of view</h2>",
+             f"<p><code>ingest</code> read <code>{esc(report.get('table'))}</code> in {report.get('parts', 1)} "
+             "part(s); nothing is dropped without a count below.</p>",
+             html_table(["", "count"], [[name, f"{int(n):,}"] for name, n in counts])]
+    bad = report.get("bad", [])
+    if bad:
+        rows = [[b.get("field"), b.get("column"), b.get("reason")] for b in bad[:INGEST_BAD_SHOWN]]
+        more = f" (the first {INGEST_BAD_SHOWN} of {len(bad)}: all in ingest_report.json)" if len(bad) > INGEST_BAD_SHOWN else ""
+        parts += [f"<p>Bad fields of view, skipped{more}:</p>", html_table(["field", "column", "reason"], rows)]
+    return parts
+
+
 def collapse_lines(layout: RunLayout) -> list[str]:
     """A warning when the collapse detector flagged the pretraining (metrics.jsonl's "collapse");
     nothing otherwise."""
@@ -319,6 +348,7 @@ def build_report(layout: RunLayout, title: str) -> str:
     config_text = layout.config.read_text() if layout.config.is_file() else f"({layout.config.name} missing)"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{esc(title)}</h1>", headline(knn)]
+    parts += ingest_section(layout)
     comparison = comparison_section(layout, entries)
     parts += comparison
     if knn or not comparison:  # the parent of combination runs trains nothing itself

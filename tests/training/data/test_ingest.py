@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from tiny import run_cli, tiny_config
 
 from training.data.packed import PackedImages
 from training.data.synthetic_screen import ScreenSpec, write_screen
+from training.report.html import build_report
 from training.rundir import RunLayout
 
 REAL = Path(__file__).resolve().parents[4] / "shared" / "data" / "real-nuclei"
@@ -240,6 +242,12 @@ def test_bad_fields_are_skipped_and_reported_or_stop_the_step(tmp_path, screens,
     listed = json.loads(RunLayout.from_config(config).bad_images.read_text())
     assert listed["step"] == "ingest" and listed["count"] == 4
     assert "4 bad" in capsys.readouterr().out
+    page = build_report(RunLayout.from_config(config), "screen")  # the report says where the cells came from
+    assert "<h2>Cells cut from fields of view</h2>" in page and "<td>bad fields of view</td><td>4</td>" in page
+    assert f"<td>cells cut</td><td>{report['cut']:,}</td>" in page and report["cut"] == len(packed)
+    for reason, count in report["skipped"].items():
+        assert f"<td>skipped: {escape(reason)}</td><td>{count:,}</td>" in page
+    assert all(escape(entry["reason"]) in page for entry in bad.values())
     failing = config.replace({"data.on_bad_image": "fail", "run.output_dir": str(tmp_path / "fail")})
     assert run_cli(failing, "ingest") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
