@@ -114,3 +114,25 @@ def test_ddp_and_fsdp2_through_nccl_train_as_the_unwrapped_model(tmp_path, paral
     bound = 2 * STEPS * lr * 1.05
     assert trained_alike(one["student"], two["student"], lr, bound) == []
     assert trained_alike(one["teacher"], two["teacher"], ema * lr, ema * STEPS * bound) == []
+
+
+def test_the_device_multicrop_never_waits_for_the_gpu():
+    """data.gpu_augment: with the plan made by the loader thread, the training process's multi-crop
+    copies it through pinned memory and launches the products without one host synchronisation,
+    so the next batch's crops queue behind the running step instead of stalling it."""
+    from training.config import Config
+    from training.data.torch_loader import RawTransform
+
+    config = Config().replace({"data.channels": "01234"})
+    transform = RawTransform(config, [0.5] * 5, [0.2] * 5)
+    images = torch.randint(0, 60000, (32, 5, 50, 50), dtype=torch.int32).to(torch.uint16).pin_memory()
+    raw, _ = transform(images, None, None, 3)
+    reference = [c.cpu() for c in raw.crops(torch.device("cuda"))]  # warm-up: allocator, pinned blocks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        crops = raw.crops(torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(crops, reference):
+        torch.testing.assert_close(a.cpu(), b)

@@ -50,6 +50,16 @@ class ViewSpec:
     brightness_p: float = BRIGHTNESS_P
 
 
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`. From the CPU to a GPU it goes through pinned memory without waiting: a
+    copy from pageable memory first waits for all the work queued on the GPU, which would stall the
+    training step behind the next batch's augmentation (and spin a core while it waits)."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
     """scDINO's two global views (blur always / rarely, the second may solarise) and its local view;
     without dino.photometric_augment, crops and flips only (every photometric probability 0).
@@ -184,8 +194,8 @@ def per_image_stats(batch: torch.Tensor, heights: torch.Tensor, widths: torch.Te
     if bool((heights == batch.shape[-2]).all() and (widths == batch.shape[-1]).all()):
         var, mean = torch.var_mean(batch, dim=(-2, -1), correction=0)
     else:
-        rows = torch.arange(batch.shape[-2], device=batch.device) < heights.to(batch.device)[:, None]
-        cols = torch.arange(batch.shape[-1], device=batch.device) < widths.to(batch.device)[:, None]
+        rows = torch.arange(batch.shape[-2], device=batch.device) < to_device(heights, batch.device)[:, None]
+        cols = torch.arange(batch.shape[-1], device=batch.device) < to_device(widths, batch.device)[:, None]
         mask = (rows[:, :, None] & cols[:, None, :])[:, None].double()
         count = (heights * widths).to(batch.device, torch.float64)[:, None]
         x = batch.double()
@@ -274,12 +284,12 @@ def banded_row_product(rows: torch.Tensor, source: torch.Tensor, out: torch.Tens
     if bands is None:
         nonzero = rows != 0
         bands = row_bands(torch.arange(h).expand_as(rows), nonzero.float())
-    first, last = bands
+    first, last = bands  # on the CPU where the caller has them there: reading `band` then costs no device sync
     band = int((last - first + 1).max())
     if tiles == 1 or band >= h:
         torch.matmul(rows[:, None], source, out=out)
         return
-    index = first.clamp(0, h - band)[..., None] + torch.arange(band, device=rows.device)
+    index = to_device(first.clamp(0, h - band)[..., None] + torch.arange(band, device=first.device), rows.device)
     weights = rows.view(k, tiles, height, h).gather(3, index[:, :, None].expand(-1, -1, height, -1))
     weights = weights[:, None].expand(-1, channels, -1, -1, -1).reshape(k * channels * tiles, height, band)
     planes = torch.arange(k * channels, device=rows.device).view(k, channels, 1, 1) * h
@@ -294,6 +304,34 @@ def crop_rows(batch: torch.Tensor, source: torch.Tensor, top: torch.Tensor, heig
     planes = (source[:, None] * c + torch.arange(c, device=batch.device)) * h
     index = planes[:, :, None] + top[:, None, None] + torch.arange(height, device=batch.device)
     return batch.reshape(b * c * h, w).index_select(0, index.flatten()).view(-1, c, height, w)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One chunk of a group's crops, crops lo..hi: the source rows they read (y0, kh), their row
+    matrices over those rows, each row tile's band of them (relative to y0), and which are solarised."""
+
+    lo: int
+    hi: int
+    y0: torch.Tensor
+    kh: int
+    rows: torch.Tensor
+    first: torch.Tensor
+    last: torch.Tensor
+    solarized: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """A group of crops of one size, every choice made (`BatchMultiCrop.plan`), CPU tensors: the
+    image of each crop, its brightness draw and factors, its column matrix, and its chunks."""
+
+    size: int
+    source: torch.Tensor
+    bright: torch.Tensor
+    brightness: torch.Tensor
+    cols: torch.Tensor
+    chunks: list[ChunkPlan]
 
 
 class BatchMultiCrop:
@@ -326,53 +364,81 @@ class BatchMultiCrop:
         return CropBuffers(make(2 * batch, c, g, g), locals_)
 
     def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], generator: torch.Generator | None = None,
-                 out: CropBuffers | None = None) -> list[torch.Tensor]:
+                 out: CropBuffers | None = None, plans: list[ViewPlan] | None = None) -> list[torch.Tensor]:
+        """The crops of `images`; `plans` (from `plan`, made beforehand for these images' sizes with
+        the same generator) skips the CPU work, else it is done here."""
         generator = generator or torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
         batch, heights, widths = as_batch(images)
         b = batch.shape[0]
         if out is not None and out.globals.shape[0] != 2 * b:
             raise ValueError(f"output buffers hold {out.globals.shape[0] // 2} images, the batch has {b}")
+        if plans is None:
+            plans = self.plan(heights, widths, generator, chunked=batch.device.type == "cpu")
         stats = per_image_stats(batch, heights, widths) if self.per_image else None
-        globals_ = self._views(batch, heights, widths, stats, self.global_views, generator, out and out.globals)
-        locals_ = None
-        if self.local_number:
-            views = [self.local_view] * self.local_number
-            locals_ = self._views(batch, heights, widths, stats, views, generator, out and out.locals)
+        globals_ = self._apply(batch, stats, plans[0], out and out.globals)
+        locals_ = self._apply(batch, stats, plans[1], out and out.locals) if self.local_number else None
         return CropBuffers(globals_, locals_).views(b)
 
-    def _views(self, batch: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
-               stats: tuple[torch.Tensor, torch.Tensor] | None, views: list[ViewSpec],
-               generator: torch.Generator, out: torch.Tensor | None) -> torch.Tensor:
-        """All crops of the given views of one size, view-major: (len(views) * B, C, S, S).
+    def plan(self, heights: torch.Tensor, widths: torch.Tensor, generator: torch.Generator, *,
+             chunked: bool) -> list[ViewPlan]:
+        """Every choice and matrix of a batch's crops, on the CPU, before any pixel is read: the global
+        views' group, then the local views' (if any). `chunked`: split each group into chunks of about
+        CHUNK_BYTES of output, as the CPU finishes them; else one chunk, as a GPU does.
 
-        Everything per crop (matrices, affine factors, clamp bounds, bands) is prepared for the
-        whole group at once; the loop over chunks then only slices it. `stats` are the images'
-        own (mean, std) (B, C) under per_image, else None for the dataset's.
+        With data.gpu_augment a loader thread makes the plan, so that the training process only
+        copies it to the GPU and launches the products.
         """
-        b, n, size, device = batch.shape[0], len(views), views[0].size, batch.device
+        plans = [self._plan_views(heights, widths, self.global_views, generator, chunked)]
+        if self.local_number:
+            plans.append(self._plan_views(heights, widths, [self.local_view] * self.local_number, generator, chunked))
+        return plans
+
+    def _plan_views(self, heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec],
+                    generator: torch.Generator, chunked: bool) -> ViewPlan:
+        b, n, size, c = heights.shape[0], len(views), views[0].size, self.channels
+        height, width = int(heights.max()), int(widths.max())
         source = torch.arange(b).repeat(n)
-        draws = _draw_view_params(heights[source], widths[source], views, b, batch.shape[1], generator)
-        row_taps = self._matrices(draws, draws["boxes"][:, 0], draws["boxes"][:, 2], size, batch.shape[-2], "vflip")
-        col_taps = self._matrices(draws, draws["boxes"][:, 1], draws["boxes"][:, 3], size, batch.shape[-1], "hflip")
+        draws = _draw_view_params(heights[source], widths[source], views, b, c, generator)
+        row_taps = self._matrices(draws, draws["boxes"][:, 0], draws["boxes"][:, 2], size, height, "vflip")
+        col_taps = self._matrices(draws, draws["boxes"][:, 1], draws["boxes"][:, 3], size, width, "hflip")
         first, last = row_bands(*row_taps)
+        rows, boxes = as_matrices(*row_taps, height), draws["boxes"].long()
+        step = max(1, CHUNK_BYTES // (4 * c * size * size)) if chunked else n * b
+        chunks = []
+        for lo in range(0, n * b, step):
+            hi = min(lo + step, n * b)
+            kh = int(boxes[lo:hi, 2].max())
+            y0 = torch.minimum(boxes[lo:hi, 0], torch.tensor(height - kh))
+            window = (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1)
+            chunks.append(ChunkPlan(lo, hi, y0, kh, rows[lo:hi].gather(2, window), first[lo:hi] - y0[:, None],
+                                    last[lo:hi] - y0[:, None], torch.nonzero(draws["solarize"][lo:hi])[:, 0]))
+        return ViewPlan(size, source, draws["bright"], draws["brightness"], as_matrices(*col_taps, width), chunks)
+
+    def _apply(self, batch: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None, plan: ViewPlan,
+               out: torch.Tensor | None) -> torch.Tensor:
+        """All crops of one group, view-major: (len(views) * B, C, S, S), on the batch's device.
+
+        Everything per crop (matrices, affine factors, clamp bounds, bands) comes prepared in the
+        plan; the loop over its chunks only slices it. `stats` are the images' own (mean, std)
+        (B, C) under per_image, else None for the dataset's.
+        """
+        device, count = batch.device, plan.source.shape[0]
+        source = to_device(plan.source, device)
         if stats is None:
-            mean, std = (t.to(device).expand(n * b, -1, -1, -1) for t in (self.mean, self.std))
+            mean, std = (to_device(t, device).expand(count, -1, -1, -1) for t in (self.mean, self.std))
         else:
-            mean, std = (t[source.to(device)][:, :, None, None] for t in stats)
+            mean, std = (t[source][:, :, None, None] for t in stats)
         low, high, flip_sum, threshold = normalised_constants(mean, std)
-        bright = draws["bright"][:, None, None, None].to(device)
-        group = {"boxes": draws["boxes"].long(), "rows": as_matrices(*row_taps, batch.shape[-2]),
-                 "solarize": draws["solarize"], "first": first, "last": last, "source": source.to(device),
-                 "cols": as_matrices(*col_taps, batch.shape[-1]).to(device).transpose(1, 2),
-                 "scale": draws["brightness"][:, :, None, None].to(device) / std, "shift": low,
+        bright = to_device(plan.bright[:, None, None, None], device)
+        group = {"source": source, "cols": to_device(plan.cols, device).transpose(1, 2),
+                 "scale": to_device(plan.brightness[:, :, None, None], device) / std, "shift": low,
                  "low": torch.where(bright, low, -math.inf), "high": torch.where(bright, high, math.inf),
                  "flip_sum": flip_sum, "threshold": threshold}
-        shape = (n * b, batch.shape[1], size, size)
+        shape = (count, batch.shape[1], plan.size, plan.size)
         if out is None:
             out = empty_output(shape) if device.type == "cpu" else torch.empty(shape, device=device)
-        step = max(1, CHUNK_BYTES // (4 * batch.shape[1] * size * size)) if device.type == "cpu" else n * b
-        for lo in range(0, n * b, step):
-            self._finish(out[lo:lo + step], batch, {k: v[lo:lo + step] for k, v in group.items()})
+        for chunk in plan.chunks:
+            self._finish(out[chunk.lo:chunk.hi], batch, chunk, {k: v[chunk.lo:chunk.hi] for k, v in group.items()})
         return out
 
     @staticmethod
@@ -389,7 +455,7 @@ class BatchMultiCrop:
                                                              weights[blurred, :, :taps], draws["sigma"][blurred])
         return positions, weights
 
-    def _finish(self, out: torch.Tensor, batch: torch.Tensor, chunk: dict[str, torch.Tensor]) -> None:
+    def _finish(self, out: torch.Tensor, batch: torch.Tensor, chunk: ChunkPlan, group: dict[str, torch.Tensor]) -> None:
         """Crop, resize, flip, blur, brighten, clamp, solarise and normalise one chunk into `out`.
 
         Only the rows covering the chunk's crops take part in the products. The brightness
@@ -398,19 +464,18 @@ class BatchMultiCrop:
         and the solarisation threshold are then mapped into normalised units.
         """
         k, c, size, device = out.shape[0], batch.shape[1], out.shape[-1], batch.device
-        boxes = chunk["boxes"]
-        kh = int(boxes[:, 2].max())
-        y0 = torch.minimum(boxes[:, 0], torch.tensor(batch.shape[-2] - kh))
-        rows = chunk["rows"].gather(2, (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1)).to(device)
-        window = crop_rows(batch, chunk["source"], y0.to(device), kh)
-        window.mul_(chunk["scale"]).add_(chunk["shift"])
-        across = torch.bmm(window.view(k, c * kh, batch.shape[-1]), chunk["cols"]).view(k, c, kh, size)
-        bands = ((chunk["first"] - y0[:, None]).to(device), (chunk["last"] - y0[:, None]).to(device))
-        banded_row_product(rows, across, out, bands)
-        torch.maximum(out, chunk["low"], out=out)  # a clamp with tensor bounds is not vectorised: 10x slower
-        torch.minimum(out, chunk["high"], out=out)
-        for i in torch.nonzero(chunk["solarize"])[:, 0].tolist():
-            torch.where(out[i] > chunk["threshold"][i], chunk["flip_sum"][i] - out[i], out[i], out=out[i])
+        rows = to_device(chunk.rows, device)
+        window = crop_rows(batch, group["source"], to_device(chunk.y0, device), chunk.kh)
+        window.mul_(group["scale"]).add_(group["shift"])
+        across = torch.bmm(window.view(k, c * chunk.kh, batch.shape[-1]), group["cols"]).view(k, c, chunk.kh, size)
+        banded_row_product(rows, across, out, (chunk.first, chunk.last))
+        torch.maximum(out, group["low"], out=out)  # a clamp with tensor bounds is not vectorised: 10x slower
+        torch.minimum(out, group["high"], out=out)
+        if chunk.solarized.numel():
+            solarized = to_device(chunk.solarized, device)
+            crops = out[solarized]
+            out[solarized] = torch.where(crops > group["threshold"][solarized], group["flip_sum"][solarized] - crops,
+                                         crops)
 
 
 def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec], b: int,

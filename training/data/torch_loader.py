@@ -33,7 +33,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import BatchMultiCrop, CropBuffers, normalise, resize_full, resize_shorter_side
+from training.data.augment import (
+    BatchMultiCrop,
+    CropBuffers,
+    ViewPlan,
+    normalise,
+    resize_full,
+    resize_shorter_side,
+    to_device,
+)
 from training.data.dataset import BadImageError, minmax_scale, open_images
 from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats
@@ -245,6 +253,9 @@ class RawBatch:
     images: torch.Tensor | list[torch.Tensor]
     seed: int
     multicrop: BatchMultiCrop
+    plans: list[ViewPlan] | None = None
+    """Every choice and matrix of the crops, made by the loader thread (`BatchMultiCrop.plan`): the
+    process that trains only copies them to the device. None: made when the crops are."""
 
     def __len__(self) -> int:
         return len(self.images)
@@ -252,10 +263,10 @@ class RawBatch:
     def crops(self, device: torch.device) -> list[torch.Tensor]:
         """Min-max scale and multi-crop on `device`; the same crops as the CPU path for the same seed."""
         if isinstance(self.images, torch.Tensor):
-            images = minmax_scale(self.images.to(device, non_blocking=True).to(torch.float32))
+            images = minmax_scale(to_device(self.images, device).to(torch.float32))
         else:
-            images = [minmax_scale(im.to(device, non_blocking=True).to(torch.float32)) for im in self.images]
-        return self.multicrop(images, torch.Generator().manual_seed(self.seed))
+            images = [minmax_scale(to_device(im, device).to(torch.float32)) for im in self.images]
+        return self.multicrop(images, torch.Generator().manual_seed(self.seed), plans=self.plans)
 
 
 class RawTransform:
@@ -267,7 +278,13 @@ class RawTransform:
         self.multicrop = multicrop_for(config, mean, std)
 
     def __call__(self, images, labels, idx, seed: int):
-        return RawBatch(images, seed, self.multicrop), labels
+        if isinstance(images, torch.Tensor):
+            heights, widths = torch.full((len(images),), images.shape[-2]), torch.full((len(images),), images.shape[-1])
+        else:
+            heights, widths = torch.tensor([im.shape[-2] for im in images]), torch.tensor([im.shape[-1] for im in images])
+        plans = self.multicrop.plan(heights, widths, torch.Generator().manual_seed(seed),
+                                    chunked=not torch.cuda.is_available())
+        return RawBatch(images, seed, self.multicrop, plans), labels
 
 
 def crops_on_device(crops: list[torch.Tensor] | RawBatch, device: torch.device) -> list[torch.Tensor]:

@@ -2,6 +2,7 @@
 seeded determinism, and output statistics matching a per-sample scDINO-style pipeline."""
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,3 +128,40 @@ def test_without_photometric_augmentation_crops_and_flips_keep_every_intensity()
     changed = [crop for crop in BatchMultiCrop(scdino, mean, std)(images, torch.Generator().manual_seed(0))
                if not torch.allclose(crop, expected.expand_as(crop), atol=1e-5)]
     assert changed
+
+
+def test_solarisation_turns_the_bright_pixels_of_the_chosen_crops_over():
+    """Every global crop solarised against none, same draws otherwise: a solarised crop is the plain
+    one with each pixel above 0.5 (in [0, 1] units, before normalisation) mapped to 1 - x, as
+    torchvision's solarize does; the local crops, never solarised, are equal."""
+    dino = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=2)
+    mean, std = torch.tensor([0.3, 0.6]), torch.tensor([0.2, 0.25])
+    plain, solarised = BatchMultiCrop(dino, mean.tolist(), std.tolist()), BatchMultiCrop(dino, mean.tolist(), std.tolist())
+    plain.global_views = [replace(v, solarize_p=0.0) for v in plain.global_views]
+    solarised.global_views = [replace(v, solarize_p=1.0) for v in solarised.global_views]
+    images = torch.rand(6, 2, 40, 40)
+    before = plain(images, torch.Generator().manual_seed(3))
+    after = solarised(images, torch.Generator().manual_seed(3))
+    m, s = mean[None, :, None, None], std[None, :, None, None]
+    for crop, turned in zip(before[:2], after[:2]):
+        x = crop * s + m
+        assert float((x > 0.5).float().mean()) > 0.1  # enough bright pixels to tell
+        torch.testing.assert_close(turned, (torch.where(x > 0.5, 1 - x, x) - m) / s, atol=1e-5, rtol=0)
+    assert all(torch.equal(a, b) for a, b in zip(before[2:], after[2:]))
+
+
+def test_a_plan_made_ahead_in_one_chunk_gives_the_crops_made_in_chunks():
+    """data.gpu_augment: a loader thread plans a batch's crops (one chunk per group, as for a GPU) and
+    the training process applies the plan; the crops equal those the CPU path makes in chunks."""
+    dino = DinoConfig(global_crop_size=96, local_crop_size=16, local_crops_number=3)
+    augment = BatchMultiCrop(dino, [0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
+    images = torch.rand(48, 3, 50, 50)
+    heights, widths = torch.full((48,), 50), torch.full((48,), 50)
+    plans = augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=False)
+    chunked = augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=True)
+    assert [len(p.chunks) for p in plans] == [1, 1] and len(chunked[0].chunks) > 1  # the test splits
+    ahead = augment(images, plans=plans)
+    at_once = augment(images, torch.Generator().manual_seed(5))
+    assert len(ahead) == len(at_once) == 5
+    for a, b in zip(ahead, at_once):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
