@@ -225,7 +225,8 @@ def ingest_section(layout: RunLayout) -> list[str]:
     bad = report.get("bad", [])
     if bad:
         rows = [[b.get("field"), b.get("column"), b.get("reason")] for b in bad[:INGEST_BAD_SHOWN]]
-        more = f" (the first {INGEST_BAD_SHOWN} of {len(bad)}: all in ingest_report.json)" if len(bad) > INGEST_BAD_SHOWN else ""
+        more = (f" (the first {INGEST_BAD_SHOWN} of {len(bad)}: all in {layout.ingest_report.name})"
+                if len(bad) > INGEST_BAD_SHOWN else "")
         parts += [f"<p>Bad fields of view, skipped{more}:</p>", html_table(["field", "column", "reason"], rows)]
     return parts
 
