@@ -276,14 +276,16 @@ class RawTransform:
 
     def __init__(self, config: Config, mean: Sequence[float], std: Sequence[float]) -> None:
         self.multicrop = multicrop_for(config, mean, std)
+        # The crops will be made where training runs: on a GPU in one chunk per group, on the CPU
+        # in cache-sized chunks. Asked here, in the training process, not in a loader worker.
+        self.chunked = not torch.cuda.is_available()
 
     def __call__(self, images, labels, idx, seed: int):
         if isinstance(images, torch.Tensor):
             heights, widths = torch.full((len(images),), images.shape[-2]), torch.full((len(images),), images.shape[-1])
         else:
             heights, widths = torch.tensor([im.shape[-2] for im in images]), torch.tensor([im.shape[-1] for im in images])
-        plans = self.multicrop.plan(heights, widths, torch.Generator().manual_seed(seed),
-                                    chunked=not torch.cuda.is_available())
+        plans = self.multicrop.plan(heights, widths, torch.Generator().manual_seed(seed), chunked=self.chunked)
         return RawBatch(images, seed, self.multicrop, plans), labels
 
 
