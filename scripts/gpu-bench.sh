@@ -63,7 +63,8 @@ else
   workers=$(( $(nproc) > 8 ? 8 : $(nproc) ))
   LOADER=(--images $(( (WARMUP + 20) * BATCH + BATCH )) --batches 20 --warmup 3 --workers "$workers")
   NATIVE_SIZE=48/24
-  CHAIN="|data.num_workers=$workers train.precision=auto"
+  # the demo's set (400 images per class) and global batch (2 ranks x 16), on one GPU
+  CHAIN="--per-class 400|data.num_workers=$workers train.precision=auto optim.batch_size_per_gpu=32"
 fi
 
 sets() { local kv; for kv in $COMMON $1 "optim.batch_size_per_gpu=$BATCH"; do printf -- '--set\n%s\n' "$kv"; done; }
