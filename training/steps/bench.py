@@ -75,6 +75,8 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
 
 
 def run(config, layout, args: argparse.Namespace) -> int:
+    if getattr(args, "dino_reference", False) and args.what != "step":
+        raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
     if args.what == "ingest":
         from training.benchmarks.ingest import run_ingest_benchmark
 

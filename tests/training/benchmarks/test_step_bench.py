@@ -69,6 +69,7 @@ def test_flags_become_typed_requests_and_warmup_zero_stays_zero():
         LoaderBenchRequest(warmup=0, workers=0, crop_sizes=(48, 24))
     # without flags each benchmark gets its documented defaults (docs/performance.md)
     assert (step_request(_args("step")).steps, step_request(_args("step")).warmup) == (20, 3)
+    assert not step_request(_args("step")).reference and step_request(_args("step", "--dino-reference")).reference
     assert (loader_request(_args("loader")).batches, loader_request(_args("loader")).warmup) == (10, 2)
 
 
@@ -106,6 +107,7 @@ def test_warmup_zero_runs_no_untimed_step(tmp_path, capsys, monkeypatch):
     (["loader", "--images", "0"], "--images"),
     (["loader", "--size", "48/0"], "--size"),
     (["loader", "--size", "48x24"], "--size"),
+    (["loader", "--dino-reference"], "--dino-reference:"),
 ])
 def test_bad_flags_fail_in_one_line_naming_the_flag(argv, flag, capsys):
     assert main(["bench", *argv]) == 2
@@ -127,3 +129,41 @@ def test_the_bench_step_module_imports_no_torch():
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parents[3])
     assert imported.stdout.strip() == "[]"
+
+
+def test_the_dino_reference_step_trains_as_ours_does():
+    """`--dino-reference` changes how the step runs, not what it computes: from the same weights and
+    crops, one step of each moves every weight alike (unfused attention, looped AdamW, clipping with
+    host reads and a looped EMA round differently: a rounding flip of a near-zero gradient moves an
+    element by up to ~2 learning rates, and such elements are rare)."""
+    from training.dino.step import backward, forward_loss, optimizer_step
+    from training.distributed import DistContext, DistEnv
+    from training.trainer import build_state
+
+    config = tiny_config({"data.channels": "01234", "optim.batch_size_per_gpu": 4, "model.drop_path_rate": 0.0,
+                          "optim.warmup_epochs": 0})
+    ctx = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
+    ours, reference = build_state(config, ctx, steps_per_epoch=4), build_state(config, ctx, steps_per_epoch=4)
+    step_module.dino_reference_style(reference)
+    attention = [m for m in reference.models.student.modules() if hasattr(m, "fused_attn")]
+    assert attention and not any(m.fused_attn for m in attention)
+    assert all(g["foreach"] is False and g["fused"] is False for g in reference.optimizer.param_groups)
+    crops, _ = next(iter(step_module.SyntheticCrops(config, batches=1)))
+    before = torch.cat([p.detach().flatten().clone() for p in ours.models.student.parameters()])
+    losses = []
+    for state, update in ((ours, lambda s, loss: optimizer_step(s, 0)),
+                          (reference, lambda s, loss: step_module._reference_optimizer_step(s, 0, loss))):
+        loss = forward_loss(state, crops, epoch=0)
+        backward(state, loss)
+        update(state, loss)
+        losses.append(float(loss))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    lr = ours.schedules.at(0)[0]
+    after = torch.cat([p.detach().flatten() for p in ours.models.student.parameters()])
+    assert float((after - before).abs().max()) > 0.5 * lr  # the step moved the weights: the check below can fail
+    for which in ("student", "teacher"):
+        one = dict(getattr(ours.models, which).named_parameters())
+        diffs = torch.cat([(p.detach() - one[name].detach()).abs().flatten()
+                           for name, p in getattr(reference.models, which).named_parameters()])
+        assert float(diffs.max()) <= 2.1 * lr, which
+        assert float((diffs > 0.05 * lr).double().mean()) <= 1e-3, which
