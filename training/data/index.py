@@ -8,6 +8,7 @@ upwards from the image: 1 gives "<class>", 2 "<donor>", as in scDINO.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +66,7 @@ def scan_images(root: Path, folder_depth_for_labels: int) -> ImageIndex:
             f"image folder not found: {root}: set data.source, or create the demo data with "
             "`python -m training synth-data --out <folder>`"
         )
-    relatives = sorted(
-        p.relative_to(root) for p in root.rglob("*") if p.suffix.lower() in TIFF_SUFFIXES and p.is_file()
-    )
+    relatives = [Path(*parts) for parts in sorted(_tiff_parts(root))]
     if not relatives:
         raise UserError(f"no .tif/.tiff images found under {root}")
     names = [label_of(rel, folder_depth_for_labels) for rel in relatives]
@@ -75,3 +74,21 @@ def scan_images(root: Path, folder_depth_for_labels: int) -> ImageIndex:
     to_label = {name: i for i, name in enumerate(class_names)}
     log.info("found %d images in %d classes under %s", len(relatives), len(class_names), root)
     return ImageIndex([rel.as_posix() for rel in relatives], [to_label[n] for n in names], class_names)
+
+
+def _tiff_parts(root: Path) -> list[tuple[str, ...]]:
+    """The path components, below root, of every regular .tif/.tiff file (a symbolic link to a file
+    counts; one to a folder is not followed, as Path.rglob does not). The directory entries' types
+    say what is a file: no stat per image, which on a parallel file system (FSx for Lustre) asks the
+    storage servers for each file's size. Sorting the component tuples gives the order of sorted
+    Paths, so dataset indices stay as they were."""
+    found, pending = [], [((), root)]
+    while pending:
+        prefix, folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(((*prefix, entry.name), Path(entry.path)))
+                elif os.path.splitext(entry.name)[1].lower() in TIFF_SUFFIXES and entry.is_file():
+                    found.append((*prefix, entry.name))
+    return found

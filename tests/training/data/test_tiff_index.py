@@ -1,5 +1,7 @@
 """Reading TIFFs of any channel layout, the reasons given for bad images, labels from folders."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -65,3 +67,36 @@ def test_missing_or_empty_folders_say_what_to_do(tmp_path):
         scan_images(tmp_path / "absent", 0)
     with pytest.raises(UserError, match="no .tif/.tiff images"):
         scan_images(tmp_path, 0)
+
+
+def test_the_listing_is_path_rglobs_without_a_stat_per_image(tmp_path, monkeypatch):
+    """scan_images lists what sorted(Path.rglob) of regular .tif/.tiff files lists, in that order
+    (component-wise: "a/x" before "a-c/y", unlike string order), without stat-ing each file."""
+    root = tmp_path / "images"
+    for relative in ("a/x.tif", "a-c/y.TIF", "A/z.tiff", "a/b/w.tif", "a/readme.txt", "real/cls/r.tif"):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(b"")
+    (root / "a" / "dir.tif").mkdir()  # a folder named like an image
+    (root / "a" / "broken.tif").symlink_to("nowhere.tif")
+    (root / "a" / "alias.tif").symlink_to(root / "a" / "x.tif")  # a link to a file counts
+    (root / "linked").symlink_to(root / "real")  # a link to a folder is not followed, as by rglob
+    (root / "real" / "cls" / "up").symlink_to(root)  # nor is a loop
+    expected = sorted(p.relative_to(root) for p in root.rglob("*")
+                      if p.suffix.lower() in (".tif", ".tiff") and p.is_file())
+    assert [p.as_posix() for p in expected] == ["A/z.tiff", "a/alias.tif", "a/b/w.tif", "a/x.tif", "a-c/y.TIF",
+                                                "real/cls/r.tif"]
+    stat, stated = Path.stat, []
+
+    def counted(self, **kwargs):
+        if self.suffix.lower() in (".tif", ".tiff"):
+            stated.append(self)
+        return stat(self, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "stat", counted)
+        index = scan_images(root, folder_depth_for_labels=0)
+    assert index.paths == [p.as_posix() for p in expected] and stated == []
+    with monkeypatch.context() as patch:  # the same count sees what rglob's is_file costs
+        patch.setattr(Path, "stat", counted)
+        [p for p in root.rglob("*") if p.suffix.lower() in (".tif", ".tiff") and p.is_file()]
+    assert len(stated) >= len(expected)
