@@ -9,7 +9,7 @@
 #   CPU path, DDP and FSDP2 through NCCL), then ViT-S/16 at scDINO's crops (2 x 224 + 8 x 96,
 #   5 channels) eager, compiled and as DINO's reference code runs it, then the loader at those crops.
 # Part 2: ViT-B/16 eager and compiled, ViT-S/8 at the cells' native resolution (configs/fast.yaml's
-#   recipe), the bag of channels, the loader at native resolution, and the demo's chain (synthetic
+#   recipe) eager and compiled, the bag of channels, the loader at native resolution, and the demo's chain (synthetic
 #   cells, prepare, mean-std, pretrain, features, labels, kNN) on the GPU.
 # Each stage writes its own file and a failed or timed-out stage does not stop the next (stages.txt
 # says which); GPU_BENCH_SKIP="step_vits16_224 loader_224" leaves stages out (their names, spaces as
@@ -156,6 +156,7 @@ if [ "$PART" != 1 ]; then
   step vitb16_224 "$B16"
   [ "$SMOKE" = 1 ] || step vitb16_224_compiled "$B16 train.compile=true"
   step vits8_native "$S8"
+  [ "$SMOKE" = 1 ] || step vits8_native_compiled "$S8 train.compile=true"
   step vits8_native_bag "$S8 model.kind=bag_of_channels"
   loader native "$NATIVE_SIZE"
   stage chain chain

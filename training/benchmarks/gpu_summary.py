@@ -28,7 +28,7 @@ STEP_KEYS = ("images_per_s", "mfu", "achieved_tflops", "step_time_s", "split_ste
              "precision", "batch_size", "compiled", "style", "torch")
 
 # Which steps consume which loader size: the loader's crops are those steps' crops.
-LOADER_CONSUMERS = {"224": ("vits16_224", "vits16_224_compiled"), "native": ("vits8_native",)}
+LOADER_CONSUMERS = {"224": ("vits16_224", "vits16_224_compiled"), "native": ("vits8_native", "vits8_native_compiled")}
 
 
 def _read(path: Path) -> dict | None:
