@@ -374,6 +374,8 @@ class BatchMultiCrop:
             raise ValueError(f"output buffers hold {out.globals.shape[0] // 2} images, the batch has {b}")
         if plans is None:
             plans = self.plan(heights, widths, generator, chunked=batch.device.type == "cpu")
+        elif len(plans[0].source) != len(self.global_views) * b:
+            raise ValueError(f"the plan is for {len(plans[0].source) // len(self.global_views)} images, the batch has {b}")
         stats = per_image_stats(batch, heights, widths) if self.per_image else None
         globals_ = self._apply(batch, stats, plans[0], out and out.globals)
         locals_ = self._apply(batch, stats, plans[1], out and out.locals) if self.local_number else None
