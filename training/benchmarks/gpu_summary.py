@@ -21,14 +21,19 @@ import json
 import sys
 from pathlib import Path
 
-LOADER_VCPUS_PER_GPU = 192 // 8
-"""A p5.48xlarge's vCPUs per GPU (192 vCPUs, 8 H100s); a p5en.48xlarge has the same."""
+from training.instances import instance
+
+LOADER_VCPUS_PER_GPU = instance("p5.48xlarge").cpus_per_gpu
+"""A p5.48xlarge's vCPUs per GPU (192 vCPUs, 8 H100s), from the instance table."""
 
 STEP_KEYS = ("images_per_s", "mfu", "achieved_tflops", "step_time_s", "split_step_time_s", "peak_memory_gb",
              "precision", "batch_size", "compiled", "style", "torch")
 
+VITS16 = ("vits16_224", "vits16_224_compiled")
+"""ViT-S/16 at scDINO's crops, eager and compiled: what the reference ratio and the scaling model take."""
+
 # Which steps consume which loader size: the loader's crops are those steps' crops.
-LOADER_CONSUMERS = {"224": ("vits16_224", "vits16_224_compiled"), "native": ("vits8_native", "vits8_native_compiled")}
+LOADER_CONSUMERS = {"224": VITS16, "native": ("vits8_native", "vits8_native_compiled")}
 
 
 def _read(path: Path) -> dict | None:
@@ -45,14 +50,14 @@ def summarise(out: Path) -> dict:
         if step:
             summary["step"][path.stem[5:]] = {key: step.get(key) for key in STEP_KEYS}
     steps = summary["step"]
-    ours = [steps[k]["images_per_s"] for k in ("vits16_224", "vits16_224_compiled") if k in steps]
+    ours = [steps[k]["images_per_s"] for k in VITS16 if k in steps]
     if ours and steps.get("vits16_224_reference", {}).get("images_per_s"):
         summary["speedup_vs_dino_reference"] = round(max(ours) / steps["vits16_224_reference"]["images_per_s"], 2)
     for path in sorted(out.glob("loader_*.json")):
         loader = _read(path)
         if loader:
             summary["loader"][path.stem[7:]] = _loader_figures(path.stem[7:], loader, steps)
-    best = max((k for k in ("vits16_224", "vits16_224_compiled") if k in steps),
+    best = max((k for k in VITS16 if k in steps),
                key=lambda k: steps[k]["images_per_s"] or 0, default=None)
     if best:
         summary["scaling_from"] = best

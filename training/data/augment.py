@@ -180,8 +180,7 @@ def crop_resize(images: torch.Tensor, boxes: torch.Tensor, size: int,
 
 def pad_to_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stack (C, h, w) images of different sizes into one zero-padded batch, with their sizes."""
-    heights = torch.tensor([im.shape[-2] for im in images])
-    widths = torch.tensor([im.shape[-1] for im in images])
+    heights, widths = image_sizes(images)
     batch = images[0].new_zeros(len(images), images[0].shape[0], int(heights.max()), int(widths.max()))
     for i, im in enumerate(images):
         batch[i, :, : im.shape[-2], : im.shape[-1]] = im
@@ -497,11 +496,18 @@ def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[V
             "sigma": sigma, "blur": blur, "solarize": solarize}
 
 
+def image_sizes(images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's height and width, from a (B, C, H, W) batch or a list of (C, h, w) images."""
+    if isinstance(images, torch.Tensor):
+        n = images.shape[0]
+        return torch.full((n,), images.shape[-2]), torch.full((n,), images.shape[-1])
+    return torch.tensor([im.shape[-2] for im in images]), torch.tensor([im.shape[-1] for im in images])
+
+
 def as_batch(images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A (B, C, H, W) tensor plus each image's true height and width (lists are zero-padded)."""
     if isinstance(images, torch.Tensor):
-        n = images.shape[0]
-        return images, torch.full((n,), images.shape[-2]), torch.full((n,), images.shape[-1])
+        return (images, *image_sizes(images))
     return pad_to_batch(images)
 
 

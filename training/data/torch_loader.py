@@ -37,6 +37,7 @@ from training.data.augment import (
     BatchMultiCrop,
     CropBuffers,
     ViewPlan,
+    image_sizes,
     normalise,
     resize_full,
     resize_shorter_side,
@@ -281,11 +282,7 @@ class RawTransform:
         self.chunked = not torch.cuda.is_available()
 
     def __call__(self, images, labels, idx, seed: int):
-        if isinstance(images, torch.Tensor):
-            heights, widths = torch.full((len(images),), images.shape[-2]), torch.full((len(images),), images.shape[-1])
-        else:
-            heights, widths = torch.tensor([im.shape[-2] for im in images]), torch.tensor([im.shape[-1] for im in images])
-        plans = self.multicrop.plan(heights, widths, torch.Generator().manual_seed(seed), chunked=self.chunked)
+        plans = self.multicrop.plan(*image_sizes(images), torch.Generator().manual_seed(seed), chunked=self.chunked)
         return RawBatch(images, seed, self.multicrop, plans), labels
 
 
