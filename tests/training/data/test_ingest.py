@@ -4,8 +4,8 @@ bincount), skipped objects counted per reason; LoadData's per-channel files and 
 files giving the same cells; a table of centres instead of masks; bad fields skipped and reported
 (or stopping the step); bad input named in one line; parts kept when their task runs again.
 
-The real field: ../shared/data/real-nuclei (stardist's DSB 2018 image, 512 x 512, 125 nuclei
-labelled up to 183, with gaps)."""
+The real field: tests/data/real-nuclei (stardist's DSB 2018 image, 512 x 512, 125 nuclei
+labelled up to 183, with gaps; its README gives the source and licence)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from training.data.synthetic_screen import ScreenSpec, write_screen
 from training.report.html import build_report
 from training.rundir import RunLayout
 
-REAL = Path(__file__).resolve().parents[4] / "shared" / "data" / "real-nuclei"
+REAL = Path(__file__).resolve().parents[2] / "data" / "real-nuclei"
 SIZE = 32
 CROP = 34
 """The screens' crop side: even, as SIZE is not, and wide enough that some cells near the edge are skipped."""
@@ -34,7 +34,7 @@ CROP = 34
 @pytest.fixture(scope="module")
 def real() -> tuple[np.ndarray, np.ndarray]:
     if not (REAL / "img2d.tif").is_file():
-        pytest.fail(f"the real field of view is missing: {REAL} (shared/data/real-nuclei beside the repository)")
+        pytest.fail(f"the real field of view is missing: {REAL} (tests/data/real-nuclei, committed with the repository)")
     return tifffile.imread(REAL / "img2d.tif"), tifffile.imread(REAL / "mask2d.tif")
 
 
