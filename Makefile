@@ -8,6 +8,7 @@
 PYTHON ?= python3
 VENV := .venv
 PCLUSTER_VENV := .venv-pcluster
+CHECKOV_VENV := .venv-checkov
 PYTEST_ARGS ?=
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -15,7 +16,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
 .PHONY: install system-deps demo screen test test-quick synth lint clean
 
-install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed node_modules/.installed
+install: system-deps $(VENV)/.installed $(PCLUSTER_VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -29,6 +30,11 @@ $(VENV)/.installed: requirements.txt requirements-infra.txt requirements-dali.tx
 $(PCLUSTER_VENV)/.installed: requirements-pcluster.txt
 	$(PYTHON) -m venv $(PCLUSTER_VENV)
 	$(PCLUSTER_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-pcluster.txt
+	touch $@
+
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-checkov.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

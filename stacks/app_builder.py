@@ -57,7 +57,8 @@ def _cluster_stack(app: cdk.App, settings: Settings, env: cdk.Environment, netwo
     shared = {"env": env, "settings": settings, "subnet_id": network.private_subnet.subnet_id,
               "route_table_id": network.private_subnet.route_table.route_table_id,
               "public_subnet_id": network.public_subnet.subnet_id,
-              "security_group_id": network.cluster_security_group.security_group_id}
+              "security_group_id": network.cluster_security_group.security_group_id,
+              "access_logs_bucket_name": storage.access_logs_bucket.bucket_name}
     name = f"{settings.prefix}-cluster"
     if settings.backend == "pcs":
         return PcsClusterStack(app, name, vpc=network.vpc, file_system_dns_name=storage.file_system.dns_name,

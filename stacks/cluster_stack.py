@@ -7,6 +7,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.cluster_config import ClusterRefs, build_cluster_config
+from stacks.common import logs_key
 from stacks.egress import NatEgress
 from stacks.monitoring import Monitoring
 from stacks.node_bundle import NodeBundle
@@ -20,14 +21,16 @@ class ClusterStack(cdk.Stack):
     """The ParallelCluster cluster; deleting this stack deletes the cluster (not the data)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, subnet_id: str,
-                 route_table_id: str, public_subnet_id: str, security_group_id: str, file_system_id: str,
-                 data_policy_arn: str, **kwargs) -> None:
+                 route_table_id: str, public_subnet_id: str, security_group_id: str, access_logs_bucket_name: str,
+                 file_system_id: str, data_policy_arn: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+        key = logs_key(self, "LogsKey", description="scDINO: the cluster stack's CloudWatch log groups")
         self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
                                      log_retention_days=settings.cluster.log_retention_days,
-                                     alarm_email=settings.cluster.alarm_email)
+                                     alarm_email=settings.cluster.alarm_email, logs_key=key)
         node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
+                                 logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
                                  monitoring=self.monitoring.names.pointer())
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,

@@ -13,6 +13,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from stacks.common import allow_cloudwatch_logs
 from stacks.nag import acknowledge
 from stacks.settings import PCLUSTER_VERSION, PCS_SLURM_VERSION, ImageSettings
 
@@ -80,6 +81,7 @@ class ImageStack(cdk.Stack):
             + (" (AWS PCS image)" if backend == "pcs" else ""))
         key = kms.Key(self, "BuildKey", enable_key_rotation=True, removal_policy=cdk.RemovalPolicy.DESTROY,
                       description="scDINO: image pipeline build artifacts and logs")
+        allow_cloudwatch_logs(key)
         self.project = codebuild.Project(
             self, "ImageBuild",
             description=("Packer build of the scDINO GPU AMI for AWS PCS on top of AWS's Deep Learning Base GPU AMI"
@@ -97,7 +99,7 @@ class ImageStack(cdk.Stack):
             timeout=cdk.Duration.hours(3),
             logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(
                 log_group=logs.LogGroup(self, "BuildLogs", retention=logs.RetentionDays.ONE_MONTH,
-                                        removal_policy=cdk.RemovalPolicy.DESTROY))))
+                                        encryption_key=key, removal_policy=cdk.RemovalPolicy.DESTROY))))
         self._grant_packer(build_tag=build_tag, subnet_id=build_subnet_id, vpc_id=vpc_id)
         cdk.CfnOutput(self, "StartBuildCommand",
                       value=f"aws codebuild start-build --project-name {self.project.project_name}")

@@ -71,9 +71,9 @@ class Monitoring(Construct):
     """The log group the nodes write to, the alarms' topic and key, the alarms and the dashboard."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster_name: str, log_retention_days: int,
-                 alarm_email: str, parallelcluster_dashboard: bool = True) -> None:
+                 alarm_email: str, logs_key: kms.IKey, parallelcluster_dashboard: bool = True) -> None:
         super().__init__(scope, construct_id)
-        self.log_group = logs.LogGroup(self, "Logs", retention=retention(log_retention_days),
+        self.log_group = logs.LogGroup(self, "Logs", retention=retention(log_retention_days), encryption_key=logs_key,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.names = MonitoringNames(f"{cluster_name}/GPU", f"{cluster_name}/Training", self.log_group.log_group_name)
         self.topic = self._topic(alarm_email)

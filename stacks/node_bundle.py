@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
@@ -24,7 +25,8 @@ from constructs import Construct
 
 from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_KEY_PREFIX, BUNDLE_POINTER_KEY
 from stacks.common import retention
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, skip_checkov_on_cdk_handler
+from stacks.storage_stack import DEPLOY_BUCKET_LOG_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
@@ -33,6 +35,8 @@ BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
 BUNDLE_CONTENTS = ["training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"]
 BUNDLE_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUNDLE_CONTENTS], *[f"!{item}/**" for item in BUNDLE_CONTENTS],
                   "**/__pycache__", "**/*.pyc", "**/*.egg-info"]
+NONCURRENT_VERSION_DAYS = 30
+"""How long a replaced version of a deploy-bucket object (the pointer, the bootstrap files) stays recoverable."""
 
 
 def _prefix(key: str) -> str:
@@ -42,22 +46,17 @@ def _prefix(key: str) -> str:
 class NodeBundle(Construct):
     """The deploy bucket, the bundle copied into it (kept per id) and the bootstrap files with the pointer."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int,
-                 monitoring: dict[str, str]) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int, logs_key: kms.IKey,
+                 access_logs_bucket_name: str, monitoring: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
-        self.bucket = s3.Bucket(
-            self, "Bucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=cdk.RemovalPolicy.DESTROY,
-            auto_delete_objects=True)
-        acknowledge(self.bucket, "S1", "Holds only copies of CDK assets written by this stack's deployments and "
-                    "read by the cluster's nodes; the source of truth is the repository, not this bucket.")
+        self.bucket = self._bucket(access_logs_bucket_name)
         # The copy handler's own log group, named by CloudFormation and deleted with the stack. CDK's
         # managed one (/aws/lambda/<handler>) is retained on destroy, and on a first deploy the
         # handler can create that name itself before CloudFormation does, which fails the deploy
         # with "already exists" (aws/aws-cdk#34612): a group the function's LoggingConfig names is
         # created before the function, so the handler never creates one.
         self.log_group = logs.LogGroup(self, "DeployLogs", retention=retention(log_retention_days),
-                                       removal_policy=cdk.RemovalPolicy.DESTROY)
+                                       encryption_key=logs_key, removal_policy=cdk.RemovalPolicy.DESTROY)
         bundle = s3_assets.Asset(self, "BundleAsset", path=str(REPO_ROOT), exclude=BUNDLE_EXCLUDE)
         self.bundle_id = bundle.asset_hash
         # Old bundles stay (no prune): a node that read the previous pointer can still download its bundle.
@@ -76,6 +75,23 @@ class NodeBundle(Construct):
         self.bootstrap.node.add_dependency(bundles)
         self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()
+
+    def _bucket(self, access_logs_bucket_name: str) -> s3.Bucket:
+        """Versioned (a pointer rewritten by a bad deploy can be restored), access-logged into the storage
+        stack's access-log bucket, emptied and deleted with the cluster stack."""
+        logs_bucket = s3.Bucket.from_bucket_name(self, "AccessLogs", access_logs_bucket_name)
+        bucket = s3.Bucket(
+            self, "Bucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=cdk.RemovalPolicy.DESTROY,
+            auto_delete_objects=True, server_access_logs_bucket=logs_bucket,
+            server_access_logs_prefix=DEPLOY_BUCKET_LOG_PREFIX,
+            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(NONCURRENT_VERSION_DAYS))])
+        cdk.Annotations.of(bucket).acknowledge_warning(
+            "@aws-cdk/aws-s3:accessLogsPolicyNotAdded",
+            "The storage stack's access-log bucket policy already lets S3 log delivery write under deploy-bucket/.")
+        skip_checkov_on_cdk_handler(cdk.Stack.of(self), "Custom::S3AutoDeleteObjectsCustomResourceProvider",
+                                    "CDK's handler that empties the deploy bucket when the cluster stack is deleted")
+        return bucket
 
     def _read_policy(self) -> iam.ManagedPolicy:
         """Read access to the bucket as a managed policy, for nodes whose ParallelCluster Iam has no
@@ -112,3 +128,7 @@ class NodeBundle(Construct):
                 "CDK's BucketDeployment handler; the resources are those two buckets only.")
         for finding, reason in findings.items():
             acknowledge(stack, finding, reason)
+        skip_checkov_on_cdk_handler(
+            stack, "Custom::CDKBucketDeployment", "CDK's BucketDeployment handler (copies the bundle and bootstrap files)",
+            extra={"CKV_AWS_173": "CDK's BucketDeployment handler: its only environment variable is the path of "
+                                  "the CA bundle (AWS_CA_BUNDLE), nothing confidential to encrypt with a customer key."})

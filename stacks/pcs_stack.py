@@ -14,6 +14,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY
+from stacks.common import logs_key
 from stacks.egress import NatEgress
 from stacks.monitoring import Monitoring
 from stacks.node_bundle import BOOTSTRAP_DIR, NodeBundle
@@ -33,16 +34,20 @@ class PcsClusterStack(cdk.Stack):
     """The PCS cluster; deleting this stack deletes the cluster and its nodes (not the data)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, vpc: ec2.IVpc, subnet_id: str,
-                 route_table_id: str, public_subnet_id: str, security_group_id: str, file_system_dns_name: str,
-                 file_system_mount_name: str, data_policy: iam.IManagedPolicy, **kwargs) -> None:
+                 route_table_id: str, public_subnet_id: str, security_group_id: str, access_logs_bucket_name: str,
+                 file_system_dns_name: str, file_system_mount_name: str, data_policy: iam.IManagedPolicy,
+                 **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self._settings = settings
         self._subnet_id = subnet_id
         egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+        key = logs_key(self, "LogsKey", description="scDINO: the cluster stack's CloudWatch log groups")
         self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
                                      log_retention_days=settings.cluster.log_retention_days,
-                                     alarm_email=settings.cluster.alarm_email, parallelcluster_dashboard=False)
+                                     alarm_email=settings.cluster.alarm_email, logs_key=key,
+                                     parallelcluster_dashboard=False)
         self.node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
+                                      logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
                                       monitoring=self.monitoring.names.pointer())
         node_groups = [security_group_id, self._node_egress(vpc).security_group_id]
         self.cluster = self._cluster(security_group_id)

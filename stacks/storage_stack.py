@@ -10,11 +10,16 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, skip_checkov, skip_checkov_on_cdk_handler
 from stacks.presets import FSX_MOUNT_DIR
 from stacks.settings import StorageSettings
 
 _EVENTS = ["NEW", "CHANGED", "DELETED"]
+DATA_BUCKET_LOG_PREFIX = "data-bucket/"
+DEPLOY_BUCKET_LOG_PREFIX = "deploy-bucket/"
+"""Where the access-log bucket keeps the cluster stack's deploy bucket's server access logs."""
+_LOG_LOOP_REASON = ("This bucket is the server access log target of the data and deploy buckets; logging it into "
+                    "itself would loop.")
 
 
 class StorageStack(cdk.Stack):
@@ -31,7 +36,11 @@ class StorageStack(cdk.Stack):
         self._removal = cdk.RemovalPolicy.RETAIN if settings.retain else cdk.RemovalPolicy.DESTROY
         self.key = kms.Key(self, "StorageKey", enable_key_rotation=True, removal_policy=self._removal,
                            description="scDINO: FSx for Lustre encryption at rest")
+        self.access_logs_bucket = self._access_logs_bucket()
         self.bucket = self._data_bucket()
+        if not settings.retain:
+            skip_checkov_on_cdk_handler(self, "Custom::S3AutoDeleteObjectsCustomResourceProvider",
+                                        "CDK's handler that empties the buckets when the stack is deleted")
         self.file_system = fsx.LustreFileSystem(
             self, "DataFileSystem",
             vpc=vpc, vpc_subnet=subnet, security_group=fsx_security_group, kms_key=self.key,
@@ -51,22 +60,34 @@ class StorageStack(cdk.Stack):
         cdk.CfnOutput(self, "UploadCommand", description="Copy a local dataset where the cluster sees it",
                       value=f"aws s3 sync ./my-dataset {upload_uri}")
 
+    def _access_logs_bucket(self) -> s3.Bucket:
+        """The server access logs of the data bucket and of the cluster's deploy bucket, kept a year; versioned
+        so that a deleted or overwritten log object stays recoverable for `noncurrent_version_days`."""
+        bucket = s3.Bucket(
+            self, "AccessLogsBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
+            auto_delete_objects=not self._settings.retain, object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            lifecycle_rules=[s3.LifecycleRule(
+                expiration=cdk.Duration.days(365),
+                noncurrent_version_expiration=cdk.Duration.days(self._settings.noncurrent_version_days))])
+        acknowledge(bucket, "S1", _LOG_LOOP_REASON)
+        skip_checkov(bucket.node.default_child, {"CKV_AWS_18": _LOG_LOOP_REASON})
+        # The deploy bucket lives in the cluster stack, deployed after this one: its name is not known here,
+        # so S3's log delivery may write under its prefix from any bucket of this account.
+        bucket.add_to_resource_policy(iam.PolicyStatement(
+            principals=[iam.ServicePrincipal("logging.s3.amazonaws.com")], actions=["s3:PutObject"],
+            resources=[bucket.arn_for_objects(f"{DEPLOY_BUCKET_LOG_PREFIX}*")],
+            conditions={"StringEquals": {"aws:SourceAccount": self.account}}))
+        return bucket
+
     def _data_bucket(self) -> s3.Bucket:
         """SSE-S3 rather than SSE-KMS: FSx's per-file-system service-linked role must read the bucket,
         and a customer key would need that role (named after the file system id) in its key policy."""
-        auto_delete = not self._settings.retain
-        logs_bucket = s3.Bucket(
-            self, "AccessLogsBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
-            auto_delete_objects=auto_delete, object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))])
-        acknowledge(logs_bucket, "S1", "This bucket is the server access log target of the data bucket; "
-                    "logging it into itself would loop.")
         return s3.Bucket(
             self, "DataBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
-            auto_delete_objects=auto_delete, server_access_logs_bucket=logs_bucket,
-            server_access_logs_prefix="data-bucket/",
+            auto_delete_objects=not self._settings.retain, server_access_logs_bucket=self.access_logs_bucket,
+            server_access_logs_prefix=DATA_BUCKET_LOG_PREFIX,
             lifecycle_rules=[s3.LifecycleRule(
                 noncurrent_version_expiration=cdk.Duration.days(self._settings.noncurrent_version_days),
                 abort_incomplete_multipart_upload_after=cdk.Duration.days(7))])
