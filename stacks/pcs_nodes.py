@@ -69,7 +69,9 @@ def _network(spec: NodeGroupSpec, subnet_id: str, security_group_ids: list[str])
 
 
 def _capacity(spec: NodeGroupSpec, placement_group: str | None) -> dict:
-    """A reservation (On-Demand or Capacity Block) decides placement; else the preset's placement group."""
+    """A reservation (On-Demand or Capacity Block) decides placement; else the preset's placement group.
+    A Capacity Block's template carries what PCS's guide asks of it: the market type capacity-block, the
+    reservation, and the block's instance type (PCS otherwise takes the type from the node group alone)."""
     options: dict = {}
     if spec.capacity_reservation_id:
         options["capacity_reservation_specification"] = ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
@@ -78,6 +80,7 @@ def _capacity(spec: NodeGroupSpec, placement_group: str | None) -> dict:
     if spec.capacity_block:
         options["instance_market_options"] = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
             market_type="capacity-block")
+        options["instance_type"] = spec.instance_type
     if placement_group:
         options["placement"] = ec2.CfnLaunchTemplate.PlacementProperty(group_name=placement_group)
     return options

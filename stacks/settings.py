@@ -39,6 +39,9 @@ PCS_SIZES = {"SMALL": 32, "MEDIUM": 512, "LARGE": 2048}
 PCS_CLUSTER_NAME_MAX = 40
 """PCS's limit on cluster names (the CloudFormation schema's `[A-Za-z][A-Za-z0-9-]{1,40}`)."""
 PCS_OSES = {"alinux2023": "Amazon Linux 2023", "ubuntu2204": "Ubuntu 22.04"}
+PCS_CAPACITY_BLOCK_FAMILIES = ("p4d", "p5", "p5e", "p5en", "p6-b200", "p6-b300")
+"""Instance families whose Capacity Blocks PCS supports (AWS PCS User Guide, "Using Amazon EC2 Capacity
+Blocks for ML with AWS PCS", limitations)."""
 """Oses of AWS's Deep Learning Base GPU AMI, which the PCS image starts from (ami/pcs-image.pkr.hcl)."""
 CLUSTER_NAME_MAX = 60
 """ParallelCluster's limit on cluster names (PCLUSTER_NAME_MAX_LENGTH; a test reads it from its code)."""
@@ -315,6 +318,11 @@ class Settings:
         _check(self.image.os in PCS_OSES, "image.os",
                f"the PCS image starts from AWS's Deep Learning Base GPU AMI, published for {tuple(PCS_OSES)}, "
                f"not {self.image.os!r}")
+        if cluster.capacity_type == "CAPACITY_BLOCK":
+            families = sorted({name.split(".")[0] for name in cluster.presets} - set(PCS_CAPACITY_BLOCK_FAMILIES))
+            _check(not families, "cluster.capacity_type",
+                   f"PCS takes Capacity Blocks of {PCS_CAPACITY_BLOCK_FAMILIES} instances only, not {families}: "
+                   "choose such a preset, or ONDEMAND")
         managed = self.pcs_instances_max
         limit = PCS_SIZES[cluster.pcs_size]
         _check(managed <= limit, "cluster.pcs_size",

@@ -286,6 +286,20 @@ def test_a_reservation_targets_the_gpu_nodes_and_decides_their_placement():
     assert block["CapacityType"] == "CAPACITY_BLOCK"
 
 
+def test_a_capacity_block_queue_has_every_field_parallelcluster_asks_of_it():
+    """ParallelCluster's "Launch instances with Capacity Blocks (CB)": the queue's CapacityType CAPACITY_BLOCK,
+    the compute resource's CapacityReservationTarget with the block's id and the block's InstanceType, MinCount
+    equal to MaxCount and above 0 (every node of a block is static)."""
+    (queue,) = _option_config(OPTIONS["capacity-block"])["Scheduling"]["SlurmQueues"]
+    (resource,) = queue["ComputeResources"]
+    assert queue["CapacityType"] == "CAPACITY_BLOCK"
+    assert resource["CapacityReservationTarget"] == {"CapacityReservationId": "cr-0123456789abcdef0"}
+    assert resource["InstanceType"] == "p5.48xlarge"
+    assert resource["MinCount"] == resource["MaxCount"] == 2
+    with pytest.raises(SettingsError, match="^setting cluster.max_nodes: must be >= 1"):
+        build_settings({**OPTIONS["capacity-block"], "cluster.min_nodes": 0, "cluster.max_nodes": 0})
+
+
 def test_options_are_off_by_default():
     config = _option_config({})
     (queue,) = config["Scheduling"]["SlurmQueues"]

@@ -14,13 +14,13 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from infra.synth_helpers import exported, one, resources
+from infra.synth_helpers import exported, one, resources, synthesize
 from stacks.cluster_config import ClusterRefs, build_cluster_config
 from stacks.pcs_config import MIME_BOUNDARY, NodeGroupSpec, pcs_node_groups
 from stacks.pcs_nodes import NODE_GROUP_TAG, NodeLaunchTemplate
 from stacks.pcs_stack import NODE_SCRIPT
 from stacks.presets import PRESETS, SLURM_DEFAULTS
-from stacks.settings import build_settings
+from stacks.settings import SettingsError, build_settings
 
 pytestmark = pytest.mark.slow
 
@@ -283,15 +283,38 @@ def test_spot_gpu_nodes_are_a_spot_group_with_their_placement_group():
     assert "Placement" in data and "InstanceMarketOptions" not in data
 
 
-def test_a_capacity_block_is_bought_so_and_decides_placement():
-    spec = _only_gpu_group({"cluster.presets": "p5.48xlarge", "cluster.capacity_type": "CAPACITY_BLOCK",
-                            "cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.min_nodes": 2})
-    assert (spec.purchase_option, spec.min_count, spec.max_count) == ("CAPACITY_BLOCK", 2, 2)
-    data = _launch_template(spec)
+CAPACITY_BLOCK = {"cluster.presets": "p5.48xlarge", "cluster.capacity_type": "CAPACITY_BLOCK",
+                  "cluster.capacity_reservation_id": "cr-0123456789abcdef0", "cluster.min_nodes": 2}
+
+
+def test_a_capacity_block_node_group_has_every_field_pcs_asks_of_it(tmp_path):
+    """PCS's "Configure an AWS PCS compute node group to use a Capacity Block": the launch template's
+    InstanceMarketOptions MarketType capacity-block, a CapacityReservationSpecification with the block's id and
+    an InstanceType equal to the block's; the node group's purchase option CAPACITY_BLOCK, at most the block's
+    instances (min_nodes == max_nodes, the block's size). The block decides placement: no placement group."""
+    result = synthesize(tmp_path, {"backend": "pcs", **CAPACITY_BLOCK})
+    cluster = result.json["cluster"]
+    (group,) = [g["Properties"] for g in resources(cluster, "AWS::PCS::ComputeNodeGroup").values()
+                if g["Properties"]["Name"] == PRESETS["p5.48xlarge"].queue_name]
+    assert group["PurchaseOption"] == "CAPACITY_BLOCK" and "SpotOptions" not in group
+    assert group["InstanceConfigs"] == [{"InstanceType": "p5.48xlarge"}]
+    assert group["ScalingConfiguration"] == {"MinInstanceCount": 2, "MaxInstanceCount": 2}
+    data = cluster["Resources"][group["CustomLaunchTemplate"]["TemplateId"]["Ref"]]["Properties"]["LaunchTemplateData"]
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+    assert data["InstanceType"] == "p5.48xlarge"
     assert "Placement" not in data and len(data["NetworkInterfaces"]) == 32
+    # The login group is not in the block: an ordinary on-demand template, its type from the group alone.
+    login = _launch_data(result, _groups(result)["login"])
+    assert not {"InstanceType", "InstanceMarketOptions", "CapacityReservationSpecification"} & set(login)
+
+
+@pytest.mark.parametrize("preset", ["g4dn.12xlarge", "g5.12xlarge", "g6e.12xlarge"])
+def test_pcs_refuses_a_capacity_block_of_a_family_it_does_not_take(preset):
+    with pytest.raises(SettingsError, match=r"^setting cluster.capacity_type: PCS takes Capacity Blocks of .* not \['"):
+        build_settings({"backend": "pcs", **CAPACITY_BLOCK, "cluster.presets": preset})
+    build_settings({**CAPACITY_BLOCK, "cluster.presets": preset})  # ParallelCluster leaves it to EC2
 
 
 def test_an_on_demand_reservation_is_targeted_without_a_placement_group():
@@ -299,4 +322,5 @@ def test_an_on_demand_reservation_is_targeted_without_a_placement_group():
     assert (spec.purchase_option, spec.placement_group) == ("ONDEMAND", False)
     data = _launch_template(spec)
     assert "CapacityReservationSpecification" in data and "InstanceMarketOptions" not in data
+    assert "InstanceType" not in data  # an On-Demand reservation: the node group names the type
     assert "Placement" not in data and len(data["NetworkInterfaces"]) == 4
