@@ -24,6 +24,8 @@
 # kernel's NVIDIA Xid lines and the training's embedded-metric-format lines (appended to the agent's
 # configuration; rerunning replaces it), and /etc/scdino/monitoring.env, which slurm/env.sh sources
 # so that rank 0 writes those lines (training/metrics.py). A failure there is logged, never fatal.
+# It also makes /fsx/data/work (mode 1777), where each user makes a folder to submit from: jobs write
+# their logs under the folder they are submitted from, which the root-owned /apps/scdino is not for them.
 # Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs, PCS's
 # cloud-init output).
 set -euo pipefail
@@ -38,6 +40,7 @@ readonly CWAGENT_CTL=${SCDINO_CWAGENT_CTL:-/opt/aws/amazon-cloudwatch-agent/bin/
 readonly CWAGENT_CONFIG=${SCDINO_CWAGENT_CONFIG:-/opt/aws/amazon-cloudwatch-agent/etc/scdino-monitoring.json}
 readonly MONITORING_ENV=${SCDINO_MONITORING_ENV:-/etc/scdino/monitoring.env}
 readonly EMF_DIR=${SCDINO_EMF_DIR:-/var/log/scdino}
+readonly WORK_DIR=${SCDINO_WORK_DIR:-/fsx/data/work}
 readonly LOCK_WAIT_SECONDS=1500
 readonly REQUIREMENT_FILES=(requirements.txt requirements-dali.txt)
 
@@ -220,6 +223,12 @@ configure_monitoring() {
   fi
 }
 
+prepare_work_dir() {
+  # Where people run from: on FSx, so every node sees a job's logs, under data/, so results reach S3.
+  # The bundle's directory belongs to root; here each user makes a folder of their own (sticky, as /tmp).
+  mkdir -p "${WORK_DIR}" && chmod 1777 "${WORK_DIR}"
+}
+
 prepare_scratch() {
   # Local NVMe scratch (ParallelCluster mounts it on compute nodes): writable by every job user.
   if [[ -d "${SCRATCH_DIR}" ]]; then
@@ -257,6 +266,7 @@ main() {
   activate "${install_dir}" "${version_dir}" "${stamp}"
   flock -u 9
   prepare_scratch
+  prepare_work_dir || log "WARNING: could not make ${WORK_DIR} (see above): users need a folder of their own on /fsx"
   if ! configure_monitoring "${pointer_uri}" "${gpu_namespace}" "${training_namespace}" "${log_group}"; then
     log "WARNING: monitoring was not set up (see above); the node works without it"
   fi

@@ -10,9 +10,20 @@
 #     node facts provide there;
 #   - bootstrap/on-node-configured.sh from the deploy bucket, told its node type (ComputeFleet or
 #     LoginNode), since no /etc/parallelcluster/cfnconfig says it on a PCS node.
+# User data runs once per instance, and mounts do not outlive a reboot: so the first run also installs
+# scdino-node.service, which runs this script again with --boot at every later boot, before slurmd, to
+# mount FSx, bind /apps and mount /scratch again (the bundle on FSx and the root volume's files are
+# still there). /scratch keeps its files across a reboot; after a stop and start the instance store is
+# blank, and --boot builds a new, empty /scratch.
+#
+#   pcs-node.sh           first boot (user data): everything above, then the boot unit and the bootstrap
+#   pcs-node.sh --boot    every later boot (scdino-node.service): FSx, /apps and /scratch only
+#
 # The user data exports SCDINO_FSX_DNS, SCDINO_FSX_MOUNT_NAME, SCDINO_REGION, SCDINO_BOOTSTRAP_URI,
-# SCDINO_POINTER_URI and SCDINO_NODE_TYPE above this script. Rerunning it changes nothing.
-# Logs: stdout (cloud-init's /var/log/cloud-init-output.log) and the bootstrap's own log.
+# SCDINO_POINTER_URI and SCDINO_NODE_TYPE above this script; the boot unit reads them from the file the
+# first run writes. Rerunning either mode changes nothing.
+# Logs: stdout (first boot: cloud-init's /var/log/cloud-init-output.log; later: journalctl -u
+# scdino-node) and the bootstrap's own log.
 set -euo pipefail
 
 : "${SCDINO_FSX_DNS:?}" "${SCDINO_FSX_MOUNT_NAME:?}" "${SCDINO_REGION:?}" "${SCDINO_BOOTSTRAP_URI:?}"
@@ -24,7 +35,14 @@ readonly SCRATCH_DIR=${SCDINO_SCRATCH_DIR:-/scratch}
 readonly FSTAB=${SCDINO_FSTAB:-/etc/fstab}
 readonly PROFILE_DIR=${SCDINO_PROFILE_DIR:-/etc/profile.d}
 readonly BOOTSTRAP_COPY=${SCDINO_BOOTSTRAP_COPY:-/opt/scdino/on-node-configured.sh}
+readonly NODE_SCRIPT_COPY=${SCDINO_NODE_SCRIPT_COPY:-/opt/scdino/pcs-node.sh}
+readonly NODE_ENV=${SCDINO_NODE_ENV:-/etc/scdino/pcs-node.env}
+readonly SYSTEMD_DIR=${SCDINO_SYSTEMD_DIR:-/etc/systemd/system}
+readonly BOOT_UNIT=scdino-node.service
+readonly SETTINGS=(SCDINO_FSX_DNS SCDINO_FSX_MOUNT_NAME SCDINO_REGION SCDINO_BOOTSTRAP_URI SCDINO_POINTER_URI
+  SCDINO_NODE_TYPE)
 readonly SCRATCH_RAID=/dev/md/scdino-scratch
+readonly SCRATCH_LABEL=scdino-scratch
 
 log() { echo "[scdino-pcs-node $(date -u +%FT%TZ)] $*"; }
 trap 'log "ERROR: command failed (line ${LINENO}): ${BASH_COMMAND}"' ERR
@@ -56,6 +74,18 @@ instance_store_disks() {
   lsblk -dnpo NAME,MODEL | awk '/Instance Storage/ {print $1}'
 }
 
+existing_scratch() {
+  # The scratch file system an earlier boot made, when the disks still hold it (after a reboot; not after
+  # a stop and start, which blanks the instance store): found by its label, assembling the array first
+  # when the kernel has not.
+  local found
+  if found=$(blkid -L "${SCRATCH_LABEL}" 2>/dev/null); then
+    echo "${found}"
+  elif (($# > 1)) && mdadm --assemble "${SCRATCH_RAID}" "$@" >/dev/null 2>&1; then
+    blkid -L "${SCRATCH_LABEL}" 2>/dev/null || true
+  fi
+}
+
 mount_scratch() {
   local disks device
   mapfile -t disks < <(instance_store_disks)
@@ -66,16 +96,55 @@ mount_scratch() {
   if mountpoint -q "${SCRATCH_DIR}"; then
     return 0
   fi
-  device=${disks[0]}
-  if ((${#disks[@]} > 1)); then
-    device=${SCRATCH_RAID}
-    [[ -e "${device}" ]] || mdadm --create "${device}" --run --level=0 --raid-devices="${#disks[@]}" "${disks[@]}"
-  fi
-  mkfs.ext4 -F -q "${device}"
   mkdir -p "${SCRATCH_DIR}"
-  mount "${device}" "${SCRATCH_DIR}"
+  device=$(existing_scratch "${disks[@]}")
+  if [[ -n "${device}" ]]; then
+    mount "${device}" "${SCRATCH_DIR}"
+    log "${SCRATCH_DIR} on ${device} again, its files kept"
+  else
+    device=${disks[0]}
+    if ((${#disks[@]} > 1)); then
+      device=${SCRATCH_RAID}
+      [[ -e "${device}" ]] || mdadm --create "${device}" --run --level=0 --raid-devices="${#disks[@]}" "${disks[@]}"
+    fi
+    mkfs.ext4 -F -q -L "${SCRATCH_LABEL}" "${device}"
+    mount "${device}" "${SCRATCH_DIR}"
+    log "${SCRATCH_DIR} on ${#disks[@]} NVMe device(s): ${device}, new and empty"
+  fi
   chmod 1777 "${SCRATCH_DIR}"
-  log "${SCRATCH_DIR} on ${#disks[@]} NVMe device(s): ${device}"
+}
+
+install_boot_unit() {
+  # This script, its settings and a unit that runs it with --boot at every later boot, before slurmd.
+  local name
+  mkdir -p "$(dirname "${NODE_SCRIPT_COPY}")" "$(dirname "${NODE_ENV}")" "${SYSTEMD_DIR}"
+  install -m 0755 "${BASH_SOURCE[0]}" "${NODE_SCRIPT_COPY}"
+  for name in "${SETTINGS[@]}"; do
+    printf '%s=%s\n' "${name}" "${!name}"
+  done > "${NODE_ENV}"
+  cat > "${SYSTEMD_DIR}/${BOOT_UNIT}" <<UNIT
+[Unit]
+Description=scDINO node mounts: FSx for Lustre, /apps, /scratch (bootstrap/pcs-node.sh --boot)
+Wants=network-online.target
+After=network-online.target
+Before=slurmd.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+EnvironmentFile=${NODE_ENV}
+ExecStart=${NODE_SCRIPT_COPY} --boot
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  if command -v systemctl >/dev/null; then
+    systemctl daemon-reload
+    systemctl enable "${BOOT_UNIT}"
+    log "${BOOT_UNIT} enabled: FSx, ${APPS_DIR} and ${SCRATCH_DIR} come back at every boot"
+  else
+    log "WARNING: no systemctl: ${APPS_DIR} and ${SCRATCH_DIR} will not come back after a reboot"
+  fi
 }
 
 set_region() {
@@ -94,12 +163,23 @@ run_bootstrap() {
 main() {
   [[ "${SCDINO_NODE_TYPE}" == ComputeFleet || "${SCDINO_NODE_TYPE}" == LoginNode ]] \
     || { log "ERROR: SCDINO_NODE_TYPE must be ComputeFleet or LoginNode, got '${SCDINO_NODE_TYPE}'"; exit 1; }
-  set_region
-  mount_fsx
-  bind_apps
-  mount_scratch
-  run_bootstrap
-  log "done"
+  case "${1:-}" in
+    "")
+      set_region
+      mount_fsx
+      bind_apps
+      mount_scratch
+      install_boot_unit
+      run_bootstrap
+      ;;
+    --boot)
+      mount_fsx
+      bind_apps
+      mount_scratch
+      ;;
+    *) log "ERROR: usage: $0 [--boot], got '$1'"; exit 2 ;;
+  esac
+  log "done${1:+ ($1)}"
 }
 
 main "$@"

@@ -90,7 +90,10 @@ done
 [[ "$INGEST_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--ingest-tasks must be a positive integer, got '$INGEST_TASKS'"
 
 LOG_DIR=${SCDINO_LOG_DIR:-logs}
-mkdir -p "$LOG_DIR"
+if ! mkdir -p "$LOG_DIR" 2>/dev/null || [ ! -w "$LOG_DIR" ]; then
+  fail "cannot write the log folder '$LOG_DIR' from $(pwd): submit from a folder of your own (on a cluster \
+/fsx/data/work/\$USER) or set SCDINO_LOG_DIR"
+fi
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
 COMBINATIONS=() ADAPTIVE_COMBINATIONS=() ADAPTIVE_KINDS=()

@@ -12,13 +12,15 @@ from functools import cache
 import pytest
 
 from infra.synth_helpers import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
+from stacks.node_bundle import BUNDLE_CONTENTS
+from stacks.presets import BUNDLE_DIR
 
 pytestmark = pytest.mark.slow
 
 DOC = REPO_ROOT / "docs" / "deploy.md"
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 # Commands of the operating system and Slurm that the guide runs on the head node.
-SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue"}
+SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue", "tail"}
 AWS_GLOBAL = {"--region", "--query", "--output", "--profile"}
 # The AWS CLI's hand-written `aws s3` commands (not in botocore's models) and the options used here.
 AWS_S3 = {"sync": set(), "cp": set(), "ls": set()}
@@ -90,9 +92,23 @@ def check_help(words: list[str], command: tuple[str, ...], rest: list[str]) -> N
             f"{' '.join(command)} has no {option}"
 
 
+def in_bundle(path: str) -> str:
+    """The repository path a node's /apps/scdino/<path> is (the bundle's contents, or the link to its environment)."""
+    relative = path.removeprefix(f"{BUNDLE_DIR}/")
+    if relative.startswith(".venv/"):
+        return relative
+    assert relative.split("/")[0] in BUNDLE_CONTENTS and (REPO_ROOT / relative).exists(), f"{path} is not in the bundle"
+    return relative
+
+
 def check(words: list[str]) -> None:
     program = words[0]
-    if program == "npx":
+    if program.startswith(f"{BUNDLE_DIR}/"):
+        words = [in_bundle(program), *words[1:]]
+        program = words[0]
+    if program == ".venv/bin/python" and words[1:3] == ["-m", "training"]:
+        check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
+    elif program == "npx":
         assert words[1] == "cdk", words
         check_cdk(words)
     elif program == "aws":
@@ -124,6 +140,43 @@ def test_the_guide_covers_deploy_update_image_rebuild_and_destroy():
 @pytest.mark.parametrize("words", doc_commands(), ids=lambda words: " ".join(words[:3]))
 def test_every_command_exists_with_the_options_shown(words):
     check(words)
+
+
+def test_every_bundle_path_the_guide_names_is_in_the_bundle():
+    named = {word for words in doc_commands() for word in words if word.startswith(f"{BUNDLE_DIR}/")}
+    assert {f"{BUNDLE_DIR}/slurm/submit_pipeline.sh", f"{BUNDLE_DIR}/configs/demo.yaml"} <= named
+    for path in named:
+        in_bundle(path)
+
+
+def _block_after(heading: str, containing: str = "aws ssm start-session") -> str:
+    """The first shell block after `heading` that holds `containing`."""
+    text = DOC.read_text()
+    return next(block for block in re.findall(r"```bash\n(.*?)```", text[text.index(heading):], re.S)
+                if containing in block)
+
+
+def test_the_first_login_connects_becomes_the_user_submits_the_demo_watches_and_reads_the_report():
+    """The order a user types it; the folder is the one the bootstrap makes writable for everyone, and the
+    log the live view follows is the one the submitter names (logs/<job name>_<job id>.out)."""
+    block = _block_after("## 5. Run the pipeline")
+    steps = ["aws ssm start-session", "sudo -iu ec2-user", "mkdir -p /fsx/data/work/$USER && cd /fsx/data/work/$USER",
+             f"cp {BUNDLE_DIR}/configs/demo.yaml demo.yaml", "-m training synth-data --config demo.yaml",
+             f"{BUNDLE_DIR}/slurm/submit_pipeline.sh demo.yaml", "squeue", "tail -f logs/scdino-pretrain_<JOBID>.out",
+             "-m training paths --config demo.yaml report"]
+    where = [block.index(step) for step in steps]
+    assert where == sorted(where)
+    bootstrap = (REPO_ROOT / "bootstrap" / "on-node-configured.sh").read_text()
+    assert "readonly WORK_DIR=${SCDINO_WORK_DIR:-/fsx/data/work}" in bootstrap
+    assert 'chmod 1777 "${WORK_DIR}"' in bootstrap
+    assert '--output="$LOG_DIR/%x_%j.out"' in (REPO_ROOT / "slurm" / "submit_pipeline.sh").read_text()
+    assert "#SBATCH --job-name=scdino-pretrain " in (REPO_ROOT / "slurm" / "pretrain.slurm").read_text()
+    report = subprocess.run([str(VENV_PYTHON), "-m", "training", "paths", "--config", "configs/demo.yaml", "report"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert f"s3://<BucketName>/data/work/ec2-user/{report}" in DOC.read_text()
+    # On PCS the same: connect to the login node, then become the user that submits.
+    pcs = _block_after("2. **Connect to the login node.**")
+    assert pcs.index("aws ssm start-session") < pcs.index("sudo -iu ec2-user") < pcs.index("sinfo")
 
 
 @pytest.mark.parametrize("words", [

@@ -4,8 +4,11 @@ section order, and site defaults that match what the CDK app deploys (stacks/pre
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from slurm_helpers import REPO
@@ -90,6 +93,38 @@ def test_submitter_rejects_unknown_steps_and_missing_configs(tmp_path):
     (tmp_path / "c.yaml").write_text("{}\n")
     result = subprocess.run([script, str(tmp_path / "c.yaml"), "--from", "nope"], capture_output=True, text=True)
     assert result.returncode == 2 and "unknown step 'nope'" in result.stderr
+
+
+def _as_nobody(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command], cwd=cwd,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)}, capture_output=True, text=True)
+
+
+def test_a_user_submits_from_a_folder_of_their_own_and_is_told_when_the_folder_is_not_theirs():
+    """docs/deploy.md's first login: not root, the bundle's directory root's (as the bootstrap installs it), a
+    work folder anyone may make a folder in (mode 1777, as the bootstrap makes /fsx/data/work)."""
+    root = Path(tempfile.mkdtemp(prefix="scdino-login-"))
+    try:
+        root.chmod(0o755)
+        bundle, work = root / "apps-scdino", root / "work"
+        bundle.mkdir()
+        work.mkdir(mode=0o1777)
+        work.chmod(0o1777)
+        config = root / "demo.yaml"
+        config.write_text((REPO / "configs" / "demo.yaml").read_text())
+        config.chmod(0o644)
+        submit = str(REPO / "slurm" / "submit_pipeline.sh")
+        refused = _as_nobody([submit, str(config), "--dry-run"], cwd=bundle)
+        assert refused.returncode == 2 and "cannot write the log folder 'logs'" in refused.stderr
+        assert "/fsx/data/work/$USER" in refused.stderr and not (bundle / "logs").exists()
+        mine = _as_nobody(["mkdir", "-p", str(work / "nobody")], cwd=work)
+        assert mine.returncode == 0, mine.stderr
+        submitted = _as_nobody([submit, str(config), "--dry-run"], cwd=work / "nobody")
+        assert submitted.returncode == 0, submitted.stderr
+        assert (work / "nobody" / "logs").stat().st_uid == 65534
+        assert all("--output=logs/%x_%j.out" in line for line in submitted.stdout.splitlines())
+    finally:
+        shutil.rmtree(root)
 
 
 def launch_args(**env: str) -> list[str]:
