@@ -12,6 +12,9 @@ append the crops to the part's pixel files with one row each in the per-cell tab
     Metadata_Area          its area in pixels (-1 when a table of centres gives none)
     Metadata_<column>      every other column of the load table, values as written
 
+Under ingest.cellprofiler each cut cell is also measured as CellProfiler measures it, in its field,
+and the part keeps the measurements row by row with the table (training/data/cellprofiler.py).
+
 Nothing is dropped silently: each part records how many objects were skipped and why, and the bad
 fields (unreadable, missing or misshapen files, each named by row, column and file); the merge adds
 them up into <run>/ingest_report.json, lists the bad fields in bad_images.json, and prints them.
@@ -33,6 +36,7 @@ import tifffile
 from tqdm import tqdm
 
 from training.config import Config
+from training.data.cellprofiler import PartMeasurements
 from training.data.ingest_crops import CropSettings, Objects, cut_crops, measure_objects
 from training.data.ingest_table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
 from training.data.packed import PartWriter
@@ -209,6 +213,7 @@ def ingest_part(config: Config, load: LoadTable, rows: range, folder: Path, iden
     require_free(folder.parent, crop_bytes * max(objects, 1) * len(rows), "the ingested crops (as many per field "
                  "as the first one has)")
     writer, counts = PartWriter(folder, channels=channels, dtype=dtype), PartCounts()
+    measured = part_measurements(config, folder)
     bar = tqdm(total=len(rows), desc="ingest", unit="field")
     with closing(read_ahead(load, rows, channel_axis)) as fields, bar:
         for index, (spec, found) in zip(rows, fields):
@@ -227,13 +232,25 @@ def ingest_part(config: Config, load: LoadTable, rows: range, folder: Path, iden
             objects = field_objects(spec, labels, centres, None if keys is None else keys.iloc[index])
             cut = cut_crops(sources, labels, objects, settings)
             write_cells(writer, spec, cut.crops, cut.objects)
+            if measured is not None:
+                measured.add([column for column, _ in spec.images], sources, labels, objects.numbers,
+                              cut.objects.numbers)
             counts.objects += len(objects)
             counts.cut += len(cut.objects)
             counts.skipped.update(cut.skipped)
             counts.fields_without_objects += not len(objects)
             bar.set_postfix(cells=counts.cut, refresh=False)
     extra = {"centres_without_field": centres.unmatched} if centres is not None else {}
+    if measured is not None:
+        extra["cellprofiler"] = measured.finish(counts.cut)
     return writer.finish(counts=counts.as_dict(), bad=counts.bad, identity=identity, **extra)
+
+
+def part_measurements(config: Config, folder: Path) -> PartMeasurements | None:
+    """The part's CellProfiler measurements under ingest.cellprofiler (training/data/cellprofiler.py)."""
+    if not config.ingest.cellprofiler:
+        return None
+    return PartMeasurements(folder, dict(zip(config.data.channel_indices, config.data.channel_names)))
 
 
 def note_bad(config: Config, counts: PartCounts, bad: BadField, spec: FieldSpec | None) -> None:
@@ -248,9 +265,12 @@ def note_bad(config: Config, counts: PartCounts, bad: BadField, spec: FieldSpec 
 def part_identity(config: Config, load: LoadTable, rows: range) -> dict[str, Any]:
     """What a finished part was made from: the tables (path, size, time), its rows and the settings."""
     tables = [Path(p) for p in (config.ingest.table, config.ingest.centres) if p]
+    # the measurements are named after data.channel_names, which name data.channels
+    named = {"channels": config.data.channels, "channel_names": list(config.data.channel_names)} \
+        if config.ingest.cellprofiler else {}
     return {"tables": [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in tables],
             "n_rows": len(load), "rows": [rows.start, rows.stop], "ingest": config.to_dict()["ingest"],
-            "channel_axis": config.data.channel_axis, "on_bad_image": config.data.on_bad_image}
+            "channel_axis": config.data.channel_axis, "on_bad_image": config.data.on_bad_image, **named}
 
 
 def summarise(infos: list[dict[str, Any]]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -256,10 +256,13 @@ def read_part(folder: Path) -> dict[str, Any] | None:
     return require_keys(parse_json(path, REMEDY), ("format", "channels", "shards", "shape"), path, REMEDY)
 
 
-def merge_parts(parts: Iterable[Path], out_dir: Path, **extra: Any) -> dict[str, Any]:
+def merge_parts(parts: Iterable[Path], out_dir: Path, *, beside: Callable[[Path], Any] | None = None,
+                **extra: Any) -> dict[str, Any]:
     """Make one packed dataset of finished parts, in order, atomically (temporary folder, then
     rename). Pixel files are hard-linked (copied only across file systems), the tables concatenated
-    with each cell's pixel file numbered; files of another pixel type are rewritten in the widest."""
+    with each cell's pixel file numbered; files of another pixel type are rewritten in the widest.
+    `beside` writes more files row by row with the table into the merged folder before it is
+    swapped into place (ingest's CellProfiler measurements)."""
     parts = [Path(p) for p in parts]
     infos = [read_part(p) for p in parts]
     missing = [str(p) for p, info in zip(parts, infos) if info is None]
@@ -275,6 +278,8 @@ def merge_parts(parts: Iterable[Path], out_dir: Path, **extra: Any) -> dict[str,
     tmp.mkdir(parents=True)
     try:
         index = _merge_into(tmp, parts, infos, channels.pop() if channels else 0, extra)
+        if beside is not None:
+            beside(tmp)
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

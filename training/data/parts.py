@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from training.config import Config
 from training.errors import UserError
@@ -46,14 +46,16 @@ def finished_part(folder: Path, identity: dict[str, Any]) -> dict[str, Any] | No
     return done if done is not None and done.get("identity") == identity else None
 
 
-def merge_and_split(config: Config, layout: RunLayout, folders: list[Path], **extra: Any):
-    """Merge the finished parts into <packed> (with `extra` in its index.json), then draw and save
-    the split over the merged dataset; the parts are removed. Returns the split."""
+def merge_and_split(config: Config, layout: RunLayout, folders: list[Path], *,
+                    beside: Callable[[Path], Any] | None = None, **extra: Any):
+    """Merge the finished parts into <packed> (with `extra` in its index.json, and the files
+    `beside` writes into the merged folder), then draw and save the split over the merged dataset;
+    the parts are removed. Returns the split."""
     from training.data.dataset import open_images
     from training.data.packed import merge_parts
     from training.data.split import save_split, split_for
 
-    merge_parts(folders, layout.packed, **extra)
+    merge_parts(folders, layout.packed, beside=beside, **extra)
     images = open_images(config.replace({"data.loader": "packed"}))
     split = split_for(config, images)
     save_split(config, split, images)

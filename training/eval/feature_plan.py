@@ -4,6 +4,10 @@ Every tag carries a fingerprint of what produced it (checkpoint file size and mo
 architecture, image size, channels, the cells). A tag whose saved index has the same fingerprint is
 up to date and is skipped; anything else, a damaged set included, is recomputed.
 
+The CellProfiler baseline ("cellprofiler") is planned when the packed dataset has CellProfiler's
+measurements (ingest.cellprofiler), fingerprinted by their CRC-32, and computed on rank 0 from them
+(training/eval/cellprofiler.py) rather than encoded from the images.
+
 The cells: every epoch's checkpoint and the baselines are evaluated on the evaluated held-out cells
 (training/data/split.py `evaluated_rows`, at most eval.max_cells), so that each epoch costs the same
 at any dataset size; the final checkpoint on every cell of the dataset under eval.embed_all_cells
@@ -41,7 +45,7 @@ class FeaturesRequest:
     tag: str = tags.FINAL
     """Tag of the evaluated weights' features."""
     baselines: bool = True
-    """Also compute the raw-pixel and random-init baselines."""
+    """Also compute the baselines: raw pixels, random init and, where measured, CellProfiler."""
     force: bool = False
     """Recompute tags that are up to date."""
 
@@ -52,8 +56,8 @@ EVALUATED, ALL_CELLS = "evaluated", "all_cells"
 
 @dataclass(frozen=True)
 class TagPlan:
-    """One feature set to compute: `kind` is "checkpoint", "raw_pixels" or "random_init"; `scope`
-    says of which cells (EVALUATED or ALL_CELLS)."""
+    """One feature set to compute: `kind` is "checkpoint", "raw_pixels", "random_init" or
+    "cellprofiler"; `scope` says of which cells (EVALUATED or ALL_CELLS)."""
 
     tag: str
     kind: str
@@ -132,6 +136,27 @@ def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
                 meta={**common, "tag": tags.RANDOM_INIT, "kind": tags.RANDOM_INIT, "epoch": 0,
                       "seed": config.run.seed}),
     ]
+
+
+def _cellprofiler_plans(config: Config, images, digest: str) -> list[TagPlan]:
+    """The CellProfiler baseline when the packed dataset has CellProfiler's measurements (`ingest`
+    writes them beside it), checked now so that damage stops the step before any work; a
+    MissingInputError names `ingest` when ingest.cellprofiler is set and it has none."""
+    from training.data.cellprofiler import open_measurements
+    from training.data.packed import PackedImages
+    from training.eval.cellprofiler import selected_features
+
+    if not isinstance(images, PackedImages):
+        return []
+    measurements = open_measurements(images.folder, len(images), required=config.ingest.cellprofiler)
+    if measurements is None:
+        return []
+    index = measurements.index
+    meta = {"tag": tags.CELLPROFILER, "kind": tags.CELLPROFILER, "epoch": None, "channels": config.data.channels,
+            "holdout_digest": digest, "measurements_crc32": index["crc32"], "measurements_cells": index["n_cells"],
+            "standardization": "mad_robustize"}
+    return [TagPlan(tags.CELLPROFILER, tags.CELLPROFILER, len(selected_features(index["channels"], config)),
+                    meta=meta)]
 
 
 def final_checkpoint(config: Config, layout: RunLayout, checkpoint: Path | None = None) -> Path:
@@ -217,7 +242,7 @@ def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> li
         plans = [replace(p, scope=ALL_CELLS, meta={**p.meta, "holdout_digest": every, "cells": ALL_CELLS})
                  if p.tag == tags.FINAL else p for p in plans]
     if request.baselines:
-        plans += _baseline_plans(config, digest)
+        plans += _baseline_plans(config, digest) + _cellprofiler_plans(config, images, digest)
     todo = [p for p in plans if request.force or not _up_to_date(layout.features(p.tag), p)]
     for plan in plans:
         if plan not in todo:

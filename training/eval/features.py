@@ -3,7 +3,8 @@
 The cells of each tag (the evaluated held-out cells, or every cell for the final checkpoint: see
 training/eval/feature_plan.py) are read once per pass for up to MODELS_PER_PASS encoders
 (checkpoints and baselines), each rank taking a disjoint shard; rank 0 gathers the rows and writes
-one feature set per tag (training/rundir/features.py).
+one feature set per tag (training/rundir/features.py). The CellProfiler baseline needs no pass: rank
+0 computes it from the measurements stored with the cells (training/eval/cellprofiler.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from training.data.torch_loader import build_eval_loader
 from training.diskspace import DiskFullError, room_problem
 from training.distributed import DistContext, broadcast_object
 from training.errors import UserError
+from training.eval.cellprofiler import cellprofiler_features
 from training.eval.extract import extract_shard, gather_shards
 from training.eval.feature_plan import (
     ALL_CELLS,
@@ -27,7 +29,7 @@ from training.eval.feature_plan import (
     plan_tags,
     scope_rows,
 )
-from training.rundir import RunLayout
+from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, save_features
 
 log = logging.getLogger(__name__)
@@ -85,8 +87,12 @@ def extract_all(config: Config, layout: RunLayout, plans: list[TagPlan], ctx: Di
         log.info("features of %d %s for %s on %d rank(s)", len(rows),
                  "cells (all)" if scope == ALL_CELLS else "evaluated held-out cells",
                  ", ".join(p.tag for p in chosen), ctx.world_size)
-        for start in range(0, len(chosen), MODELS_PER_PASS):
-            extract_pass(config, layout, chosen[start:start + MODELS_PER_PASS], rows, (mean, std), ctx)
+        for plan in [p for p in chosen if p.kind == tags.CELLPROFILER and ctx.is_main]:
+            save_features(layout.features(plan.tag),
+                          cellprofiler_features(config, images.folder, len(images), rows, dict(plan.meta)))
+        encoded = [p for p in chosen if p.kind != tags.CELLPROFILER]
+        for start in range(0, len(encoded), MODELS_PER_PASS):
+            extract_pass(config, layout, encoded[start:start + MODELS_PER_PASS], rows, (mean, std), ctx)
 
 
 def extract_pass(config: Config, layout: RunLayout, group: list[TagPlan], rows, stats, ctx: DistContext) -> None:

@@ -26,7 +26,15 @@ import numpy as np
 
 from training.atomic import atomic_path, write_json_atomic
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.rundir.integrity import Crc32Writer, check_crc32, crc32_hex, one_line, parse_json, rerun, size_problem
+from training.rundir.integrity import (
+    Crc32Writer,
+    check_crc32,
+    crc32_hex,
+    npy_layout,
+    parse_json,
+    rerun,
+    size_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +133,7 @@ def read_index(directory: Path) -> dict[str, Any] | None:
 
 def _npy_bytes(path: Path) -> int:
     """The size a .npy file must have: its header, then shape x item size bytes."""
-    try:
-        with open(path, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
-            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = header(handle)
-            return handle.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    except (ValueError, OSError, SyntaxError, TypeError) as exc:
-        raise DamagedFileError(path, f"has no valid .npy header ({one_line(exc)})", REMEDY) from None
+    return npy_layout(path, REMEDY)[2]
 
 
 CHECKSUM_READ_LIMIT = 1 << 30

@@ -124,6 +124,21 @@ def check_size(path: Path, expected: int, source: str, remedy: str) -> None:
         raise DamagedFileError(path, problem, remedy)
 
 
+def npy_layout(path: Path, remedy: str) -> tuple[tuple[int, ...], Any, int]:
+    """A .npy file's shape, item type and the size it must have (its header, then shape x item size
+    bytes); DamagedFileError when it has no valid header."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = header(handle)
+            return shape, dtype, handle.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    except (ValueError, OSError, SyntaxError, TypeError) as exc:
+        raise DamagedFileError(path, f"has no valid .npy header ({one_line(exc)})", remedy) from None
+
+
 def check_crc32(path: Path, expected: str, source: str, remedy: str) -> None:
     """The whole file's CRC-32 against the one `source` recorded (hex)."""
     actual = crc32_hex(file_crc32(path))

@@ -7,6 +7,9 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       config.yaml                 resolved configuration (written by every step)
       packed/                     `prepare`: the packed dataset (training/data/packed.py has its format);
                                   data.packed_dir puts it elsewhere (e.g. node-local NVMe)
+        cellprofiler.npy          `ingest` with ingest.cellprofiler: CellProfiler's measurements, (cells,
+                                  features) float32, row i the cell of row i of the per-cell table
+        cellprofiler.json         their names, channels, size and CRC-32 (training/data/cellprofiler.py)
       split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
                                   table (seeded), and the settings and table it belongs to
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
@@ -119,6 +122,8 @@ class RunLayout:
     split_rows = property(lambda self: self.shared / "split.npy")
     bad_images = property(lambda self: self.shared / "bad_images.json")
     ingest_report = property(lambda self: self.shared / "ingest_report.json")
+    cellprofiler = property(lambda self: self.packed / "cellprofiler.npy")
+    cellprofiler_index = property(lambda self: self.packed / "cellprofiler.json")
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")
     latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")

@@ -4,6 +4,8 @@
     epoch_0005     a numbered checkpoint, by completed epochs
     raw_pixels     baseline: the images themselves, average-pooled (no model)
     random_init    baseline: the architecture with the run's seed, untrained
+    cellprofiler   baseline: CellProfiler's measurements of each cell, robustly standardised (a
+                   dataset ingested with ingest.cellprofiler; training/eval/cellprofiler.py)
 
 Every table, plot, report and summary names a tag through `label` / `title`, so a tag has one name.
 """
@@ -15,12 +17,15 @@ import re
 FINAL = "final"
 RAW_PIXELS = "raw_pixels"
 RANDOM_INIT = "random_init"
-BASELINES = (RAW_PIXELS, RANDOM_INIT)
+CELLPROFILER = "cellprofiler"
+BASELINES = (RAW_PIXELS, RANDOM_INIT, CELLPROFILER)
 HEADLINE = (FINAL, RAW_PIXELS, RANDOM_INIT)
-"""The comparison every summary leads with: the trained model against both baselines."""
+"""The comparison every summary leads with: the trained model against the two baselines every run
+has (the CellProfiler baseline, only a dataset ingested with its measurements has, is in every kNN
+and linear-probe table and plot instead)."""
 
-LABELS = {FINAL: "trained", RAW_PIXELS: "raw pixels", RANDOM_INIT: "random init"}
-LINE_STYLES = {RAW_PIXELS: ":", RANDOM_INIT: "--"}
+LABELS = {FINAL: "trained", RAW_PIXELS: "raw pixels", RANDOM_INIT: "random init", CELLPROFILER: "CellProfiler"}
+LINE_STYLES = {RAW_PIXELS: ":", RANDOM_INIT: "--", CELLPROFILER: "-."}
 """Plot line style of each baseline (trained tags are solid)."""
 
 _EPOCH = re.compile(r"epoch_(\d+)")
@@ -45,7 +50,7 @@ def is_baseline(tag: str) -> bool:
 
 
 def label(tag: str, epoch: int | None = None) -> str:
-    """Human name: 'trained (epoch 10)', 'epoch 5', 'raw pixels', 'random init', or the tag."""
+    """Human name: 'trained (epoch 10)', 'epoch 5', 'raw pixels', 'random init', 'CellProfiler', or the tag."""
     if tag_epoch(tag) is not None:
         return f"epoch {tag_epoch(tag)}"
     name = LABELS.get(tag, tag)

@@ -5,8 +5,9 @@
     srun python -m training features --config run.yaml                     # Slurm tasks
 
 Writes <run>/features/<tag>/{features.npy,index.json} for the latest checkpoint ("final"), every
-numbered checkpoint ("epoch_0005", ...) and two baselines on the same images: "raw_pixels" and
-"random_init" (the architecture with the run's seed, untrained). A tag already computed from the same
+numbered checkpoint ("epoch_0005", ...) and the baselines on the same images: "raw_pixels",
+"random_init" (the architecture with the run's seed, untrained) and, for a dataset ingested with
+ingest.cellprofiler, "cellprofiler" (CellProfiler's measurements of each cell). A tag already computed from the same
 checkpoint file and settings is skipped, so the step can be rerun after more epochs. `--checkpoint`
 evaluates other weights instead: a DINO/scDINO checkpoint or ImageNet DINO ViT weights.
 """
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="evaluate these weights instead of the run's latest checkpoint")
     parser.add_argument("--tag", default="final", help="tag for --checkpoint's features (default: final)")
-    parser.add_argument("--no-baselines", action="store_true", help="skip raw_pixels and random_init")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the baselines (raw_pixels, random_init, cellprofiler)")
     parser.add_argument("--force", action="store_true", help="recompute tags that are already present")
 
 

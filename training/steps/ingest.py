@@ -15,7 +15,9 @@ per-cell table (field, object number, centre, area and every metadata column, Me
 the seeded split (<run>/split.json, split.npy; data.label_column gives the classes it is stratified
 by), <run>/ingest_report.json (fields read and bad, objects cut and skipped per reason, the
 settings) and, when a field is unusable, <run>/bad_images.json. data.on_bad_image=fail stops at the
-first bad field instead of skipping it.
+first bad field instead of skipping it. With ingest.cellprofiler it also measures every cut cell as
+CellProfiler does, into <packed>/cellprofiler.npy and .json, one row per row of the per-cell table
+(training/data/cellprofiler.py), which `features` evaluates as the "cellprofiler" baseline.
 
 With --parts N, task K cuts the K-th of N slices of the table's rows into
 <packed>.parts/part-K-of-N/; a finished part made from the same tables and settings is kept when
@@ -157,6 +159,23 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
         raise UserError(f"no cell was cut from the {summary.get('fields', 0)} fields of {config.ingest.table} "
                         f"({summary.get('bad_fields', 0)} bad): see {layout.ingest_report}")
     counts = {key: value for key, value in summary.items() if key != "bad"}
-    split = merge_and_split(config, layout, folders, source=config.ingest.table, ingest=counts)
+    beside = measurements_merger(config, folders, infos)
+    split = merge_and_split(config, layout, folders, beside=beside, source=config.ingest.table, ingest=counts)
     log.info("ingested %d cells into %s; split: %d train, %d hold-out", summary["cut"], layout.packed,
              len(split.train), len(split.holdout))
+
+
+def measurements_merger(config: Config, folders: list, infos: list[dict]):
+    """Under ingest.cellprofiler, what writes the parts' measurements into the merged folder, and
+    prints what they cost; None otherwise."""
+    if not config.ingest.cellprofiler:
+        return None
+    from training.data.cellprofiler import merge_measurements
+
+    def merge(folder) -> None:
+        index = merge_measurements(folders, infos, folder)
+        per_cell = 1000 * index["seconds"] / max(index["n_cells"], 1)
+        print(f"ingest: CellProfiler's measurements: {len(index['features']):,} features of {index['n_cells']:,} "
+              f"cells, measured in {index['seconds']:.1f} s ({per_cell:.1f} ms a cell)", flush=True)
+
+    return merge
