@@ -496,16 +496,28 @@ class EvalConfig:
     retrieval mAP (`knn`). Empty: Metadata_Plate where the table has it, else no per-well profiles."""
     well_column: str = ""
     """The column naming each cell's well within its plate. Empty: Metadata_Well where the table has it."""
-    profile_normalization: Literal["none", "spherize"] = "none"
-    """How per-well profiles are normalised before retrieval mAP compares them, and `export` writes
-    a normalised copy: "spherize" is pycytominer's ZCA sphering fitted on the control wells
-    (data.control_column = data.control_value), which turns the controls' spread, the batch effect
-    among it, into unit variance in every direction. "none": the raw medians."""
+    profile_normalization: tuple[Literal["none", "mad_robustize", "spherize", "harmony"], ...] = ()
+    """How per-well profiles are normalised before retrieval mAP compares them (and `export` writes a
+    normalised copy), steps in this order (training/eval/profile_normalization.py): "mad_robustize",
+    each plate's wells against the median and MAD of its control wells (pycytominer); "spherize", ZCA
+    sphering fitted on the control wells (pycytominer's Spherize), which turns the controls' spread,
+    the batch effect among it, into unit variance in every direction; "harmony", Harmony (harmonypy)
+    on data.batch_column. The first two need data.control_column and data.control_value. Empty or
+    "none": the raw medians. A screen's usual choice: [mad_robustize, spherize]."""
+    perturbation_column: str = ""
+    """The column naming each well's perturbation (compound, gene, treatment), whose replicate wells
+    phenotypic-activity mAP retrieves against the control wells. Empty: data.label_column (the kNN
+    classes), else the class folder."""
+    consistency_column: str = ""
+    """A column grouping perturbations that should look alike (a mechanism of action or target, e.g.
+    Metadata_MOA): `knn` then also scores phenotypic consistency, the mAP with which the wells of one
+    active perturbation retrieve those of the others in its group. Empty: no consistency mAP."""
     umap_color_columns: tuple[str, ...] = ()
     """Metadata columns (with or without the Metadata_ prefix) that colour extra UMAPs of the trained
     model and both baselines, besides the label. Empty: data.batch_column when it is set."""
 
     def __post_init__(self) -> None:
+        self._check_profile_normalization()
         if not self.knn_k or min(self.knn_k) < 1:
             raise ConfigError(f"eval.knn_k must be a non-empty list of positive ints, got {self.knn_k}")
         _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
@@ -515,6 +527,18 @@ class EvalConfig:
             raise ConfigError(f"eval.max_cells must be >= 0 (0: every held-out cell) and eval.umap_max_points "
                               f">= 1, got {self.max_cells} and {self.umap_max_points}")
         self._check_finetune()
+
+    def _check_profile_normalization(self) -> None:
+        """"none" means no step (an older config's single string is a list of one); the rest run in
+        one order, each once."""
+        steps = tuple(s for s in self.profile_normalization if s != "none")
+        if "none" in self.profile_normalization and steps:
+            raise ConfigError(f"eval.profile_normalization lists 'none' with steps {list(steps)}: give the steps alone")
+        order = ("mad_robustize", "spherize", "harmony")
+        if len(set(steps)) != len(steps) or list(steps) != sorted(steps, key=order.index):
+            raise ConfigError(f"eval.profile_normalization must list distinct steps in the order they run "
+                              f"({', '.join(order)}), got {list(steps)}")
+        object.__setattr__(self, "profile_normalization", steps)
 
     def _check_finetune(self) -> None:
         for key in ("finetune_epochs", "finetune_batch_size"):
@@ -566,6 +590,11 @@ class IngestConfig:
     mask_other_cells: bool = False
     """Set the pixels of every other object in a crop to 0, so that a crop shows one cell and the
     background around it; needs label masks."""
+    cellprofiler: bool = False
+    """Also measure every cut cell as CellProfiler does (the cp_measure library: intensity, texture,
+    size and shape, ... of each channel inside the cell's own mask), stored beside the cells, so that
+    `features` evaluates them as the "cellprofiler" baseline next to raw pixels and random init: the
+    features a lab already trusts. Needs label masks (ingest.objects), not a table of centres."""
 
     def __post_init__(self) -> None:
         if self.crop_size < 0 or self.crop_size == 1:
@@ -580,6 +609,9 @@ class IngestConfig:
         if self.objects and self.centres:
             raise ConfigError("ingest.objects (label masks) and ingest.centres (a table of centres) are two ways to "
                               f"find the cells: set one, got {self.objects!r} and {self.centres!r}")
+        if self.centres and self.cellprofiler:
+            raise ConfigError("ingest.cellprofiler measures each cell inside its label mask, and ingest.centres gives "
+                              "only centres: set cellprofiler: false, or give label masks (ingest.objects)")
         if self.centres and self.mask_other_cells:
             raise ConfigError("ingest.mask_other_cells needs label masks (ingest.objects), and ingest.centres gives "
                               "only centres: set mask_other_cells: false")

@@ -12,16 +12,18 @@ What it writes under --out (these names are the contract with `python -m trainin
                     PathName_Cell or FileName_/PathName_<Channel> per channel, ObjectsFileName_Cells
                     and ObjectsPathName_Cells); every PathName_ is relative to the folder that holds
                     load_data.csv, and a reader resolves it from there
-    platemap.csv    Metadata_Plate, Metadata_Well, Metadata_Treatment, Metadata_Control
+    platemap.csv    Metadata_Plate, Metadata_Well, Metadata_Treatment, Metadata_MOA, Metadata_Control
     truth.csv       one row per cell: plate, well, site, ObjectNumber (its label), Location_Center_X
                     and _Y (its mask's centroid, 0-based column and row), AreaShape_Area, Phenotype
     screen.json     the generating parameters: treatments and mixtures, batches and their effects
 
 Each cell is drawn by the class-folder generator's renderer (training/data/synthetic.py) at the
 scale of its 50 px images; cells of a FOV touch at most, never overlap. Treatments draw each cell's
-phenotype from their mixture. Plates are imaged in batches: every batch has its own gain and
-background per channel (plates and wells add smaller ones), and favours some treatments over others
-(every treatment is in every batch), so that on raw pixels a cell's nearest neighbours share its
+phenotype from their mixture: ten compounds, two per mechanism of action (Metadata_MOA), each
+compound with its mechanism's mixture, and DMSO, the control. Plates are imaged in batches: every
+batch has its own gain and background per channel (plates and wells add smaller ones), and favours
+some compounds over others (every treatment is in every batch; the two compounds of a mechanism are
+favoured by different batches where there are two), so that on raw pixels a cell's nearest neighbours share its
 batch and, through the layout, often its treatment: plain kNN on treatments then scores clearly
 higher than kNN that never lets a cell vote with its own batch (not-same-batch).
 """
@@ -46,15 +48,25 @@ from training.errors import UserError
 log = logging.getLogger(__name__)
 
 CONTROL = "DMSO"
-TREATMENTS: dict[str, dict[str, float]] = {
+MECHANISMS: dict[str, dict[str, float]] = {
     CONTROL: {"diffuse": 0.70, "nuclear": 0.10, "membrane": 0.10, "granular": 0.10},
-    "cpdA": {"nuclear": 0.60, "diffuse": 0.30, "punctate": 0.10},
-    "cpdB": {"membrane": 0.60, "diffuse": 0.25, "polar": 0.15},
-    "cpdC": {"punctate": 0.60, "diffuse": 0.25, "granular": 0.15},
-    "cpdD": {"polar": 0.60, "diffuse": 0.25, "membrane": 0.15},
-    "cpdE": {"granular": 0.60, "diffuse": 0.25, "nuclear": 0.15},
+    "nuclear": {"nuclear": 0.60, "diffuse": 0.30, "punctate": 0.10},
+    "membrane": {"membrane": 0.60, "diffuse": 0.25, "polar": 0.15},
+    "punctate": {"punctate": 0.60, "diffuse": 0.25, "granular": 0.15},
+    "polar": {"polar": 0.60, "diffuse": 0.25, "membrane": 0.15},
+    "granular": {"granular": 0.60, "diffuse": 0.25, "nuclear": 0.15},
 }
-"""Each treatment's mixture over the built-in phenotypes (fractions of its cells); DMSO is the control."""
+"""Each mechanism of action (MOA) as a mixture over the built-in phenotypes (fractions of the cells
+of a well treated with a compound of that mechanism); the control's is the untreated mixture."""
+TREATMENT_MOA: dict[str, str] = {
+    CONTROL: CONTROL,
+    "cpdA": "nuclear", "cpdB": "membrane", "cpdC": "punctate", "cpdD": "polar", "cpdE": "granular",
+    "cpdF": "nuclear", "cpdG": "membrane", "cpdH": "punctate", "cpdI": "polar", "cpdJ": "granular",
+}
+"""Each treatment's mechanism: two compounds per mechanism (Metadata_MOA), so that profiles can be
+scored for phenotypic consistency (compounds of one mechanism retrieve each other) as well as activity."""
+TREATMENTS: dict[str, dict[str, float]] = {t: MECHANISMS[m] for t, m in TREATMENT_MOA.items()}
+"""Each treatment's mixture over the built-in phenotypes: its mechanism's; DMSO is the control."""
 DEFAULT_CHANNEL_NAMES = ("Membrane", "Cytoplasm", "DNA", "Marker", "Marker2")
 """The five generated channels, in order; channels past the fifth are mixtures, named Mix<index>."""
 
@@ -104,8 +116,8 @@ class ScreenSpec:
 
     plates: int = 4
     batches: int = 2
-    wells_per_plate: int = 12
-    sites: int = 2
+    wells_per_plate: int = 24
+    sites: int = 1
     fov_size: int = 256
     cells_per_fov: int = 20
     channel_names: tuple[str, ...] = DEFAULT_CHANNEL_NAMES
@@ -154,6 +166,10 @@ class Well:
     batch: str
     well: str
     treatment: str
+
+    @property
+    def moa(self) -> str:
+        return TREATMENT_MOA[self.treatment]
 
 
 def well_names(count: int) -> list[str]:
@@ -335,7 +351,7 @@ def _csv_text(header: list[str], rows: list[list[object]]) -> str:
 def _load_data_header(spec: ScreenSpec) -> list[str]:
     image = ["FileName_Cell", "PathName_Cell"] if not spec.per_channel_files else \
         [f"{kind}_{name}" for name in spec.channel_names for kind in ("FileName", "PathName")]
-    return ["Metadata_Plate", "Metadata_Well", "Metadata_Site", "Metadata_Treatment", "Metadata_Batch",
+    return ["Metadata_Plate", "Metadata_Well", "Metadata_Site", "Metadata_Treatment", "Metadata_MOA", "Metadata_Batch",
             *image, "ObjectsFileName_Cells", "ObjectsPathName_Cells"]
 
 
@@ -354,7 +370,7 @@ def _write_field(out: Path, spec: ScreenSpec, well: Well, site: int, fov: Field)
         write_tiff(out / image_dir / f"{stem}.tif", fov.image, channel_axis="first")
         files += [f"{stem}.tif", image_dir.as_posix()]
     tifffile.imwrite(out / mask_dir / f"{stem}_cells.tif", fov.labels, photometric="minisblack")
-    return [well.plate, well.well, site, well.treatment, well.batch, *files, f"{stem}_cells.tif", mask_dir.as_posix()]
+    return [well.plate, well.well, site, well.treatment, well.moa, well.batch, *files, f"{stem}_cells.tif", mask_dir.as_posix()]
 
 
 def _truth_rows(well: Well, site: int, fov: Field) -> list[list[object]]:
@@ -405,8 +421,8 @@ def write_screen(out: Path, spec: ScreenSpec) -> ScreenSummary:
             truth_rows += _truth_rows(well, site, fov)
             dropped += fov.dropped
     write_text_atomic(out / "platemap.csv", _csv_text(
-        ["Metadata_Plate", "Metadata_Well", "Metadata_Treatment", "Metadata_Control"],
-        [[w.plate, w.well, w.treatment, w.treatment == CONTROL] for w in wells]))
+        ["Metadata_Plate", "Metadata_Well", "Metadata_Treatment", "Metadata_MOA", "Metadata_Control"],
+        [[w.plate, w.well, w.treatment, w.moa, w.treatment == CONTROL] for w in wells]))
     write_text_atomic(out / "truth.csv", _csv_text(TRUTH_HEADER, truth_rows))
     write_json_atomic(out / "screen.json", _parameters(spec, wells, imaging, len(truth_rows), dropped), indent=1)
     write_text_atomic(out / "load_data.csv", _csv_text(_load_data_header(spec), load_rows))
@@ -425,7 +441,7 @@ def _parameters(spec: ScreenSpec, wells: list[Well], imaging: Imaging, cells: in
         "cells": cells,
         "cells_not_placed": dropped,
         "control": CONTROL,
-        "treatments": {t: {"mixture": m, "wells": sum(w.treatment == t for w in wells),
+        "treatments": {t: {"mixture": m, "moa": TREATMENT_MOA[t], "wells": sum(w.treatment == t for w in wells),
                            "wells_per_batch": {b: sum(w.treatment == t and w.batch == b for w in wells)
                                                for b in batches}}
                        for t, m in TREATMENTS.items()},

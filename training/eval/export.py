@@ -15,8 +15,9 @@
                                     the median of its cells' features, every Metadata_ column all its
                                     cells share, Metadata_Object_Count; skipped with one log line for
                                     a dataset without wells (class folders)
-    <run>/profiles/wells_normalized.parquet   eval.profile_normalization=spherize: the per-well
-                                    profiles sphered on the control wells
+    <run>/profiles/wells_normalized.parquet   with eval.profile_normalization: the per-well
+                                    profiles after its steps (per-plate mad_robustize and sphering
+                                    on the control wells, Harmony: training/eval/profile_normalization.py)
     <run>/profiles/export.json      what was written: counts, columns, provenance, seconds
 
 Memory stays bounded at any number of cells: features are read from their memory map and the
@@ -39,13 +40,12 @@ import pyarrow as pa
 from training.atomic import atomic_path, write_json_atomic
 from training.config import Config
 from training.data.cells import METADATA_PREFIX, CellTable
+from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
 from training.eval.profiles import (
     cell_wells,
-    check_normalization,
     comparable_values,
     control_wells,
     is_numeric,
-    spherize,
     well_columns,
     well_medians,
     well_metadata,
@@ -274,6 +274,14 @@ class WellProfiles:
     controls: np.ndarray | None
     cells_without_well: int
 
+    def context(self, config: Config) -> WellContext:
+        """What the normalisation steps need of these wells: plates, controls and batches."""
+        batch = config.data.batch_column
+        found = [name for name in self.metadata if name in (batch, f"{METADATA_PREFIX}{batch}")] if batch else []
+        batches = np.asarray(self.metadata[found[0]].to_pylist(), dtype=object) if found else None
+        plates = np.asarray(self.metadata[self.columns[0]].to_pylist(), dtype=object)
+        return WellContext(plates, self.controls, batches, config.run.seed)
+
 
 def well_profiles(config: Config, source: ExportSource) -> WellProfiles | None:
     """The exported cells' per-well profiles; None (one log line) for a dataset without wells."""
@@ -289,8 +297,7 @@ def well_profiles(config: Config, source: ExportSource) -> WellProfiles | None:
     profiles = well_medians(source.features.features, wells)
     log.info("medians of %d wells (%d cells) in %.1f s", wells.count, len(wells.order), time.perf_counter() - start)
     metadata = well_metadata(source.cells, wells, source.rows)
-    sphere = config.eval.profile_normalization == "spherize"
-    controls = control_wells(source.cells, config, wells, source.rows) if sphere else None
+    controls = control_wells(source.cells, config, wells, source.rows) if config.data.control_column else None
     return WellProfiles(columns, profiles, metadata, controls, wells.left_out)
 
 
@@ -306,7 +313,8 @@ def write_wells_parquet(path: Path, wells: WellProfiles, profiles: np.ndarray, n
 def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) -> dict[str, Any]:
     """Write every file of the module docstring; returns export.json's payload."""
     start = time.perf_counter()
-    check_normalization(config)
+    check_steps(config.eval.profile_normalization, controls=bool(config.data.control_column),
+                batches=bool(config.data.batch_column))
     source = open_source(config, layout, tag)
     timed = Timed(layout)
     timed(layout.profiles_h5ad, write_h5ad, source)
@@ -314,9 +322,11 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     wells = well_profiles(config, source)
     if wells is not None:
         timed(layout.profiles_wells, write_wells_parquet, wells, wells.profiles, source.feature_names)
-        if wells.controls is not None:
-            sphered = spherize(wells.profiles, wells.controls)
-            timed(layout.profiles_wells_normalized, write_wells_parquet, wells, sphered, source.feature_names)
+        if config.eval.profile_normalization:
+            normalized, kept = normalize_profiles(wells.profiles, config.eval.profile_normalization,
+                                                  wells.context(config))
+            names = [source.feature_names[i] for i in kept]
+            timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names)
     manifest = export_record(config, layout, source, wells, list(timed.seconds))
     manifest["seconds"] = round(time.perf_counter() - start, 3)
     manifest["seconds_per_file"] = {path.relative_to(layout.root).as_posix(): s for path, s in timed.seconds.items()}
@@ -355,5 +365,5 @@ def export_record(config: Config, layout: RunLayout, source: ExportSource, wells
         record["wells"] = {"plate_column": wells.columns[0], "well_column": wells.columns[1],
                            "n_wells": int(len(wells.profiles)), "cells_without_well": wells.cells_without_well,
                            "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
-                           "normalization": config.eval.profile_normalization}
+                           "normalization": list(config.eval.profile_normalization) or ["none"]}
     return record

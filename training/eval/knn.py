@@ -5,11 +5,11 @@ features); a neighbour with similarity s adds exp(s / T) to its class. With eval
 features are whitened first (`whiten`), a rule of our own that scDINO does not apply. "Not same
 batch" (eval.knn_exclude_same_batch with data.batch_column): the same vote with every reference of
 the query's own imaging batch masked out of its similarity block before the top k, so the memory
-bound below holds unchanged; each feature set's retrieval mAP (training/eval/retrieval.py) is
-recorded beside its kNN in knn.json. Queries are
-processed in batches sized so that the (batch x references) similarity block stays under a memory
-budget: 100k references at 384 dimensions need the 150 MB of features plus a few hundred MB of
-working space.
+bound below holds unchanged; each feature set's retrieval mAP (training/eval/retrieval.py:
+phenotypic activity, and consistency where groups are named) is recorded beside its kNN in knn.json.
+Queries are processed in batches sized so that the (batch x references) similarity block stays under
+a memory budget: 100k references at 384 dimensions need the 150 MB of features plus a few hundred MB
+of working space.
 """
 
 from __future__ import annotations
@@ -278,10 +278,12 @@ def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], s
                                      "n_batches": int(len(np.unique(batches)))}
     if retrieval is not None:
         payload["map"] = retrieval.settings
+        if retrieval.consistency_settings is not None:
+            payload["map_consistency"] = retrieval.consistency_settings
     payload["tags"] = {}
     for tag, feature_set in sets.items():
         entry = evaluate_tag(feature_set, y, (ref, query), settings, num_classes, batches)
         if retrieval is not None:
-            entry["map"] = tag_map(feature_set.features, retrieval, labels["class_names"], seed)
+            entry.update(tag_map(feature_set.features, retrieval, seed))
         payload["tags"][tag] = entry
     return payload

@@ -1,15 +1,10 @@
 """Per-well profiles: each well's cells grouped without a Python object per cell, the median of
-their features, the metadata every cell of a well shares, and sphering fitted on control wells.
+their features, the metadata every cell of a well shares, and which wells are controls (their
+normalisation on the controls: training/eval/profile_normalization.py).
 
 Grouping sorts one integer key per cell (plate code x wells + well code): 10^7 cells cost an 80 MB
 index, not 10^7 tuples. Medians are taken a block of wells at a time (at most MEDIAN_BLOCK_CELLS
 cells gathered from the memory-mapped features at once), so memory stays bounded at any size.
-
-Sphering is pycytominer's ZCA (`normalize(method="spherize")`), written here from its definition:
-the control profiles' mean is subtracted and the covariance's eigen-directions scaled to unit
-variance, W = V diag(1 / sqrt(lambda + epsilon)) V^T. With fewer control profiles than dimensions,
-the directions the controls do not span take the smallest eigenvalue they do span (as pycytominer
-fills them), so that no direction is blown up by 1 / sqrt(epsilon).
 """
 
 from __future__ import annotations
@@ -32,8 +27,6 @@ OBJECT_COUNT = "Metadata_Object_Count"
 """How many cells a per-well profile aggregates (pycytominer's aggregate names it so)."""
 MEDIAN_BLOCK_CELLS = 1 << 16
 """Cells gathered at a time for the medians: 2^16 x 384 float32 features are 100 MB."""
-SPHERE_EPSILON = 1e-6
-"""Added to each eigenvalue before its inverse square root (pycytominer's default fudge factor)."""
 
 
 @dataclass(frozen=True)
@@ -138,20 +131,13 @@ def control_column(table: CellTable, config: Config) -> str | None:
     return table.find(config.data.control_column, "data.control_column") if config.data.control_column else None
 
 
-def check_normalization(config: Config) -> None:
-    """Sphering needs controls: a UserError naming the settings when none are configured."""
-    if config.eval.profile_normalization == "spherize" and not config.data.control_column:
-        raise UserError("eval.profile_normalization=spherize fits on control wells: set data.control_column and "
-                        "data.control_value (e.g. Metadata_Treatment and DMSO), or eval.profile_normalization=none")
-
-
 def control_wells(table: CellTable, config: Config, wells: Wells, rows: np.ndarray | None = None) -> np.ndarray:
     """Which wells are controls (data.control_column = data.control_value, per each well's first
     cell); a UserError naming the settings when none is."""
-    check_normalization(config)
     name = control_column(table, config)
     if name is None:
-        raise UserError("control wells are marked by data.control_column and data.control_value: set them")
+        raise UserError("no control wells are configured: set data.control_column and data.control_value (e.g. "
+                        "Metadata_Treatment and DMSO)")
     categories = table.categories(name)
     value = config.data.control_value
     if value not in categories.names:
@@ -161,43 +147,9 @@ def control_wells(table: CellTable, config: Config, wells: Wells, rows: np.ndarr
     first = wells.first if rows is None else np.asarray(rows)[wells.first]
     chosen = categories.codes[first] == categories.names.index(value)
     if not chosen.any():
-        raise UserError(f"no well of the profiled cells has {name}={value!r}, so sphering has no controls to fit "
-                        "on: check data.control_value, or set eval.profile_normalization=none")
+        raise UserError(f"no profiled well has {name}={value!r}, so nothing can be normalised on the controls or "
+                        "retrieved against them: check data.control_value, or evaluate more cells (eval.max_cells)")
     return chosen
-
-
-def fit_sphering(controls: np.ndarray, epsilon: float = SPHERE_EPSILON) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, W) of the ZCA sphering that makes `controls` (n, D) white: (x - mean) @ W."""
-    x = np.asarray(controls, np.float64)
-    if len(x) < 2:
-        raise UserError(f"sphering needs at least 2 control profiles, got {len(x)}: add control wells or set "
-                        "eval.profile_normalization=none")
-    mean = x.mean(axis=0)
-    _, singular, vt = np.linalg.svd(x - mean, full_matrices=True)
-    variances = np.zeros(x.shape[1])
-    variances[:len(singular)] = singular ** 2 / (len(x) - 1)
-    spanned = int((variances > variances[0] * 1e-10).sum()) if variances[0] > 0 else 0
-    if spanned == 0:
-        raise UserError("the control profiles do not vary at all, so sphering is undefined: set "
-                        "eval.profile_normalization=none")
-    variances[spanned:] = variances[spanned - 1]
-    w = (vt.T / np.sqrt(variances + epsilon)) @ vt
-    return mean, w
-
-
-def spherize(profiles: np.ndarray, controls: np.ndarray) -> np.ndarray:
-    """Every profile sphered by the ZCA fitted on the `controls` mask's rows."""
-    mean, w = fit_sphering(profiles[controls])
-    return ((np.asarray(profiles, np.float64) - mean) @ w).astype(np.float32)
-
-
-def normalized(profiles: np.ndarray, method: str, controls: np.ndarray | None) -> np.ndarray:
-    """Profiles as eval.profile_normalization asks ("none": unchanged)."""
-    if method == "none":
-        return profiles
-    if controls is None:
-        raise ValueError("sphering needs the control wells")
-    return spherize(profiles, controls)
 
 
 def is_numeric(table: CellTable, name: str) -> bool:

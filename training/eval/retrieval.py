@@ -1,13 +1,29 @@
-"""Retrieval mean average precision (mAP) of per-well profiles by treatment, with the copairs library,
-as JUMP Cell Painting reports a representation.
+"""Retrieval mean average precision (mAP) of per-well profiles in the two setups copairs documents
+(Kalinin et al., Nat Commun 2025), as JUMP Cell Painting scores a representation.
 
-Each well's profile (the median of its evaluated cells' features, optionally sphered on the control
-wells) queries the other wells by cosine similarity. Positives: wells of the same treatment (the label
-column), i.e. another well; negatives: wells of another treatment on the same plate. A query's average
-precision is the mean, over its positives, of the precision at each positive's rank; a treatment's mAP
-is the mean over its wells. copairs' permutation test (the mAP of the same numbers of positives and
-negatives ranked at random) gives each treatment a p-value, Benjamini-Hochberg corrects them, and the
-headline is the fraction of treatments (the control excluded) whose corrected p-value is below 0.05.
+Each well's profile is the median of its evaluated cells' features, normalised as
+eval.profile_normalization lists (training/eval/profile_normalization.py: per-plate mad_robustize
+and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
+cosine similarity: the mean, over its positives, of the precision at each positive's rank.
+
+    phenotypic activity     can a perturbation's wells be told from the negative controls? Each
+                            perturbation well queries its replicate wells (positives: same
+                            perturbation, another well) against the control wells of its own plate
+                            (negatives), copairs' reference-index setup; per perturbation, the mean AP
+    phenotypic consistency  do perturbations annotated alike (eval.consistency_column, e.g. a
+                            mechanism of action) look alike? Among the active perturbations (activity
+                            q below the threshold; every non-control perturbation when no controls
+                            are configured), each well queries the wells of the other perturbations
+                            of its group (positives) against those of other groups (negatives); per
+                            group, the mean AP
+
+copairs' notebook scores consistency on one consensus profile per perturbation; here the wells are
+kept, so that a group of two perturbations can reach significance (with consensus profiles its one
+positive among n candidates gives a permutation p of at least 1/n). Each mAP gets copairs'
+permutation p-value (the same numbers of positives and negatives ranked at random), corrected for
+the false discovery rate (Benjamini-Hochberg) over the perturbations (or groups); the headline is the
+fraction retrieved: the share with a corrected p (q) below 0.05. A screen without controls has no
+phenotypic activity, and says so in one line.
 """
 
 from __future__ import annotations
@@ -23,13 +39,14 @@ import numpy as np
 from training.config import Config
 from training.data.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
+from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
 from training.eval.profiles import (
     DEFAULT_PLATE,
     DEFAULT_WELL,
     Wells,
     cell_wells,
+    comparable_values,
     control_wells,
-    normalized,
     shared_in_every_well,
     well_columns,
     well_medians,
@@ -40,19 +57,11 @@ log = logging.getLogger(__name__)
 NULL_SIZE = 10000
 """Random rankings per (positives, total) pair of the permutation test: p-values down to 1e-4."""
 THRESHOLD = 0.05
-"""A treatment's mAP is significant when its FDR-corrected p-value (q) is below this."""
-TREATMENT, PLATE, WELL = "treatment", "plate", "well"
+"""A perturbation (or group) is retrieved when its FDR-corrected p-value (q) is below this."""
+PERTURBATION, PLATE, WELL, REFERENCE, GROUP = "perturbation", "plate", "well", "reference_index", "group"
 """The copairs metadata columns (names of our own: the user's columns are mapped onto them)."""
-
-
-@dataclass(frozen=True)
-class WellProfiles:
-    """One row per well: its profile, treatment (label id), plate and a key unique to the well."""
-
-    profiles: np.ndarray
-    treatments: np.ndarray
-    plates: np.ndarray
-    keys: np.ndarray
+NO_CONTROLS = ("no phenotypic activity: the screen names no negative controls (set data.control_column and "
+               "data.control_value, e.g. Metadata_Treatment and DMSO)")
 
 
 @contextmanager
@@ -67,109 +76,209 @@ def quiet_copairs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def treatment_map(wells: WellProfiles, class_names: list[str], *, seed: int,
-                  control: list[str] = ()) -> dict[str, Any]:
-    """mAP per treatment and the fraction of treatments with significant mAP (see the module)."""
+@dataclass(frozen=True)
+class WellProfiles:
+    """One row per well: its profile, perturbation, plate, a key unique to the well, whether it is a
+    control, and its group for consistency (None: no groups)."""
+
+    profiles: np.ndarray
+    perturbations: np.ndarray
+    plates: np.ndarray
+    keys: np.ndarray
+    controls: np.ndarray
+    groups: np.ndarray | None = None
+
+
+def _copairs_map(meta, profiles: np.ndarray, sameby: str, *, pos: tuple[list[str], list[str]],
+                 neg: tuple[list[str], list[str]], seed: int):
+    """copairs' per-row AP and per-`sameby` mAP table with p and q (cosine)."""
     import copairs.map
+
+    with quiet_copairs(), tempfile.TemporaryDirectory() as cache:
+        scores = copairs.map.average_precision(meta, np.asarray(profiles, np.float64), pos_sameby=pos[0],
+                                               pos_diffby=pos[1], neg_sameby=neg[0], neg_diffby=neg[1],
+                                               distance="cosine", progress_bar=False)
+        scores = scores.dropna(subset=["average_precision"])
+        if scores.empty:
+            return None
+        return copairs.map.mean_average_precision(scores, [sameby], null_size=NULL_SIZE, threshold=THRESHOLD,
+                                                  seed=seed, progress_bar=False, cache_dir=cache)
+
+
+def phenotypic_activity(wells: WellProfiles, *, seed: int) -> dict[str, Any]:
+    """Each perturbation's mAP against the control wells of the query's plate (see the module)."""
+    import pandas as pd
+    from copairs.matching import assign_reference_index
+
+    meta = pd.DataFrame({PERTURBATION: wells.perturbations, PLATE: wells.plates, WELL: wells.keys,
+                         "control": np.asarray(wells.controls, bool)})
+    meta = assign_reference_index(meta, "control", reference_col=REFERENCE, default_value=-1)
+    table = _copairs_map(meta.drop(columns="control"), wells.profiles, PERTURBATION,
+                         pos=([PERTURBATION, REFERENCE], []), neg=([PLATE], [PERTURBATION, REFERENCE]), seed=seed)
+    counts = pd.Series(wells.perturbations[~wells.controls]).value_counts().to_dict()
+    summary = summarise(table, PERTURBATION, counts, "treatments")
+    summary["n_control_wells"] = int(np.sum(wells.controls))
+    return summary
+
+
+def phenotypic_consistency(wells: WellProfiles, active: list[str] | None, *, seed: int) -> dict[str, Any]:
+    """Each group's mAP among the wells of `active` perturbations (None: every non-control one)."""
     import pandas as pd
 
-    meta = pd.DataFrame({TREATMENT: np.asarray(class_names, dtype=object)[wells.treatments],
-                         PLATE: wells.plates, WELL: wells.keys})
-    with quiet_copairs(), tempfile.TemporaryDirectory() as cache:
-        scores = copairs.map.average_precision(meta, np.asarray(wells.profiles, np.float64), pos_sameby=[TREATMENT],
-                                               pos_diffby=[WELL], neg_sameby=[PLATE], neg_diffby=[TREATMENT],
-                                               distance="cosine", progress_bar=False)
-        table = copairs.map.mean_average_precision(scores, [TREATMENT], null_size=NULL_SIZE, threshold=THRESHOLD,
-                                                   seed=seed, progress_bar=False, cache_dir=cache)
-    return summarise(table, meta, control)
+    chosen = ~wells.controls & np.array([g is not None and g == g and str(g) != "" for g in wells.groups])
+    if active is not None:
+        chosen &= np.isin(wells.perturbations, np.asarray(active, dtype=object))
+    groups = pd.Series(wells.groups[chosen], dtype=object)
+    perturbations_per_group = pd.Series(wells.perturbations[chosen]).groupby(groups.values).nunique()
+    scorable = perturbations_per_group[perturbations_per_group >= 2]
+    base = {"n_active_perturbations": int(len(set(wells.perturbations[chosen]))),
+            "active_filter": "activity q < threshold" if active is not None else "none (no controls)"}
+    if scorable.empty:
+        return {**base, "mean_map": None, "fraction_significant": None, "n_treatments": 0, "n_significant": 0,
+                "n_wells": int(chosen.sum()), "per_treatment": {},
+                "skipped": "no group has two active perturbations to retrieve each other"}
+    meta = pd.DataFrame({GROUP: groups.values, PERTURBATION: wells.perturbations[chosen], WELL: wells.keys[chosen]})
+    table = _copairs_map(meta, wells.profiles[chosen], GROUP, pos=([GROUP], [PERTURBATION]), neg=([], [GROUP]),
+                         seed=seed)
+    counts = groups.value_counts().to_dict()
+    return {**base, **summarise(table, GROUP, counts, "groups")}
 
 
-def summarise(table, meta, control: list[str]) -> dict[str, Any]:
-    """The knn.json entry from copairs' per-treatment table: every treatment's mAP, p and q (None
-    where it has a single well, hence no positive), the mean over treatments and the significant fraction."""
-    wells_of = meta[TREATMENT].value_counts().to_dict()
-    per_treatment = {str(name): {"map": None, "p_value": None, "q_value": None, "significant": None,
-                                 "n_wells": int(n)} for name, n in sorted(wells_of.items())}
-    for row in table.itertuples(index=False):
-        per_treatment[str(getattr(row, TREATMENT))].update(
-            map=float(row.mean_average_precision), p_value=float(row.p_value), q_value=float(row.corrected_p_value),
-            significant=bool(row.below_corrected_p))
-    scored = [v for name, v in per_treatment.items() if v["map"] is not None and name not in control]
+def summarise(table, column: str, wells_of: dict[str, int], what: str) -> dict[str, Any]:
+    """A knn.json entry from copairs' table: every perturbation's (or group's) mAP, p and q (None where
+    it has no positive to retrieve), the mean over them and the fraction retrieved (q < THRESHOLD)."""
+    per = {str(name): {"map": None, "p_value": None, "q_value": None, "significant": None, "n_wells": int(n)}
+           for name, n in sorted(wells_of.items())}
+    if table is not None:
+        for row in table.itertuples(index=False):
+            per[str(getattr(row, column))].update(
+                map=float(row.mean_average_precision), p_value=float(row.p_value),
+                q_value=float(row.corrected_p_value), significant=bool(row.below_corrected_p))
+    scored = [v for v in per.values() if v["map"] is not None]
     return {
         "mean_map": float(np.mean([v["map"] for v in scored])) if scored else None,
         "fraction_significant": float(np.mean([v["significant"] for v in scored])) if scored else None,
         "n_treatments": len(scored), "n_significant": int(sum(v["significant"] for v in scored)),
-        "n_wells": int(len(meta)), "per_treatment": per_treatment,
+        "n_wells": int(sum(wells_of.values())), "scored": what, "per_treatment": per,
     }
-
-
-def settings(label_column: str, columns: tuple[str, str], normalization: str, control: list[str]) -> dict[str, Any]:
-    """How the mAP in knn.json was measured, recorded beside it."""
-    return {"treatment_column": label_column, "plate_column": columns[0], "well_column": columns[1],
-            "profiles": "median of each well's evaluated held-out cells", "normalization": normalization,
-            "controls": control, "positives": "same treatment, other well",
-            "negatives": "other treatment, same plate", "distance": "cosine", "null_size": NULL_SIZE,
-            "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
 
 
 @dataclass(frozen=True)
 class MapSetup:
     """What mAP needs besides the features: the evaluated cells grouped by well (positions in
-    labels.json's rows), each well's treatment, plate and key, the control wells when sphering."""
+    labels.json's rows) and each well's perturbation, plate, key, control flag, group and batch."""
 
     wells: Wells
-    treatments: np.ndarray
+    perturbations: np.ndarray
     plates: np.ndarray
     keys: np.ndarray
-    normalization: str
     controls: np.ndarray | None
-    control: list[str]
-    """The treatments of the control wells, left out of the headline figures."""
+    groups: np.ndarray | None
+    batches: np.ndarray | None
+    normalization: tuple[str, ...]
     settings: dict[str, Any]
+    consistency_settings: dict[str, Any] | None
+
+
+def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
+    """A column's value of each well (its first evaluated cell's); a UserError naming `setting` when the
+    cells of a well disagree."""
+    values = comparable_values(table, name)[rows]
+    if not shared_in_every_well(values, wells):
+        raise UserError(f"{setting}={name} is not one value per well (the cells of a well differ): name a "
+                        "column that the plate map gives per well")
+    return np.asarray(table.strings(name).take(rows[wells.first]), dtype=object)
 
 
 def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSetup | None:
-    """The wells of the evaluated cells (labels.json), or None, with one log line saying why, when
-    the table has no plate and well columns, or the label is not one treatment per well."""
+    """The wells of the evaluated cells (labels.json), or None, with one log line saying why, when the
+    table has no plate and well columns or the perturbation is not one value per well."""
     columns = well_columns(table, config)
     if columns is None:
         log.info("no plate and well columns (%s, %s; eval.plate_column, eval.well_column): no retrieval mAP",
                  DEFAULT_PLATE, DEFAULT_WELL)
         return None
-    rows, treatments = np.asarray(labels["indices"], np.int64), np.asarray(labels["labels"], np.int64)
+    rows = np.asarray(labels["indices"], np.int64)
     wells = cell_wells(table, columns, rows)
-    if wells.count < 2 or not shared_in_every_well(treatments, wells):
-        log.info("the label (%s) is not one value per well of %s and %s: no retrieval mAP by treatment",
-                 config.data.label_column or "the class", *columns)
+    name = perturbation_column(table, config)
+    if wells.count < 2 or not shared_in_every_well(comparable_values(table, name)[rows], wells):
+        log.info("the perturbation (%s) is not one value per well of %s and %s: no retrieval mAP", name, *columns)
         return None
     first = rows[wells.first]
+    perturbations = np.asarray(table.strings(name).take(first), dtype=object)
     plates = np.asarray(table.strings(columns[0]).take(first), dtype=object)
     keys = plates + "/" + np.asarray(table.strings(columns[1]).take(first), dtype=object)
-    normalization = config.eval.profile_normalization
-    controls = evaluated_controls(table, config, wells, rows)
-    per_well = treatments[wells.first]
-    control = sorted({labels["class_names"][t] for t in per_well[controls]}) if controls is not None else []
-    label = table.find(config.data.label_column, "data.label_column") if config.data.label_column else CLASS_COLUMN
-    return MapSetup(wells, per_well, plates, keys, normalization, controls, control,
-                    settings(label, columns, normalization, control))
+    controls = control_wells(table, config, wells, rows) if config.data.control_column else None
+    steps = config.eval.profile_normalization
+    batches = _per_well(table, table.find(config.data.batch_column, "data.batch_column"), rows, wells,
+                        "data.batch_column") if config.data.batch_column and "harmony" in steps else None
+    check_steps(steps, controls=controls is not None, batches=batches is not None)
+    groups, consistency = None, None
+    if config.eval.consistency_column:
+        group_name = table.find(config.eval.consistency_column, "eval.consistency_column")
+        groups = _per_well(table, group_name, rows, wells, "eval.consistency_column")
+        consistency = consistency_settings(group_name, name, controls is not None)
+    settings = activity_settings(name, columns, steps, config, controls)
+    return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency)
 
 
-def evaluated_controls(table: CellTable, config: Config, wells: Wells, rows: np.ndarray) -> np.ndarray | None:
-    """The control wells among the evaluated ones; needed for sphering (a UserError without them),
-    else only to leave the controls out of the headline (a warning without them)."""
-    if config.eval.profile_normalization != "none":
-        return control_wells(table, config, wells, rows)
-    if not config.data.control_column:
-        return None
-    try:
-        return control_wells(table, config, wells, rows)
-    except UserError as exc:
-        log.warning("mAP counts every treatment: %s", exc)
-        return None
+def perturbation_column(table: CellTable, config: Config) -> str:
+    """The column whose replicate wells phenotypic activity retrieves: eval.perturbation_column, else
+    data.label_column, else the class folder."""
+    if config.eval.perturbation_column:
+        return table.find(config.eval.perturbation_column, "eval.perturbation_column")
+    if config.data.label_column:
+        return table.find(config.data.label_column, "data.label_column")
+    return CLASS_COLUMN
 
 
-def tag_map(features: np.ndarray, setup: MapSetup, class_names: list[str], seed: int) -> dict[str, Any]:
-    """One feature set's mAP: its per-well medians, normalised as configured, scored by copairs."""
-    profiles = normalized(well_medians(features, setup.wells), setup.normalization, setup.controls)
-    return treatment_map(WellProfiles(profiles, setup.treatments, setup.plates, setup.keys), class_names,
-                         seed=seed, control=setup.control)
+def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...], config: Config,
+                      controls: np.ndarray | None) -> dict[str, Any]:
+    """How the phenotypic-activity mAP in knn.json was measured, recorded beside it."""
+    common = {"perturbation_column": name, "plate_column": columns[0], "well_column": columns[1],
+              "profiles": "median of each well's evaluated held-out cells",
+              "normalization": list(steps) or ["none"], "distance": "cosine", "null_size": NULL_SIZE,
+              "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
+    if controls is None:
+        return {**common, "setup": "phenotypic activity", "skipped": NO_CONTROLS}
+    return {**common, "setup": "phenotypic activity",
+            "controls": f"{config.data.control_column} = {config.data.control_value}",
+            "positives": "same perturbation, another well", "negatives": "control wells of the query's plate"}
+
+
+def consistency_settings(group: str, perturbation: str, has_controls: bool) -> dict[str, Any]:
+    return {"setup": "phenotypic consistency", "group_column": group, "perturbation_column": perturbation,
+            "wells": "of active perturbations (activity q < threshold)" if has_controls else
+            "of every perturbation (no controls, so no activity filter)",
+            "positives": "wells of another perturbation of the same group",
+            "negatives": "wells of perturbations of other groups", "distance": "cosine", "null_size": NULL_SIZE,
+            "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
+
+
+def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
+    """One feature set's per-well profiles: medians, normalised as configured."""
+    context = WellContext(setup.plates, setup.controls, setup.batches, seed)
+    profiles, _ = normalize_profiles(well_medians(features, setup.wells), setup.normalization, context)
+    controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
+    return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
+
+
+def tag_map(features: np.ndarray, setup: MapSetup, seed: int) -> dict[str, Any]:
+    """One feature set's knn.json entries: "map" (phenotypic activity) and, with groups,
+    "map_consistency"."""
+    return profile_map(well_profiles(features, setup, seed), setup.controls is not None, seed)
+
+
+def profile_map(wells: WellProfiles, has_controls: bool, seed: int) -> dict[str, Any]:
+    """Activity (or the reason it is not measured) and consistency of ready per-well profiles."""
+    out: dict[str, Any] = {}
+    active = None
+    if has_controls:
+        out["map"] = phenotypic_activity(wells, seed=seed)
+        active = [name for name, v in out["map"]["per_treatment"].items() if v["significant"]]
+    else:
+        out["map"] = {"mean_map": None, "fraction_significant": None, "n_treatments": 0, "n_significant": 0,
+                      "skipped": NO_CONTROLS}
+    if wells.groups is not None:
+        out["map_consistency"] = phenotypic_consistency(wells, active, seed=seed)
+    return out

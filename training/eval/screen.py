@@ -10,7 +10,6 @@ import numpy as np
 
 from training.config import Config
 from training.errors import UserError
-from training.eval.profiles import check_normalization
 from training.eval.retrieval import MapSetup, map_setup
 from training.rundir import RunLayout
 
@@ -45,7 +44,6 @@ def evaluation_wells(config: Config, labels: dict[str, Any]) -> MapSetup | None:
     table (a TIFF folder) or without plate and well columns."""
     from training.data.dataset import open_images
 
-    check_normalization(config)
     table = getattr(open_images(config), "table", None)
     if table is None:
         log.info("a TIFF folder has no per-cell table, so no wells: no retrieval mAP")

@@ -46,7 +46,7 @@ def best_top1(entry: dict[str, Any] | None) -> str:
 
 
 def map_cell(entry: dict[str, Any] | None) -> tuple[str, str]:
-    """(mAP, 'significant / treatments') of a tag's "map" entry; dashes without one."""
+    """(mAP, 'retrieved / scored') of a tag's "map" or "map_consistency" entry; dashes without one."""
     if not entry or entry.get("mean_map") is None:
         return "-", "-"
     return f"{entry['mean_map']:.3f}", f"{entry['n_significant']} / {entry['n_treatments']}"
@@ -56,19 +56,46 @@ def has_screen_measures(knn: dict[str, Any]) -> bool:
     return "not_same_batch" in knn or "map" in knn
 
 
+def _activity_measured(knn: dict[str, Any]) -> bool:
+    return "map" in knn and "skipped" not in knn["map"]
+
+
 def screen_rows(knn: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows, one per feature tag: plain kNN top-1, not-same-batch kNN top-1 (each at its
-    best k) and mAP with its significant treatments, the columns the run measured."""
-    batches, retrieval = "not_same_batch" in knn, "map" in knn
+    best k), phenotypic-activity mAP with the treatments it retrieves, and consistency mAP with the
+    groups it retrieves: the columns the run measured."""
+    batches, activity, consistency = "not_same_batch" in knn, _activity_measured(knn), "map_consistency" in knn
     header = ["features", "epoch", "kNN top-1 %", *(["kNN not same batch %"] if batches else []),
-              *(["mAP", "treatments q < 0.05"] if retrieval else [])]
+              *(["mAP activity", "retrieved (q < 0.05)"] if activity else []),
+              *(["mAP consistency", "groups retrieved"] if consistency else [])]
     rows = []
     for tag in sorted(knn["tags"], key=tags.sort_key):
         entry = knn["tags"][tag]
         row = [tags.title(tag), _epoch(entry.get("epoch")), best_top1(entry)]
         row += [best_top1(entry.get("not_same_batch"))] if batches else []
-        row += list(map_cell(entry.get("map"))) if retrieval else []
+        row += list(map_cell(entry.get("map"))) if activity else []
+        row += list(map_cell(entry.get("map_consistency"))) if consistency else []
         rows.append(row)
+    return header, rows
+
+
+def map_detail_rows(knn: dict[str, Any], part: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows, one per treatment ("map") or group ("map_consistency"): its wells and, for
+    the final model and each baseline, its mAP and q ("-" where it has no positive to retrieve)."""
+    shown = [t for t in (tags.FINAL, *tags.BASELINES)
+             if t in knn["tags"] and (knn["tags"][t].get(part) or {}).get("per_treatment")]
+    names = sorted({name for t in shown for name in knn["tags"][t][part]["per_treatment"]})
+    header = ["treatment" if part == "map" else "group", "wells", *[f"{tags.label(t)} mAP (q)" for t in shown]]
+    rows = []
+    for name in names:
+        cells = []
+        for t in shown:
+            found = knn["tags"][t][part]["per_treatment"].get(name) or {}
+            cells.append("-" if found.get("map") is None else
+                         f"{found['map']:.3f} ({found['q_value']:.3f}){' *' if found['significant'] else ''}")
+        wells = next(knn["tags"][t][part]["per_treatment"][name]["n_wells"] for t in shown
+                     if name in knn["tags"][t][part]["per_treatment"])
+        rows.append([name, str(wells), *cells])
     return header, rows
 
 
@@ -80,12 +107,20 @@ def screen_setup(knn: dict[str, Any]) -> str:
                      f"({knn['not_same_batch']['batch_column']}, {knn['not_same_batch']['n_batches']} batches).")
     if "map" in knn:
         m = knn["map"]
-        sphered = ", sphered on the control wells" if m["normalization"] == "spherize" else ""
-        parts.append(f"mAP: per-well profiles (median of the evaluated cells{sphered}) retrieve wells of their "
-                     f"treatment ({m['treatment_column']}; positives: same treatment, other well; negatives: other "
-                     f"treatment, same plate; cosine); mean over treatments"
-                     f"{' but ' + ', '.join(m['controls']) if m.get('controls') else ''}, and how many have an "
-                     f"FDR-corrected permutation p below {m['threshold']} (copairs).")
+        steps = [s for s in m.get("normalization", []) if s != "none"]
+        normalised = f", normalised by {' then '.join(steps)}" if steps else ""
+        if "skipped" in m:
+            parts.append(f"mAP: {m['skipped']}.")
+        else:
+            parts.append(f"Phenotypic activity (copairs): per-well profiles (median of the evaluated cells{normalised}) "
+                         f"of each treatment ({m['perturbation_column']}) retrieve its other wells against the "
+                         f"control wells ({m['controls']}) of their plate, by cosine; mAP is the mean over treatments, "
+                         f"retrieved the treatments with an FDR-corrected permutation p (q) below {m['threshold']}.")
+    if "map_consistency" in knn:
+        c = knn["map_consistency"]
+        parts.append(f"Phenotypic consistency: the wells {c['wells']} retrieve the wells of the other treatments of "
+                     f"their group ({c['group_column']}) against those of other groups; mean over groups, and the groups "
+                     f"retrieved (q < {c['threshold']}).")
     return " ".join(parts)
 
 
@@ -98,6 +133,10 @@ def knn_markdown(knn: dict[str, Any]) -> str:
                   ""]
     if has_screen_measures(knn):
         parts += ["## Screen measures", "", screen_setup(knn), "", markdown_table(*screen_rows(knn)), ""]
+    for part, title in (("map", "Phenotypic activity per treatment"), ("map_consistency", "Phenotypic consistency per group")):
+        header, rows = map_detail_rows(knn, part) if part in knn else ([], [])
+        if rows:
+            parts += [f"## {title} (mAP and q; * retrieved)", "", markdown_table(header, rows), ""]
     return "\n".join(parts)
 
 

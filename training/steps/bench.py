@@ -4,6 +4,7 @@
     python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
     python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
     python -m training bench ingest [--fields 16,64 --cells 200 --crop 64] [--out ingest.json]
+    python -m training bench screen --config configs/screen.yaml [--ranks 2 --reuse --truth truth.csv] [--out screen.json]
 
 `loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64,
 per-sample torchvision transforms) against the packed loader with batched multi-crop, same images,
@@ -11,7 +12,8 @@ same worker count (training/benchmarks/loader.py). `step`: training-step through
 (training/benchmarks/step.py). `scale`: what opening a dataset of 10^5..10^7 cells costs, per process
 and per loader worker, against the JSON index of before (training/benchmarks/scale.py). `ingest`:
 crops per CPU-second cut out of 1080 x 1080 x 5 uint16 fields of view, and peak memory at two
-numbers of fields (training/benchmarks/ingest.py). This module
+numbers of fields (training/benchmarks/ingest.py). `screen`: the screen chain up to `knn` and its
+figures beside an oracle that knows each cell's phenotype (training/benchmarks/screen.py). This module
 is the one place where the flags become a typed request
 (training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
 """
@@ -36,7 +38,7 @@ LOADER_ONLY = ("workers", "images", "size")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
-    parser.add_argument("what", choices=["loader", "step", "scale", "ingest"], help="which benchmark to run")
+    parser.add_argument("what", choices=["loader", "step", "scale", "ingest", "screen"], help="which benchmark to run")
     parser.add_argument("--batches", type=int,
                         help="timed batches (loader, default 10) or steps (step, default 20)")
     parser.add_argument("--warmup", type=int, help="untimed batches or steps first (loader 2, step 3)")
@@ -51,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dino-reference", action="store_true",
                         help="step: run the model as facebookresearch/dino's main_dino.py does (eager, fp16, "
                              "unfused attention and optimizer), the baseline for speed-ups")
+    parser.add_argument("--ranks", type=int, help="screen: pretraining ranks through torchrun (default 2, as the "
+                                                   "local Slurm cluster's two nodes)")
+    parser.add_argument("--reuse", action="store_true", help="screen: keep the steps whose files exist")
+    parser.add_argument("--truth", type=Path, help="screen: the screen's truth.csv (default: beside ingest.table)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
@@ -77,7 +83,17 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
 def run(config, layout, args: argparse.Namespace) -> int:
     if getattr(args, "dino_reference", False) and args.what != "step":
         raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
-    if args.what == "ingest":
+    screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
+    screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
+    if screen_only and args.what != "screen":
+        raise UserError(f"{', '.join(screen_only)}: only `bench screen` takes {'it' if len(screen_only) == 1 else 'them'}")
+    if args.what == "screen":
+        from training.benchmarks.screen import markdown, run_screen_benchmark
+
+        result = run_screen_benchmark(config, args.config, list(args.overrides), ranks=args.ranks or 2,
+                                      reuse=args.reuse, truth=args.truth)
+        log.info("bench screen:\n%s", markdown(result))
+    elif args.what == "ingest":
         from training.benchmarks.ingest import run_ingest_benchmark
 
         result = run_ingest_benchmark(ingest_fields(args.fields), cells=args.cells or 200, crop=args.crop or 64)

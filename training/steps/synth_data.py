@@ -3,7 +3,7 @@ with --screen a synthetic screen (fields of view, label masks, a plate map and l
 
     python -m training synth-data --out runs/demo/data/images --classes 5 --per-class 200
 
-    python -m training synth-data --screen --out runs/demo/data/screen --plates 4 --wells-per-plate 12
+    python -m training synth-data --screen --out runs/demo/data/screen --plates 4 --wells-per-plate 24
 
 `--out` defaults to data.source (a screen: the folder `screen` beside it) and `--channels` to the
 highest channel data.channels selects, so that a config's own `synth-data` call produces data its
@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a screen: fields of view, label masks, plate map, load_data.csv, truth.csv")
     screen.add_argument("--plates", type=int, help="plates (default 4)")
     screen.add_argument("--batches", type=int, help="imaging batches the plates are split into (default 2)")
-    screen.add_argument("--wells-per-plate", type=int, help="wells used on each plate (default 12)")
-    screen.add_argument("--sites", type=int, help="fields of view per well (default 2)")
+    screen.add_argument("--wells-per-plate", type=int, help="wells used on each plate (default 24)")
+    screen.add_argument("--sites", type=int, help="fields of view per well (default 1)")
     screen.add_argument("--fov-size", type=int, help="field of view side in pixels (default 256)")
     screen.add_argument("--cells-per-fov", type=int, help="cells drawn in each field of view (default 20)")
     screen.add_argument("--batch-strength", type=float,

@@ -59,6 +59,9 @@ def test_the_h5ad_opens_in_anndata_and_scanpy_embeds_it(exported):
     sc.pp.neighbors(adata, use_rep="X_scdino", n_neighbors=10)
     sc.tl.umap(adata, random_state=0)
     assert adata.obsm["X_umap"].shape == (adata.n_obs, 2) and np.isfinite(adata.obsm["X_umap"]).all()
+    sc.tl.leiden(adata)  # as docs/training.md suggests (igraph and leidenalg are pinned for it)
+    clusters = adata.obs["leiden"]
+    assert clusters.notna().all() and 2 <= clusters.nunique() < adata.n_obs
 
 
 def test_per_cell_parquet_is_streamed_and_pycytominer_infers_its_columns(exported):
@@ -142,7 +145,7 @@ def test_class_folders_export_per_cell_profiles_and_skip_wells(tmp_path, caplog)
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"eval.plate_column": "Nope"}, "eval.plate_column='Nope' names no column of the per-cell table"),
     ({"eval.profile_normalization": "spherize", "data.control_column": "", "data.control_value": ""},
-     "eval.profile_normalization=spherize fits on control wells: set data.control_column"),
+     "eval.profile_normalization spherize is fitted on the control wells: set data.control_column"),
 ])
 def test_bad_settings_are_one_line_naming_the_fix(tmp_path, capsys, overrides, message):
     config = screen_run(tmp_path, **overrides)

@@ -1,13 +1,12 @@
 """Per-well profiles (training/eval/profiles.py): medians against pandas' groupby, block by block from
-a memory map; sphering against pycytominer's own Spherize and against the definition of white
-(the controls' covariance becomes the identity); the metadata a well keeps; bad settings named."""
+a memory map; the metadata a well keeps; control settings that match nothing named. Their
+normalisation: test_profile_normalization.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
-from pycytominer.operations.transform import Spherize
 
 from training.config import Config
 from training.data.cells import CellTable, storage_table
@@ -16,9 +15,7 @@ from training.eval.profiles import (
     OBJECT_COUNT,
     cell_wells,
     control_wells,
-    fit_sphering,
     group_wells,
-    spherize,
     well_medians,
     well_metadata,
 )
@@ -40,42 +37,6 @@ def test_medians_per_well_match_pandas_groupby_across_blocks(tmp_path):
         np.testing.assert_allclose(medians, expected.to_numpy(), rtol=1e-6)
     assert grouped.left_out == 5
     np.testing.assert_array_equal(grouped.sizes, frame.groupby(["plate", "well"]).size().to_numpy())
-
-
-def white(x: np.ndarray) -> np.ndarray:
-    return np.cov(x, rowvar=False)
-
-
-def test_sphering_makes_the_controls_white_and_matches_pycytominer():
-    rng = np.random.default_rng(1)
-    mixing = rng.standard_normal((5, 5)) * [3.0, 1.0, 0.6, 0.4, 2.0]
-    profiles = rng.standard_normal((60, 5)) @ mixing + 4.0
-    controls = np.zeros(60, bool)
-    controls[::2] = True
-    sphered = spherize(profiles, controls)
-    np.testing.assert_allclose(white(sphered[controls]), np.eye(5), atol=1e-4)
-    np.testing.assert_allclose(sphered[controls].mean(axis=0), 0.0, atol=1e-5)
-    reference = Spherize(method="ZCA", epsilon=1e-6, return_numpy=True).fit(pd.DataFrame(profiles[controls]))
-    np.testing.assert_allclose(sphered, reference.transform(pd.DataFrame(profiles)), rtol=1e-4, atol=1e-4)
-
-
-def test_fewer_controls_than_dimensions_fill_the_unspanned_directions_as_pycytominer_does():
-    rng = np.random.default_rng(2)
-    profiles = rng.standard_normal((30, 12)) * np.linspace(0.5, 3.0, 12)
-    controls = np.arange(30) < 8  # 8 controls in 12 dimensions: they span 7
-    sphered = spherize(profiles, controls)
-    reference = Spherize(method="ZCA", epsilon=1e-6, return_numpy=True).fit(pd.DataFrame(profiles[controls]))
-    np.testing.assert_allclose(sphered, reference.transform(pd.DataFrame(profiles)), rtol=1e-3, atol=1e-3)
-    eigen = np.linalg.eigvalsh(white(sphered[controls]))
-    np.testing.assert_allclose(eigen[-7:], 1.0, atol=1e-4)  # white within the controls' span
-    assert np.abs(sphered).max() < 100  # no direction blown up by 1 / sqrt(epsilon)
-
-
-def test_sphering_without_variation_or_controls_is_refused():
-    with pytest.raises(UserError, match="do not vary"):
-        fit_sphering(np.ones((4, 3)))
-    with pytest.raises(UserError, match="at least 2 control"):
-        fit_sphering(np.ones((1, 3)))
 
 
 def table(**columns) -> CellTable:
@@ -102,7 +63,7 @@ def test_control_settings_that_match_nothing_are_named():
     wells = cell_wells(cells, ("Metadata_Plate", "Metadata_Well"))
     sphere = {"eval.profile_normalization": "spherize"}
     with pytest.raises(UserError, match="set data.control_column and data.control_value"):
-        control_wells(cells, Config().replace(sphere), wells)
+        control_wells(cells, Config().replace({}), wells)
     wrong = Config().replace({**sphere, "data.control_column": "Treatment", "data.control_value": "PBS"})
     with pytest.raises(UserError, match=r"data.control_value='PBS' is no value of Metadata_Treatment \(its values: "
                                         r"DMSO, x\)"):

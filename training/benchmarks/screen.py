@@ -1,0 +1,225 @@
+"""Screen benchmark: the screen chain from fields of view to kNN and mAP, read against its ceiling.
+
+    python -m training bench screen --config configs/screen.yaml [--set key=value ...] [--ranks 2]
+                                    [--reuse] [--out docs/benchmarks/screen.json]
+
+Runs what `make screen` runs up to `knn`, each step a process as Slurm starts it (`synth-data
+--screen` when the screen's load table is missing, then ingest, mean-std, pretrain on `--ranks`
+ranks through torchrun, as the local cluster's two nodes run it, features, labels, knn), timing each;
+`--reuse` keeps the steps whose files exist. Then the oracle: the synthetic screen knows each cell's
+phenotype (truth.csv beside its load table), so the true phenotype is scored as a feature exactly as
+the others are: per cell (one-hot, with a seeded 1e-6 jitter that only breaks ties) for kNN and
+not-same-batch kNN, per well (the fractions of its evaluated cells in each phenotype, one fraction
+left out since they sum to one) for the mAP, through the same normalisation. The JSON holds, per
+feature set (trained, raw pixels, random init, CellProfiler where measured, oracle), kNN top-1,
+not-same-batch top-1, phenotypic-activity mAP and the treatments retrieved, consistency mAP and the
+groups retrieved, each also as its share of the oracle's (kNN above chance over the oracle's above
+chance; mAP over the oracle's), the seconds of every step and the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.config import Config
+from training.data.packed import INDEX_FILE
+from training.errors import UserError
+from training.rundir import RunLayout, tags
+
+log = logging.getLogger(__name__)
+
+ORACLE = "oracle"
+STEPS = ("ingest", "mean-std", "pretrain", "features", "labels", "knn")
+JITTER = 1e-6
+TRUTH_KEYS = ("Metadata_Plate", "Metadata_Well", "Metadata_Site")
+
+
+def step_done(layout: RunLayout, step: str) -> bool:
+    """Whether `step`'s main file exists (for --reuse)."""
+    done = {"ingest": layout.packed / INDEX_FILE, "mean-std": layout.mean_std,
+            "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / "index.json",
+            "labels": layout.labels, "knn": layout.knn_json}
+    return done[step].exists()
+
+
+def step_command(step: str, config_path: Path | None, overrides: list[str], ranks: int) -> list[str]:
+    """The command Slurm's script would run for `step` (pretrain on `ranks` ranks through torchrun)."""
+    args = [step, *(["--config", str(config_path)] if config_path else []),
+            *[a for o in overrides for a in ("--set", o)]]
+    if step == "pretrain" and ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                "-m", "training", *args]
+    return [sys.executable, "-m", "training", *args]
+
+
+def run_chain(config: Config, config_path: Path | None, overrides: list[str], *, ranks: int,
+              reuse: bool) -> dict[str, float]:
+    """Every step not already done (with --reuse), in order, each in its own process; seconds per step."""
+    layout = RunLayout.from_config(config)
+    table = Path(config.ingest.table)
+    seconds: dict[str, float] = {}
+    if not table.is_file():
+        start = time.perf_counter()
+        command = [sys.executable, "-m", "training", "synth-data", "--screen", "--out", str(table.parent),
+                   *(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("--set", o)]]
+        _run(command, "synth-data")
+        seconds["synth-data"] = round(time.perf_counter() - start, 1)
+    for step in STEPS:
+        if reuse and step_done(layout, step):
+            log.info("bench screen: %s already done (--reuse)", step)
+            continue
+        start = time.perf_counter()
+        _run(step_command(step, config_path, overrides, ranks), step)
+        seconds[step] = round(time.perf_counter() - start, 1)
+        log.info("bench screen: %s took %.1f s", step, seconds[step])
+    return seconds
+
+
+def _run(command: list[str], step: str) -> None:
+    done = subprocess.run(command)
+    if done.returncode != 0:
+        raise UserError(f"bench screen: `{step}` failed (exit {done.returncode}); its error is above")
+
+
+def cell_phenotypes(config: Config, rows: np.ndarray, truth_path: Path | None = None) -> tuple[np.ndarray, list[str]]:
+    """Each table row's true phenotype (codes into the sorted names) from the screen's truth.csv."""
+    import pandas as pd
+
+    from training.data.dataset import open_images
+
+    path = truth_path or Path(config.ingest.table).parent / "truth.csv"
+    if not path.is_file():
+        raise UserError(f"the oracle needs the synthetic screen's truth.csv, and {path} does not exist: run on a "
+                        "screen from `python -m training synth-data --screen`, or give --truth")
+    truth = pd.read_csv(path, dtype={k: str for k in TRUTH_KEYS})
+    table = open_images(config).table
+    cells = pd.DataFrame({k: np.asarray(table.strings(k).take(rows), dtype=object) for k in TRUTH_KEYS})
+    cells["ObjectNumber"] = np.asarray(table.numbers("Metadata_ObjectNumber"))[rows]
+    found = cells.merge(truth[[*TRUTH_KEYS, "ObjectNumber", "Phenotype"]], how="left", on=[*TRUTH_KEYS, "ObjectNumber"])
+    if found["Phenotype"].isna().any():
+        raise UserError(f"{int(found['Phenotype'].isna().sum())} evaluated cells are not in {path}: is it the truth "
+                        "of the screen this run ingested?")
+    names = sorted(found["Phenotype"].unique())
+    return found["Phenotype"].map({n: i for i, n in enumerate(names)}).to_numpy(np.int64), names
+
+
+def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> dict[str, Any]:
+    """The oracle's knn.json-like entry: kNN and not-same-batch kNN on one-hot phenotypes, mAP on
+    per-well phenotype fractions."""
+    from training.eval.knn import evaluate_tag, reference_query
+    from training.eval.profile_normalization import WellContext, normalize_profiles
+    from training.eval.retrieval import WellProfiles, profile_map
+    from training.eval.screen import evaluation_batches, evaluation_wells
+    from training.rundir.artifacts import load_labels
+    from training.rundir.features import FeatureSet
+
+    labels = load_labels(layout)
+    rows = np.asarray(labels["indices"], np.int64)
+    phenotype, names = cell_phenotypes(config, rows, truth_path)
+    onehot = np.eye(len(names))[phenotype] + JITTER * np.random.default_rng(config.run.seed).standard_normal(
+        (len(rows), len(names)))
+    onehot /= np.linalg.norm(onehot, axis=1, keepdims=True)
+    y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
+    batches = evaluation_batches(config, labels, layout)
+    entry = evaluate_tag(FeatureSet(onehot.astype(np.float32), rows, {"kind": ORACLE}), y, (ref, query), config.eval,
+                         len(labels["class_names"]), batches)
+    setup = evaluation_wells(config, labels)
+    if setup is not None:
+        fractions = np.stack([np.bincount(phenotype[setup.wells.order[a:b]], minlength=len(names)) / (b - a)
+                              for a, b in zip(setup.wells.starts[:-1], setup.wells.starts[1:])])[:, :-1]
+        context = WellContext(setup.plates, setup.controls, setup.batches, config.run.seed)
+        profiles, _ = normalize_profiles(fractions, setup.normalization, context)
+        controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
+        entry.update(profile_map(WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls,
+                                              setup.groups), setup.controls is not None, config.run.seed))
+    entry["phenotypes"] = names
+    return entry
+
+
+def row_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one feature set."""
+    def best(e: dict[str, Any] | None) -> float | None:
+        return None if not e else e["top1"][str(e["best_k"])]
+
+    activity, consistency = entry.get("map") or {}, entry.get("map_consistency") or {}
+    return {"knn_top1": best(entry), "knn_not_same_batch_top1": best(entry.get("not_same_batch")),
+            "map_activity": activity.get("mean_map"), "treatments_retrieved": activity.get("n_significant"),
+            "treatments": activity.get("n_treatments"), "map_consistency": consistency.get("mean_map"),
+            "groups_retrieved": consistency.get("n_significant"), "groups": consistency.get("n_treatments")}
+
+
+def shares(row: dict[str, Any], oracle: dict[str, Any], chance: float) -> dict[str, float | None]:
+    """Each figure as a share of the oracle's: kNN above chance over the oracle's above chance, mAP
+    over the oracle's."""
+    def ratio(key: str, offset: float) -> float | None:
+        if row.get(key) is None or oracle.get(key) is None or oracle[key] - offset <= 0:
+            return None
+        return round((row[key] - offset) / (oracle[key] - offset), 3)
+
+    return {"knn_top1": ratio("knn_top1", chance), "knn_not_same_batch_top1": ratio("knn_not_same_batch_top1", chance),
+            "map_activity": ratio("map_activity", 0.0), "map_consistency": ratio("map_consistency", 0.0)}
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version()}
+
+
+def run_screen_benchmark(config: Config, config_path: Path | None, overrides: list[str], *, ranks: int = 2,
+                         reuse: bool = False, truth: Path | None = None) -> dict[str, Any]:
+    """The benchmark of the module docstring; returns its JSON payload."""
+    if ranks < 1:
+        raise UserError(f"--ranks must be at least 1, got {ranks}")
+    start = time.perf_counter()
+    seconds = run_chain(config, config_path, overrides, ranks=ranks, reuse=reuse)
+    layout = RunLayout.from_config(config)
+    knn = json.loads(layout.knn_json.read_text())
+    entries = {tag: knn["tags"][tag] for tag in (tags.FINAL, *tags.BASELINES) if tag in knn["tags"]}
+    entries[ORACLE] = oracle_entry(config, layout, truth)
+    chance = 1.0 / len(knn["class_names"])
+    rows = {("trained" if tag == tags.FINAL else tag): row_of(entry) for tag, entry in entries.items()}
+    screen_json = Path(config.ingest.table).parent / "screen.json"
+    screen = json.loads(screen_json.read_text()) if screen_json.is_file() else {}
+    return {
+        "benchmark": "screen", "date": date.today().isoformat(), "machine": machine(),
+        "config": str(config_path) if config_path else None, "overrides": overrides, "ranks": ranks,
+        "screen": {"seed": screen.get("seed"), "cells": screen.get("cells"), **screen.get("sizes", {})},
+        "n_reference": knn["n_reference"], "n_query": knn["n_query"], "classes": knn["class_names"],
+        "chance": round(chance, 4), "oracle_phenotypes": entries[ORACLE]["phenotypes"],
+        "seconds": seconds, "seconds_total": round(time.perf_counter() - start, 1),
+        "figures": rows, "share_of_oracle": {name: shares(row, rows[ORACLE], chance) for name, row in rows.items()},
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The figures as a table, for the log and the docs."""
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}"
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    lines = ["| features | kNN top-1 % | not same batch % | mAP activity | retrieved | mAP consistency | groups |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in result["figures"].items():
+        retrieved = "-" if r["treatments"] is None else f"{r['treatments_retrieved']} / {r['treatments']}"
+        groups = "-" if not r["groups"] else f"{r['groups_retrieved']} / {r['groups']}"
+        lines.append(f"| {name} | {pct(r['knn_top1'])} | {pct(r['knn_not_same_batch_top1'])} | "
+                     f"{num(r['map_activity'])} | {retrieved} | {num(r['map_consistency'])} | {groups} |")
+    return "\n".join(lines)
