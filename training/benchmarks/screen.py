@@ -9,8 +9,9 @@ ranks through torchrun, as the local cluster's two nodes run it, features, label
 `--reuse` keeps the steps whose files exist. Then the oracle: the synthetic screen knows each cell's
 phenotype (truth.csv beside its load table), so the true phenotype is scored as a feature exactly as
 the others are: per cell (one-hot, with a seeded 1e-6 jitter that only breaks ties) for kNN and
-not-same-batch kNN, per well (the fractions of its evaluated cells in each phenotype, one fraction
-left out since they sum to one) for the mAP, through the same normalisation. The JSON holds, per
+not-same-batch kNN, per well (the fractions of its evaluated cells in each phenotype) for the mAP,
+not normalised: true fractions carry no imaging effect to correct, and the controls' fractions of
+phenotypes they never show do not vary, which per-plate scaling and sphering cannot take. The JSON holds, per
 feature set (trained, raw pixels, random init, CellProfiler where measured, oracle), kNN top-1,
 not-same-batch top-1, phenotypic-activity mAP and the treatments retrieved, consistency mAP and the
 groups retrieved, each also as its share of the oracle's (kNN above chance over the oracle's above
@@ -118,7 +119,6 @@ def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> 
     """The oracle's knn.json-like entry: kNN and not-same-batch kNN on one-hot phenotypes, mAP on
     per-well phenotype fractions."""
     from training.eval.knn import evaluate_tag, reference_query
-    from training.eval.profile_normalization import WellContext, normalize_profiles
     from training.eval.retrieval import WellProfiles, profile_map
     from training.eval.screen import evaluation_batches, evaluation_wells
     from training.rundir.artifacts import load_labels
@@ -137,12 +137,11 @@ def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> 
     setup = evaluation_wells(config, labels)
     if setup is not None:
         fractions = np.stack([np.bincount(phenotype[setup.wells.order[a:b]], minlength=len(names)) / (b - a)
-                              for a, b in zip(setup.wells.starts[:-1], setup.wells.starts[1:])])[:, :-1]
-        context = WellContext(setup.plates, setup.controls, setup.batches, config.run.seed)
-        profiles, _ = normalize_profiles(fractions, setup.normalization, context)
-        controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
-        entry.update(profile_map(WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls,
-                                              setup.groups), setup.controls is not None, config.run.seed))
+                              for a, b in zip(setup.wells.starts[:-1], setup.wells.starts[1:])])
+        controls = setup.controls if setup.controls is not None else np.zeros(len(fractions), bool)
+        entry.update(profile_map(WellProfiles(fractions, setup.perturbations, setup.plates, setup.keys, controls,
+                                              setup.groups), setup.controls is not None, config.run.seed,
+                                 same_plate=setup.same_plate))
     entry["phenotypes"] = names
     return entry
 

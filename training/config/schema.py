@@ -441,6 +441,10 @@ class EvalConfig:
     normalize: bool = True
     """Normalise with the dataset's per-channel mean and std before the encoder (scDINO's
     compute_cls_features.normalize); false feeds the min-max scaled images."""
+    feature: Literal["cls", "cls_patch_mean"] = "cls"
+    """What of the backbone's output a cell's feature is: "cls", the class token after the final norm
+    (scDINO's compute_cls_features); "cls_patch_mean", that token and the mean of the patch tokens
+    side by side, as DINO's linear evaluation pools them (twice the width; plain ViTs only)."""
     checkpoint_key: Literal["teacher", "student"] = "teacher"
     """Which network of a DINO/scDINO checkpoint the features (and plots) use."""
     checkpoints_dir: str = ""
@@ -508,6 +512,12 @@ class EvalConfig:
     """The column naming each well's perturbation (compound, gene, treatment), whose replicate wells
     phenotypic-activity mAP retrieves against the control wells. Empty: data.label_column (the kNN
     classes), else the class folder."""
+    activity_negatives: Literal["same_plate", "all"] = "same_plate"
+    """Which control wells a perturbation's wells are retrieved against in phenotypic activity:
+    "same_plate", those of the query's own plate (JUMP's setup, which keeps plate effects out of the
+    comparison); "all", every control well of the screen (copairs' one-plate example), for plates
+    with few controls each once per-plate normalisation (mad_robustize) has put every plate on its
+    controls' scale: with 4 control wells, a perturbation's mAP can hardly reach significance."""
     consistency_column: str = ""
     """A column grouping perturbations that should look alike (a mechanism of action or target, e.g.
     Metadata_MOA): `knn` then also scores phenotypic consistency, the mAP with which the wells of one
@@ -635,6 +645,9 @@ class Config:
             raise ConfigError("eval.normalize=false evaluates on unnormalised images, but data.normalization="
                               "per_image trains on per-image z-scored ones: set eval.normalize=true, or "
                               "data.normalization=dataset to evaluate scDINO weights as scDINO does")
+        if self.eval.feature == "cls_patch_mean" and self.model.kind != "vit":
+            raise ConfigError(f"eval.feature=cls_patch_mean pools a plain ViT's patch tokens, and model.kind="
+                              f"{self.model.kind} combines channels' features instead: set eval.feature=cls")
         self._select_channel_adaptive()
         combination = self.run.combination
         if not combination:

@@ -94,7 +94,7 @@ def checkpoint_epoch(path: Path) -> int | None:
     return int(epoch) if isinstance(epoch, int) else None
 
 
-LEGACY_META = {"normalization": "dataset"}
+LEGACY_META = {"normalization": "dataset", "feature": "cls"}
 """What features written before a key existed were computed with, so that they stay up to date."""
 
 
@@ -103,6 +103,7 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
     return {
         **bag,
         "normalization": config.data.normalization,
+        "feature": config.eval.feature,
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
@@ -114,25 +115,21 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
 
 
 def _checkpoint_plan(config: Config, tag: str, path: Path, epoch: int | None, digest: str) -> TagPlan:
-    from training.models import feature_dim
-
     stat = path.stat()
     meta = {**_common_meta(config, digest), "tag": tag, "kind": "checkpoint", "epoch": epoch,
             "checkpoint_key": config.eval.checkpoint_key,
             "checkpoint": str(path), "checkpoint_bytes": stat.st_size, "checkpoint_mtime_ns": stat.st_mtime_ns}
-    return TagPlan(tag, "checkpoint", feature_dim(config.model, config.data.in_chans), path, meta)
+    return TagPlan(tag, "checkpoint", encoder_dim(config), path, meta)
 
 
 def _baseline_plans(config: Config, digest: str) -> list[TagPlan]:
-    from training.models import feature_dim
-
     common = _common_meta(config, digest)
     size = config.eval.raw_pixels_size
     return [
         TagPlan(tags.RAW_PIXELS, tags.RAW_PIXELS, config.data.in_chans * size * size,
                 meta={**common, "tag": tags.RAW_PIXELS, "kind": tags.RAW_PIXELS, "epoch": None,
                       "raw_pixels_size": size}),
-        TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, feature_dim(config.model, config.data.in_chans),
+        TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, encoder_dim(config),
                 meta={**common, "tag": tags.RANDOM_INIT, "kind": tags.RANDOM_INIT, "epoch": 0,
                       "seed": config.run.seed}),
     ]
@@ -259,6 +256,28 @@ def _up_to_date(directory: Path, plan: TagPlan) -> bool:
     return index is not None and all(index.get(k, LEGACY_META.get(k)) == v for k, v in plan.meta.items())
 
 
+def encoder_dim(config: Config) -> int:
+    """Width of a model tag's features: the backbone's CLS feature, twice that with the mean of the
+    patch tokens beside it (eval.feature: cls_patch_mean)."""
+    from training.models import feature_dim
+
+    width = feature_dim(config.model, config.data.in_chans)
+    return 2 * width if config.eval.feature == "cls_patch_mean" else width
+
+
+class ClsAndPatchMean(torch.nn.Module):
+    """The final-norm CLS token and the mean of the patch tokens side by side, as DINO's linear
+    evaluation pools them (eval.feature: cls_patch_mean)."""
+
+    def __init__(self, backbone: torch.nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        tokens = self.backbone.forward_features(images)
+        return torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=1)
+
+
 def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.device) -> Encoder:
     """The function images -> features for one tag, in eval mode on `device`."""
     if plan.kind == tags.RAW_PIXELS:
@@ -275,4 +294,6 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
 
         model = load_backbone(plan.checkpoint, config.model, in_chans, which=config.eval.checkpoint_key,
                               channels=config.data.channel_indices, normalization=config.data.normalization)
+    if config.eval.feature == "cls_patch_mean":
+        model = ClsAndPatchMean(model)
     return model.to(device).eval()

@@ -9,7 +9,8 @@ cosine similarity: the mean, over its positives, of the precision at each positi
     phenotypic activity     can a perturbation's wells be told from the negative controls? Each
                             perturbation well queries its replicate wells (positives: same
                             perturbation, another well) against the control wells of its own plate
-                            (negatives), copairs' reference-index setup; per perturbation, the mean AP
+                            (negatives; every control well with eval.activity_negatives: all),
+                            copairs' reference-index setup; per perturbation, the mean AP
     phenotypic consistency  do perturbations annotated alike (eval.consistency_column, e.g. a
                             mechanism of action) look alike? Among the active perturbations (activity
                             q below the threshold; every non-control perturbation when no controls
@@ -105,8 +106,9 @@ def _copairs_map(meta, profiles: np.ndarray, sameby: str, *, pos: tuple[list[str
                                                   seed=seed, progress_bar=False, cache_dir=cache)
 
 
-def phenotypic_activity(wells: WellProfiles, *, seed: int) -> dict[str, Any]:
-    """Each perturbation's mAP against the control wells of the query's plate (see the module)."""
+def phenotypic_activity(wells: WellProfiles, *, seed: int, same_plate: bool = True) -> dict[str, Any]:
+    """Each perturbation's mAP against the control wells of the query's plate, or all of them (see
+    the module)."""
     import pandas as pd
     from copairs.matching import assign_reference_index
 
@@ -114,7 +116,8 @@ def phenotypic_activity(wells: WellProfiles, *, seed: int) -> dict[str, Any]:
                          "control": np.asarray(wells.controls, bool)})
     meta = assign_reference_index(meta, "control", reference_col=REFERENCE, default_value=-1)
     table = _copairs_map(meta.drop(columns="control"), wells.profiles, PERTURBATION,
-                         pos=([PERTURBATION, REFERENCE], []), neg=([PLATE], [PERTURBATION, REFERENCE]), seed=seed)
+                         pos=([PERTURBATION, REFERENCE], []), neg=([PLATE] if same_plate else [], [PERTURBATION, REFERENCE]),
+                         seed=seed)
     counts = pd.Series(wells.perturbations[~wells.controls]).value_counts().to_dict()
     summary = summarise(table, PERTURBATION, counts, "treatments")
     summary["n_control_wells"] = int(np.sum(wells.controls))
@@ -178,6 +181,8 @@ class MapSetup:
     normalization: tuple[str, ...]
     settings: dict[str, Any]
     consistency_settings: dict[str, Any] | None
+    same_plate: bool = True
+    """Activity's negatives: the control wells of the query's plate (else every control well)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -219,7 +224,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
         groups = _per_well(table, group_name, rows, wells, "eval.consistency_column")
         consistency = consistency_settings(group_name, name, controls is not None)
     settings = activity_settings(name, columns, steps, config, controls)
-    return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency)
+    return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
+                    same_plate=config.eval.activity_negatives == "same_plate")
 
 
 def perturbation_column(table: CellTable, config: Config) -> str:
@@ -241,9 +247,11 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
         return {**common, "setup": "phenotypic activity", "skipped": NO_CONTROLS}
+    negatives = "control wells of the query's plate" if config.eval.activity_negatives == "same_plate" else \
+        "every control well of the screen"
     return {**common, "setup": "phenotypic activity",
             "controls": f"{config.data.control_column} = {config.data.control_value}",
-            "positives": "same perturbation, another well", "negatives": "control wells of the query's plate"}
+            "positives": "same perturbation, another well", "negatives": negatives}
 
 
 def consistency_settings(group: str, perturbation: str, has_controls: bool) -> dict[str, Any]:
@@ -266,15 +274,16 @@ def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfi
 def tag_map(features: np.ndarray, setup: MapSetup, seed: int) -> dict[str, Any]:
     """One feature set's knn.json entries: "map" (phenotypic activity) and, with groups,
     "map_consistency"."""
-    return profile_map(well_profiles(features, setup, seed), setup.controls is not None, seed)
+    return profile_map(well_profiles(features, setup, seed), setup.controls is not None, seed,
+                       same_plate=setup.same_plate)
 
 
-def profile_map(wells: WellProfiles, has_controls: bool, seed: int) -> dict[str, Any]:
+def profile_map(wells: WellProfiles, has_controls: bool, seed: int, *, same_plate: bool = True) -> dict[str, Any]:
     """Activity (or the reason it is not measured) and consistency of ready per-well profiles."""
     out: dict[str, Any] = {}
     active = None
     if has_controls:
-        out["map"] = phenotypic_activity(wells, seed=seed)
+        out["map"] = phenotypic_activity(wells, seed=seed, same_plate=same_plate)
         active = [name for name, v in out["map"]["per_treatment"].items() if v["significant"]]
     else:
         out["map"] = {"mean_map": None, "fraction_significant": None, "n_treatments": 0, "n_significant": 0,

@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per headline tag present in knn.json: its label, best k and top-1/top-2 there and per k; where
     measured, the same of the not-same-batch kNN ("not_same_batch") and the mAP ("map": the mean
-    over treatments and the fraction whose mAP is significant)."""
+    over treatments and the fraction whose mAP is significant; "map_consistency" the same over groups)."""
     models = {}
-    for tag in tags.HEADLINE:
+    for tag in dict.fromkeys((*tags.HEADLINE, *tags.BASELINES)):  # the CellProfiler baseline where measured
         entry = knn["tags"].get(tag)
         if entry is None:
             continue
@@ -44,9 +44,10 @@ def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
             k = str(other["best_k"])
             models[tag]["not_same_batch"] = {"best_k": other["best_k"], "top1": other["top1"][k],
                                              "top2": other["top2"][k]}
-        if entry.get("map") is not None:
-            models[tag]["map"] = {key: entry["map"][key] for key in
-                                  ("mean_map", "fraction_significant", "n_significant", "n_treatments")}
+        for part in ("map", "map_consistency"):
+            if entry.get(part) is not None:
+                models[tag][part] = {key: entry[part][key] for key in
+                                     ("mean_map", "fraction_significant", "n_significant", "n_treatments")}
     return models
 
 

@@ -160,3 +160,33 @@ def test_a_few_rows_of_a_large_set_are_read_without_checksumming_all_of_it(tmp_p
         load_features(tmp_path / "final", rows=np.arange(50) * 3)  # every row: checked whatever the size
     with pytest.raises(DamagedFileError, match="fails its checksum"):
         load_features(tmp_path / "final")
+
+
+def test_cls_and_patch_mean_puts_the_cls_feature_beside_the_patch_tokens_mean():
+    """eval.feature=cls_patch_mean: the first half is exactly the "cls" feature of the same weights,
+    the second the mean over the patch tokens (not the CLS token) after the final norm."""
+    from training.config import Config
+    from training.eval.feature_plan import TagPlan, build_encoder, encoder_dim
+    from training.rundir import tags
+
+    base = {"model.arch": "vit_tiny", "model.patch_size": 8, "eval.image_size": 32, "data.channels": "012"}
+    cls_config = Config().replace(base)
+    both_config = Config().replace({**base, "eval.feature": "cls_patch_mean"})
+    plan = TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, encoder_dim(cls_config))
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    cls_encoder = build_encoder(cls_config, plan, 3, torch.device("cpu"))
+    both_encoder = build_encoder(both_config, plan, 3, torch.device("cpu"))
+    with torch.no_grad():
+        cls, both = cls_encoder(images), both_encoder(images)
+        tokens = cls_encoder.forward_features(images)
+    assert encoder_dim(cls_config) == 192 and encoder_dim(both_config) == 384 and both.shape == (4, 384)
+    torch.testing.assert_close(both[:, :192], cls)
+    torch.testing.assert_close(both[:, 192:], tokens[:, 1:17].mean(dim=1))
+    assert not torch.allclose(both[:, 192:], tokens[:, 0])
+
+
+def test_cls_and_patch_mean_needs_a_plain_vit():
+    from training.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="eval.feature=cls_patch_mean pools a plain ViT's patch tokens"):
+        Config().replace({"eval.feature": "cls_patch_mean", "model.kind": "bag_of_channels"})

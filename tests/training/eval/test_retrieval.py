@@ -31,11 +31,11 @@ def average_precision(x: np.ndarray, query: int, positives: list[int], negatives
     return float((np.arange(1, len(ranks) + 1) / ranks).mean())
 
 
-def activity_by_definition(x, perturbations, plates, controls) -> dict[str, float]:
+def activity_by_definition(x, perturbations, plates, controls, same_plate=True) -> dict[str, float]:
     per: dict[str, list[float]] = {}
     for q in np.flatnonzero(~controls):
         positives = [j for j in range(len(x)) if j != q and not controls[j] and perturbations[j] == perturbations[q]]
-        negatives = [j for j in range(len(x)) if controls[j] and plates[j] == plates[q]]
+        negatives = [j for j in range(len(x)) if controls[j] and (plates[j] == plates[q] or not same_plate)]
         if positives and negatives:
             per.setdefault(perturbations[q], []).append(average_precision(x, q, positives, negatives))
     return {name: float(np.mean(v)) for name, v in per.items()}
@@ -69,10 +69,12 @@ def small_screen(rng, separation: float = 0.8):
         np.array(groups, dtype=object)
 
 
-def test_activity_equals_average_precision_against_the_plates_controls():
+@pytest.mark.parametrize("same_plate", [True, False])
+def test_activity_equals_average_precision_against_the_controls(same_plate):
+    """Against the control wells of the query's plate (JUMP), or every control well."""
     x, perturbations, plates, controls, _ = small_screen(np.random.default_rng(0))
-    result = phenotypic_activity(make_wells(x, perturbations, plates, controls), seed=0)
-    expected = activity_by_definition(x, perturbations, plates, controls)
+    result = phenotypic_activity(make_wells(x, perturbations, plates, controls), seed=0, same_plate=same_plate)
+    expected = activity_by_definition(x, perturbations, plates, controls, same_plate)
     assert set(result["per_treatment"]) == set(expected)  # the controls are not scored
     for name, value in expected.items():
         assert result["per_treatment"][name]["map"] == pytest.approx(value, abs=1e-6)

@@ -1,0 +1,99 @@
+"""`bench screen`'s oracle (training/benchmarks/screen.py): each evaluated cell gets the phenotype that
+truth.csv gives its object, found here another way (through the cell's path and the load table's
+row, not the Metadata_ columns the benchmark joins on); the oracle scores perfect kNN when the
+classes are the phenotypes themselves; a truth file that is missing or belongs to another screen is
+one line; flags of `bench screen` given to another benchmark are refused."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from tiny import run_cli, tiny_config
+
+from training.benchmarks.screen import cell_phenotypes, oracle_entry, shares
+from training.data.synthetic_screen import ScreenSpec, write_screen
+from training.errors import UserError
+from training.rundir import RunLayout
+
+
+@pytest.fixture(scope="module")
+def screen_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_screen")
+    write_screen(root / "screen", ScreenSpec(plates=2, batches=2, wells_per_plate=12, sites=1, fov_size=96,
+                                             cells_per_fov=6, seed=4))
+    config = tiny_config({"run.output_dir": str(root / "run"), "data.source": str(root / "screen"),
+                          "data.channels": "01234", "data.holdout_fraction": 0.5, "data.label_column": "Metadata_MOA",
+                          "data.batch_column": "Metadata_Batch", "data.control_column": "Metadata_Treatment",
+                          "data.control_value": "DMSO", "eval.perturbation_column": "Metadata_Treatment",
+                          "eval.consistency_column": "Metadata_MOA", "eval.knn_k": [1, 3], "eval.max_cells": 0,
+                          "ingest.table": str(root / "screen" / "load_data.csv"), "ingest.crop_size": 32,
+                          "ingest.objects": "Cells"})
+    assert run_cli(config, "ingest") == 0 and run_cli(config, "labels") == 0
+    return config
+
+
+def truth_by_path(config) -> dict[str, str]:
+    """Each cell path "<first image>#<object>" -> its phenotype, joined through the load table's rows."""
+    root = config.ingest.table.rsplit("/", 1)[0]
+    with open(config.ingest.table, newline="") as f:
+        fields = list(csv.DictReader(f))
+    with open(f"{root}/truth.csv", newline="") as f:
+        truth = list(csv.DictReader(f))
+    image_of = {(r["Metadata_Plate"], r["Metadata_Well"], r["Metadata_Site"]): f"{r['PathName_Cell']}/{r['FileName_Cell']}"
+                for r in fields}
+    return {f"{image_of[(t['Metadata_Plate'], t['Metadata_Well'], t['Metadata_Site'])]}#{t['ObjectNumber']}":
+            t["Phenotype"] for t in truth}
+
+
+def test_each_evaluated_cell_gets_the_phenotype_of_its_own_object(screen_run):
+    layout = RunLayout.from_config(screen_run)
+    labels = json.loads(layout.labels.read_text())
+    rows = np.asarray(labels["indices"])
+    codes, names = cell_phenotypes(screen_run, rows)
+    expected = truth_by_path(screen_run)
+    assert [names[c] for c in codes] == [expected[p] for p in labels["paths"]]
+    assert len(set(names)) >= 4
+
+
+def test_the_oracle_is_perfect_where_the_classes_are_the_phenotypes(screen_run, monkeypatch):
+    """With the true phenotype as the class, the oracle's kNN is right for every query; mAP and
+    consistency are scored on per-well fractions through the configured normalisation."""
+    import training.benchmarks.screen as bench
+
+    layout = RunLayout.from_config(screen_run)
+    labels = json.loads(layout.labels.read_text())
+    codes, names = cell_phenotypes(screen_run, np.asarray(labels["indices"]))
+    relabelled = {**labels, "labels": codes.tolist(), "class_names": names}
+    monkeypatch.setattr("training.rundir.artifacts.load_labels", lambda _layout: relabelled)
+    entry = bench.oracle_entry(screen_run, layout, None)
+    assert all(v == 1.0 for v in entry["top1"].values())
+    assert all(v == 1.0 for v in entry["not_same_batch"]["top1"].values())
+    assert entry["map"]["n_treatments"] == 10 and entry["map_consistency"]["n_treatments"] >= 1
+    assert entry["phenotypes"] == names
+
+
+def test_kNN_shares_count_from_chance_and_mAP_from_zero():
+    oracle = {"knn_top1": 0.6, "knn_not_same_batch_top1": 0.5, "map_activity": 0.8, "map_consistency": None}
+    row = {"knn_top1": 0.4, "knn_not_same_batch_top1": 0.2, "map_activity": 0.6, "map_consistency": 0.5}
+    assert shares(row, oracle, 0.2) == {"knn_top1": 0.5, "knn_not_same_batch_top1": 0.0, "map_activity": 0.75,
+                                        "map_consistency": None}
+
+
+def test_a_missing_or_foreign_truth_is_one_line(screen_run, tmp_path):
+    layout = RunLayout.from_config(screen_run)
+    with pytest.raises(UserError, match="the oracle needs the synthetic screen's truth.csv, and .* does not exist"):
+        oracle_entry(screen_run, layout, tmp_path / "missing.csv")
+    foreign = tmp_path / "truth.csv"
+    foreign.write_text("Metadata_Plate,Metadata_Well,Metadata_Site,ObjectNumber,Phenotype\nPlateX,A01,1,1,nuclear\n")
+    with pytest.raises(UserError, match=r"\d+ evaluated cells are not in .*truth.csv: is it the truth of the screen"):
+        oracle_entry(screen_run, layout, foreign)
+
+
+def test_screen_flags_belong_to_bench_screen(tmp_path, capsys):
+    from training.cli import main
+
+    assert main(["bench", "scale", "--ranks", "2"]) == 2
+    assert "--ranks: only `bench screen` takes it" in capsys.readouterr().err
