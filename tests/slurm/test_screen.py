@@ -24,7 +24,7 @@ def test_the_screen_config_runs_from_fields_of_view_to_knn(cluster, tmp_path):
     from training.data.synthetic_screen import ScreenSpec, write_screen
 
     screen = tmp_path / "screen"
-    write_screen(screen, ScreenSpec(plates=2, batches=2, wells_per_plate=12, sites=1, fov_size=128, cells_per_fov=12))
+    write_screen(screen, ScreenSpec(plates=2, batches=2, wells_per_plate=16, sites=1, fov_size=128, cells_per_fov=12))
     run = tmp_path / "run"
     settings = {"run.output_dir": run, "data.source": screen, "ingest.table": screen / "load_data.csv", **SHRINK}
     overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
@@ -45,7 +45,7 @@ def test_the_screen_config_runs_from_fields_of_view_to_knn(cluster, tmp_path):
     report = json.loads((run / "ingest_report.json").read_text())
     with open(screen / "truth.csv", newline="") as f:
         cells = sum(1 for _ in csv.DictReader(f))
-    assert report["parts"] == 2 and report["fields"] == 2 * 12 * 1 and report["objects"] == cells
+    assert report["parts"] == 2 and report["fields"] == 2 * 16 * 1 and report["objects"] == cells
     assert report["cut"] + report["skipped_total"] == cells and report["cut"] > 0.5 * cells
     packed = PackedImages(run / "packed", label_column="Metadata_Treatment", batch_column="Metadata_Batch")
     assert len(packed) == report["cut"] and packed.uniform_shape == (5, 40, 40)
@@ -57,4 +57,4 @@ def test_the_screen_config_runs_from_fields_of_view_to_knn(cluster, tmp_path):
     knn = json.loads((run / "knn" / "knn.json").read_text())
     assert {"final", "raw_pixels", "random_init"} <= set(knn["tags"])
     assert all(0 <= v <= 100 for entry in knn["tags"].values() for v in entry["top1"].values())
-    assert re.search(r"ingest: 24 fields of view \(0 bad", log_of(tmp_path, infos["ingest"]))
+    assert re.search(r"ingest: 32 fields of view \(0 bad", log_of(tmp_path, infos["ingest"]))

@@ -136,10 +136,12 @@ def phenotypic_consistency(wells: WellProfiles, active: list[str] | None, *, see
     scorable = perturbations_per_group[perturbations_per_group >= 2]
     base = {"n_active_perturbations": int(len(set(wells.perturbations[chosen]))),
             "active_filter": "activity q < threshold" if active is not None else "none (no controls)"}
-    if scorable.empty:
+    reason = ("no group has two active perturbations to retrieve each other" if scorable.empty else
+              "the active perturbations are all of one group: no other group to tell them from"
+              if groups.nunique() < 2 else None)
+    if reason:
         return {**base, "mean_map": None, "fraction_significant": None, "n_treatments": 0, "n_significant": 0,
-                "n_wells": int(chosen.sum()), "per_treatment": {},
-                "skipped": "no group has two active perturbations to retrieve each other"}
+                "n_wells": int(chosen.sum()), "per_treatment": {}, "skipped": reason}
     meta = pd.DataFrame({GROUP: groups.values, PERTURBATION: wells.perturbations[chosen], WELL: wells.keys[chosen]})
     table = _copairs_map(meta, wells.profiles[chosen], GROUP, pos=([GROUP], [PERTURBATION]), neg=([], [GROUP]),
                          seed=seed)

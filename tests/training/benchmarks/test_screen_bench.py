@@ -22,7 +22,7 @@ from training.rundir import RunLayout
 @pytest.fixture(scope="module")
 def screen_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_screen")
-    write_screen(root / "screen", ScreenSpec(plates=2, batches=2, wells_per_plate=12, sites=1, fov_size=96,
+    write_screen(root / "screen", ScreenSpec(plates=2, batches=2, wells_per_plate=16, sites=1, fov_size=96,
                                              cells_per_fov=6, seed=4))
     config = tiny_config({"run.output_dir": str(root / "run"), "data.source": str(root / "screen"),
                           "data.channels": "01234", "data.holdout_fraction": 0.5, "data.label_column": "Metadata_MOA",

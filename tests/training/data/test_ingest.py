@@ -138,7 +138,7 @@ def test_padded_edges_and_masked_neighbours_on_the_real_field(tmp_path, real):
 def screens(tmp_path_factory) -> dict[str, Path]:
     """The same small synthetic screen written with one multi-channel file and with one file per channel."""
     root = tmp_path_factory.mktemp("screens")
-    spec = dict(plates=2, batches=2, wells_per_plate=12, sites=1, fov_size=96, cells_per_fov=6, seed=3)
+    spec = dict(plates=2, batches=2, wells_per_plate=16, sites=1, fov_size=96, cells_per_fov=6, seed=3)
     write_screen(root / "stacked", ScreenSpec(**spec))
     write_screen(root / "planes", ScreenSpec(**spec, per_channel_files=True))
     return {"stacked": root / "stacked", "planes": root / "planes"}
@@ -231,14 +231,14 @@ def test_bad_fields_are_skipped_and_reported_or_stop_the_step(tmp_path, screens,
     assert run_cli(config, "ingest") == 0
     packed, columns, report = cells(config)
     bad = {entry["row"]: entry for entry in report["bad"]}
-    assert sorted(bad) == [3, 7, 10, 12] and report["bad_fields"] == 4 and report["fields"] == 24
+    assert sorted(bad) == [3, 7, 10, 12] and report["bad_fields"] == 4 and report["fields"] == 32
     assert bad[12]["reason"] == "load_data.csv row 12: FileName_Cell: 3 channels, the dataset has 5 (as the first " \
                                 "readable field)"
     assert bad[3]["reason"].startswith("load_data.csv row 3: FileName_Cell: ") and "not a readable TIFF" in \
         bad[3]["reason"]
     assert bad[7]["reason"].startswith("load_data.csv row 7: ObjectsFileName_Cells: no such file ")
     assert bad[10]["reason"].endswith("is 40 x 40, the field's images 96 x 96")
-    assert set(columns["Metadata_FieldOfView"].tolist()) == set(range(1, 25)) - {3, 7, 10, 12}
+    assert set(columns["Metadata_FieldOfView"].tolist()) == set(range(1, 33)) - {3, 7, 10, 12}
     listed = json.loads(RunLayout.from_config(config).bad_images.read_text())
     assert listed["step"] == "ingest" and listed["count"] == 4
     assert "4 bad" in capsys.readouterr().out

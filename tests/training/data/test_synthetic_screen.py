@@ -4,8 +4,8 @@ mixture, determinism, and a batch effect that makes plain kNN on treatments look
 not-same-batch kNN. Everything is checked from the written files, with measurements of the test's own.
 
 Measured with this file's screen (4 plates in 2 batches, 12 wells, 1 site, 14 cells per 192 px
-field: 672 cells; seed 0; eleven treatments), raw-pixel 1-NN on Metadata_Treatment: plain 0.281,
-not-same-batch 0.067; with --batch-strength 0: plain 0.153, not-same-batch 0.110.
+field: 672 cells; seed 0; eleven treatments), raw-pixel 1-NN on Metadata_Treatment: plain 0.327,
+not-same-batch 0.128; with --batch-strength 0: plain 0.241, not-same-batch 0.204.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from training.cli import main
 
 SCREEN = ["--plates", "4", "--batches", "2", "--wells-per-plate", "12", "--sites", "1", "--fov-size", "192",
           "--cells-per-fov", "14"]
-TINY = ["--plates", "2", "--wells-per-plate", "12", "--sites", "1", "--fov-size", "96", "--cells-per-fov", "5"]
+TINY = ["--plates", "2", "--wells-per-plate", "16", "--sites", "1", "--fov-size", "96", "--cells-per-fov", "5"]
 CHANNELS = ["mem", "cyto", "dna", "marker", "marker2"]
 LOAD_DATA_METADATA = ["Metadata_Plate", "Metadata_Well", "Metadata_Site", "Metadata_Treatment", "Metadata_MOA",
                       "Metadata_Batch"]
@@ -105,7 +105,8 @@ def test_the_plate_map_gives_every_treatment_two_batches_and_every_plate_a_contr
 
 def test_compounds_of_a_mechanism_share_its_mixture_and_batches_split_them(screen):
     """Two compounds per mechanism of action (Metadata_MOA, the same in the plate map and the load
-    table), each with its mechanism's mixture; where there are two batches, each favours one of them."""
+    table), each with its mechanism's mixture; where there are two batches, each favours one of them,
+    so that a mechanism's wells are spread over both batches about evenly."""
     parameters = json.loads((screen / "screen.json").read_text())["treatments"]
     _, wells = read_csv(screen / "platemap.csv")
     moa = {w["Metadata_Treatment"]: w["Metadata_MOA"] for w in wells}
@@ -117,8 +118,11 @@ def test_compounds_of_a_mechanism_share_its_mixture_and_batches_split_them(scree
     for mechanism, members in compounds.items():
         assert all(parameters[m]["mixture"] == parameters[members[0]]["mixture"] for m in members)
         if mechanism != "DMSO":
-            favoured = [max(parameters[m]["wells_per_batch"], key=parameters[m]["wells_per_batch"].get) for m in members]
-            assert len(set(favoured)) == 2, (mechanism, favoured)
+            per_batch = Counter()
+            for m in members:
+                per_batch.update(parameters[m]["wells_per_batch"])
+            spread = sorted(per_batch.values())
+            assert len(spread) == 2 and spread[1] - spread[0] <= max(1, sum(spread) // 4), (mechanism, per_batch)
     _, rows = read_csv(screen / "load_data.csv")
     assert all(moa[r["Metadata_Treatment"]] == r["Metadata_MOA"] for r in rows)
 
@@ -234,7 +238,7 @@ def test_same_seed_same_bytes_and_another_seed_another_screen(tmp_path):
     synth(tmp_path / "b", *TINY)
     synth(tmp_path / "c", *TINY, seed=1)
     a, b, c = all_files(tmp_path / "a"), all_files(tmp_path / "b"), all_files(tmp_path / "c")
-    assert len(a) == 24 * 2 + 4 and a == b
+    assert len(a) == 32 * 2 + 4 and a == b
     assert a.keys() == c.keys() and a["images/Plate01/A01_s1.tif"] != c["images/Plate01/A01_s1.tif"]
 
 
@@ -245,7 +249,7 @@ def test_per_channel_files_hold_the_same_pixels(tmp_path):
     assert header == [*LOAD_DATA_METADATA, *[f"{kind}_{n}" for n in CHANNELS for kind in ("FileName", "PathName")],
                       "ObjectsFileName_Cells", "ObjectsPathName_Cells"]
     _, stacked = read_csv(tmp_path / "stack" / "load_data.csv")
-    assert len(rows) == len(stacked) == 24
+    assert len(rows) == len(stacked) == 32
     for planes, stack in zip(rows, stacked):
         assert planes["FileName_dna"] == f"{planes['Metadata_Well']}_s{planes['Metadata_Site']}_dna.tif"
         assert tifffile.imread(tmp_path / "planes" / planes["PathName_dna"] / planes["FileName_dna"]).ndim == 2
@@ -261,7 +265,7 @@ def test_the_stated_range_of_cells_per_field_is_the_true_one(tmp_path, capsys):
     most = int(found.group(1))
     assert main(["synth-data", "--screen", "--out", str(tmp_path / "x"), *TINY[:-2], "--cells-per-fov", str(most)]) == 0
     _, truth = read_csv(tmp_path / "x" / "truth.csv")
-    assert len(truth) >= 0.9 * 24 * most
+    assert len(truth) >= 0.9 * 32 * most
 
 
 @pytest.mark.parametrize(("options", "named"), [

@@ -153,3 +153,12 @@ def test_activity_filters_consistency_to_the_retrieved_perturbations():
     result = profile_map(wells, has_controls=True, seed=0)
     retrieved = sorted(n for n, v in result["map"]["per_treatment"].items() if v["significant"])
     assert result["map_consistency"]["n_active_perturbations"] == len(retrieved) == 4
+
+
+def test_consistency_without_two_groups_to_compare_says_why():
+    x, perturbations, plates, controls, groups = small_screen(np.random.default_rng(5))
+    wells = make_wells(x, perturbations, plates, controls, groups)
+    one_group = phenotypic_consistency(wells, ["a1", "a2"], seed=0)
+    assert one_group["mean_map"] is None and "all of one group" in one_group["skipped"]
+    lonely = phenotypic_consistency(wells, ["a1", "b1"], seed=0)
+    assert lonely["mean_map"] is None and "no group has two active perturbations" in lonely["skipped"]
