@@ -116,6 +116,10 @@ class DataConfig:
     """The column naming each cell's imaging batch (e.g. Metadata_Batch or Metadata_Plate). Set, kNN
     also reports "not same batch" accuracy (a query never votes with a cell of its own batch), as
     imaging batches otherwise make any representation look better than it is. Empty: no batches."""
+    balance_column: str = ""
+    """A per-cell column (e.g. Metadata_Batch) whose values every pretraining batch holds alike: the
+    sampler lets them take turns, so that no step sees one imaging batch more than another. Empty:
+    uniform shuffling, as scDINO."""
     control_column: str = ""
     """The column that marks control cells (e.g. Metadata_Treatment), for profiles normalised on the
     controls (`export`); empty: no controls."""

@@ -14,7 +14,10 @@ library the field uses (eval.profile_normalization lists the steps; they run in 
                    among the best corrections for Cell Painting batches)
 
 Features that do not vary among a plate's control wells (a median absolute deviation of 0) would be
-divided by pycytominer's epsilon of 1e-18; they are dropped before the steps, and counted.
+divided by pycytominer's epsilon of 1e-18; they are dropped before the steps, and counted. After
+mad_robustize, features beyond +-500 in some well are dropped too (pycytominer's drop_outliers, the
+step profiling pipelines run next): a feature that hardly varies among a plate's few controls would
+otherwise dominate every cosine and leave the controls a rank of one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SPHERE_EPSILON = 1e-9
 """Added to the singular values of the centred controls (Spherize's epsilon). Not its default of 1e-6:
 on L2-normalised features the smallest singular values are about 1e-4 (variances of 1e-8 over ~100
 wells), where 1e-6 leaves the controls' variance 2 % short of 1 in those directions."""
+OUTLIER_CUTOFF = 500.0
+"""pycytominer's drop_outliers default: features beyond it in absolute value after mad_robustize go."""
 MIN_PLATE_CONTROLS = 2
 """A median absolute deviation needs two control wells on a plate (one has none)."""
 CONTROL_FLAG = "Metadata_IsControl"
@@ -83,6 +88,8 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
         x = x[:, kept]
     if "mad_robustize" in steps:
         x = mad_robustize_per_plate(x, context)
+        inside = within_outlier_cutoff(x)
+        x, kept = x[:, inside], kept[inside]
     if "spherize" in steps:
         x = spherize(x, context.controls)
     if "harmony" in steps:
@@ -126,12 +133,32 @@ def check_plate_controls(context: WellContext) -> None:
                             "data.holdout_fraction), or leave mad_robustize out of eval.profile_normalization")
 
 
+def within_outlier_cutoff(x: np.ndarray) -> np.ndarray:
+    """Which features pycytominer's drop_outlier_features keeps (none beyond OUTLIER_CUTOFF), counted in the log."""
+    from pycytominer.cyto_utils.features import drop_outlier_features
+
+    dropped = set(drop_outlier_features(_frame(x, np.zeros(len(x), bool)), features=_names(x.shape[1]),
+                                        outlier_cutoff=OUTLIER_CUTOFF))
+    keep = np.array([name not in dropped for name in _names(x.shape[1])])
+    if not keep.any():
+        raise UserError(f"after mad_robustize every feature is beyond +-{OUTLIER_CUTOFF:g} in some well: the control "
+                        "wells hardly vary; check data.control_value, or leave mad_robustize out")
+    if dropped:
+        log.info("%d of %d features are beyond +-%g after mad_robustize and are dropped (pycytominer's "
+                 "drop_outliers)", len(dropped), x.shape[1], OUTLIER_CUTOFF)
+    return keep
+
+
+def _names(count: int) -> list[str]:
+    return [f"{FEATURE_PREFIX}{i}" for i in range(count)]
+
+
 def mad_robustize_per_plate(x: np.ndarray, context: WellContext) -> np.ndarray:
     """pycytominer.normalize(method="mad_robustize") of each plate's wells, fitted on its controls."""
     from pycytominer import normalize
 
     out = np.empty_like(x)
-    features = [f"{FEATURE_PREFIX}{i}" for i in range(x.shape[1])]
+    features = _names(x.shape[1])
     for plate in np.unique(context.plates):
         rows = np.flatnonzero(context.plates == plate)
         normalized = normalize(_frame(x[rows], context.controls[rows]), features=features,
@@ -150,9 +177,9 @@ def spherize(x: np.ndarray, controls: np.ndarray) -> np.ndarray:
     if len(fit_rows) < 2:
         raise UserError(f"sphering needs at least 2 control wells, got {len(fit_rows)}: add control wells, evaluate "
                         "more cells, or leave spherize out of eval.profile_normalization")
-    # Spherize means to refuse dependent controls, but its rank test passes whenever it centres (an
-    # operator-precedence slip in pycytominer 1.7.1), and the missing directions would then be
-    # scaled by 1 / epsilon: test the rank here.
+    # Dependent controls are refused here: with more controls than features Spherize's own rank test
+    # passes whenever it centres (an operator-precedence slip in pycytominer 1.7.1) and the missing
+    # directions would be scaled by 1 / epsilon; with fewer, it raises a ValueError that blames itself.
     rank = int(np.linalg.matrix_rank(fit_rows - fit_rows.mean(axis=0)))
     spanned = min(len(fit_rows) - 1, x.shape[1])
     if rank < spanned:

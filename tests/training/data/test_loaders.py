@@ -114,3 +114,44 @@ def test_bench_loader_prints_json(make_config, tmp_path, capsys):
     assert result["baseline_scdino_style_images_per_s"] > 0 and result["packed_batched_images_per_s"] > 0
     assert result["ratio"] == pytest.approx(
         result["packed_batched_images_per_s"] / result["baseline_scdino_style_images_per_s"], rel=0.02)
+
+
+def test_balanced_batches_hold_each_group_alike_on_every_rank():
+    """data.balance_column: every batch of every rank has batch/groups cells of each group; the ranks
+    share out the larger group's cells without overlap, the smaller group's repeat to keep pace; a
+    new epoch reshuffles."""
+    from training.data.sampler import DistributedBatchSampler
+
+    indices = np.arange(100, 170)
+    groups = np.where(indices < 140, "B1", "B2")  # 40 and 30 cells
+    samplers = [DistributedBatchSampler(indices, 6, rank=r, world_size=2, seed=3, groups=groups) for r in (0, 1)]
+    seen = []
+    for sampler in samplers:
+        batches = [batch for _, batch in sampler]
+        assert len(batches) == len(sampler) == 2 * 20 // 6
+        for batch in batches:
+            assert sorted(np.unique(batch < 140, return_counts=True)[1].tolist()) == [3, 3]
+        seen.append(np.concatenate(batches))
+    larger = np.concatenate([s[s < 140] for s in seen])
+    assert len(set(larger)) == len(larger)  # no cell of the larger group twice in an epoch
+    smaller = np.concatenate([s[s >= 140] for s in seen])
+    assert len(smaller) == len(larger) and set(smaller) == set(range(140, 170))
+    first = [list(b) for _, b in samplers[0]]
+    samplers[0].set_epoch(1)
+    assert [list(b) for _, b in samplers[0]] != first
+
+
+def test_balancing_takes_the_table_column_and_refuses_a_single_value(tmp_path):
+    from packing import write_packed
+    from tiny import tiny_config
+
+    from training.data.sampler import balance_groups
+
+    images = [np.full((1, 4, 4), i, np.uint16) for i in range(6)]
+    write_packed(tmp_path / "packed", images, ["c"] * 6,
+                 metadata={"Metadata_Batch": ["B2", "B1", "B2", "B1", "B1", "B1"], "Metadata_Plate": ["P1"] * 6})
+    config = tiny_config({"data.source": str(tmp_path / "packed"), "data.channels": "0",
+                          "data.balance_column": "Batch"})
+    assert balance_groups(config, np.array([0, 1, 4])).tolist() == [1, 0, 0]
+    with pytest.raises(UserError, match="data.balance_column=Metadata_Plate has one value among the training cells"):
+        balance_groups(config.replace({"data.balance_column": "Metadata_Plate"}), np.arange(6))

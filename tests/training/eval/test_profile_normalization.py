@@ -117,3 +117,14 @@ def test_the_setting_takes_steps_in_order_and_reads_an_older_single_value():
         Config().replace({"eval.profile_normalization": ["spherize", "mad_robustize"]})
     with pytest.raises(ConfigError, match="must be one of"):
         Config().replace({"eval.profile_normalization": ["whiten"]})
+
+
+def test_a_feature_blown_up_by_a_tiny_control_spread_is_dropped_as_pycytominer_drops_outliers():
+    rng = np.random.default_rng(6)
+    plates = np.repeat(np.array(["P1", "P2"], dtype=object), 10)
+    controls = np.tile(np.arange(10) < 4, 2)
+    x = rng.standard_normal((20, 6))
+    x[:, 2] = np.where(controls, 1e-6 * rng.standard_normal(20), 1.0)  # controls nearly constant, others not
+    normalised, kept = normalize_profiles(x, ("mad_robustize", "spherize"), WellContext(plates, controls))
+    assert kept.tolist() == [0, 1, 3, 4, 5]
+    assert np.abs(normalised).max() < 500
