@@ -94,8 +94,9 @@ def dino_reference_style(state: Any) -> None:
     for module in [*state.models.student.modules(), *state.models.teacher.modules()]:
         if hasattr(module, "fused_attn"):
             module.fused_attn = False
-    for group in state.optimizer.param_groups:
-        group["foreach"], group["fused"] = False, False
+    from training.dino.optim import build_optimizer
+
+    state.optimizer = build_optimizer(state.models.student, implementation="for-loop")
 
 
 def _reference_optimizer_step(state: Any, epoch: int, loss: torch.Tensor) -> None:

@@ -132,3 +132,45 @@ def test_optimizer_decays_weights_but_not_biases_or_norms_as_dino():
     assert {names[id(p)] for p in no_decay["params"]} >= {"norm.weight", "blocks.0.attn.qkv.bias"}
     assert all(p.ndim >= 2 for p in decay["params"])
     assert {"pos_embed", "cls_token"} <= {names[id(p)] for p in decay["params"]}
+
+
+def test_the_three_adamw_implementations_step_alike_and_a_resume_keeps_the_built_one():
+    """Fused (the default here), foreach and for-loop AdamW give the same update within float32
+    rounding; loading a for-loop optimizer's state (an earlier checkpoint) leaves a fused one fused,
+    with its step counter where the fused kernel reads it."""
+    torch.manual_seed(0)
+    template = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+    grads = [torch.randn_like(p) for p in template.parameters()]
+    results, optimizers = {}, {}
+    for implementation in ("fused", "foreach", "for-loop"):
+        model = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+        model.load_state_dict(template.state_dict())
+        optimizer = build_optimizer(model, implementation=implementation)
+        for _ in range(3):
+            for param, grad in zip(model.parameters(), grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        results[implementation] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        optimizers[implementation] = optimizer
+    assert build_optimizer(template).param_groups[0]["fused"] is True  # auto on CPU: fused
+    for implementation in ("foreach", "for-loop"):
+        torch.testing.assert_close(results[implementation], results["fused"], rtol=0, atol=1e-6)
+    fused = optimizers["fused"]
+    fused.load_state_dict(optimizers["for-loop"].state_dict())
+    assert all(g["fused"] is True and not g["foreach"] for g in fused.param_groups)
+    steps = [state["step"] for state in fused.state.values()]
+    assert steps and all(s.dtype == torch.float32 and float(s) == 3 for s in steps)
+    with pytest.raises(ValueError, match="implementation must be"):
+        build_optimizer(template, implementation="apex")
+
+
+def test_clipping_many_tensors_at_once_equals_clipping_each():
+    torch.manual_seed(0)
+    grads = [torch.randn(7, 3) * 5, torch.randn(4) * 0.01, torch.zeros(3), torch.randn(2, 2)]
+    model = nn.ParameterList([nn.Parameter(torch.zeros_like(g)) for g in grads])
+    for param, grad in zip(model, grads):
+        param.grad = grad.clone()
+    clip_gradients(model, max_norm=1.5)
+    for param, grad in zip(model, grads):
+        expected = grad * torch.clamp(1.5 / (grad.norm() + 1e-6), max=1.0)
+        assert torch.equal(param.grad, expected)
