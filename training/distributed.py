@@ -199,6 +199,44 @@ def all_reduce_sum(ctx: DistContext, values: torch.Tensor) -> list[float]:
     return values.tolist()
 
 
+class HostValues:
+    """A small device vector, summed over all ranks and on its way to the host (`all_reduce_sum_later`).
+
+    On a GPU the sum is queued (NCCL runs it on its own stream, ordered after the values), then
+    copied into pinned host memory without waiting, and an event is recorded right after the copy:
+    `values()` waits for that event only, not for whatever was queued after it (the backward pass,
+    the optimizer), so reading a step's flags once the next step has been queued never stalls the
+    GPU. On a CPU everything has already run and `values()` just reads.
+    """
+
+    def __init__(self, ctx: DistContext, values: torch.Tensor) -> None:
+        values = values.detach().float()
+        if ctx.distributed:
+            dist.all_reduce(values)
+        self._event: torch.cuda.Event | None = None
+        if values.device.type == "cuda":
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = values
+
+    def ready(self) -> bool:
+        """Whether `values()` would return without waiting."""
+        return self._event is None or self._event.query()
+
+    def values(self) -> list[float]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
+def all_reduce_sum_later(ctx: DistContext, values: torch.Tensor) -> HostValues:
+    """Sum a small vector over all ranks without waiting for it: read it later with `.values()`."""
+    return HostValues(ctx, values)
+
+
 def all_reduce_max(ctx: DistContext, value: int) -> int:
     """The largest of every rank's `value`."""
     if not ctx.distributed:

@@ -22,8 +22,21 @@ Checkpoints by time: every `train.checkpoint_every_minutes` (rank 0's clock, sum
 per-step all_reduce, so all ranks save after the same step) checkpoint.pth is also saved mid-epoch;
 a crash then loses at most that much training, and the resume continues at the exact step.
 
-Non-finite loss: every rank stops before the update with TrainingDivergedError (a UserError: the CLI
-prints one line naming the epoch and step and exits 2). Nothing is saved for that step, so
+One step late: a step's loss and flags (non-finite loss, stop signal, time to save, teacher
+statistics) are summed over ranks and copied to the host without waiting, and read at the start of
+the next step, before its batch is fetched (`run_epoch`). Reading them right after the forward, as
+this loop once did, made the host wait for the GPU before it could queue the backward, so the GPU
+idled while the host launched it. Read at the next step's start, they wait only for the previous
+forward pass, while that step's backward and optimizer step are still queued on the GPU. Every
+decision is the one an immediate read gives: the run stops, saves or halts after the same step,
+with the same state, because nothing changes the state between the step and its read. (The read
+also guarantees that the step's batch has been copied to the device before the loader may reuse
+its pinned buffer.)
+
+Non-finite loss: every rank stops with TrainingDivergedError (a UserError: the CLI prints one line
+naming the epoch and step where the loss first became non-finite, and exits 2). That step's update
+has been applied in memory by then (it was queued before its loss was read), but never saved: every
+save follows the read of the last step's flags, and the error ends the run before any save, so
 checkpoint.pth remains the last good checkpoint.
 
 Collapse: every step's teacher statistics (training/dino/loss.py, summed over ranks in the same
@@ -56,7 +69,7 @@ from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_te
 from training.dino.collapse import Collapse, CollapseDetector, CollapseRule
 from training.dino.loss import TEACHER_STATISTICS
 from training.dino.step import TrainState, forward_loss, update
-from training.distributed import DistContext, all_reduce_sum
+from training.distributed import DistContext, HostValues, all_reduce_sum_later
 from training.errors import UserError
 from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
 from training.heal.spot import SpotWatcher
@@ -101,6 +114,9 @@ class LoopHooks:
     metrics: MetricsLogger
     checkpoints: CheckpointManager
     on_progress: Callable[[int], None] = lambda step: None
+    """Told after every step and every save (the progress watchdog)."""
+    on_step: Callable[[int], None] = lambda step: None
+    """Told once per step, when its figures have been read (`train(on_step=...)`)."""
     collapse: CollapseDetector | None = None
     halted: Collapse | None = None
     """The collapse that stopped the run under train.stop_on_collapse (set by run_epoch)."""
@@ -176,8 +192,12 @@ def steps_in_epoch(config: Config, loader: Any) -> int:
     return steps
 
 
-def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | None = None) -> TrainResult:
+def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | None = None,
+          on_step: Callable[[int], None] | None = None) -> TrainResult:
     """Pretrain (or resume) the run in config.run.output_dir; returns how far it got.
+
+    `on_step` is told the global step once each step's figures have been read (benchmarks time the
+    loop with it).
 
     A progress watchdog covers all of it, set-up included: a rank that completes no step for
     train.hang_timeout_minutes ends its process with exit_codes.HANG (training/heal/watchdog.py).
@@ -191,11 +211,11 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
     watchdog = ProgressWatchdog(config.train.hang_timeout_minutes * 60, rank=ctx.rank, on_fire=hang)
     with watchdog, failure_guard(layout, ctx.rank, lambda: watchdog.last_step):
         refuse_if_failed(layout, is_main=ctx.is_main)
-        return _train(config, ctx, layout, loader_factory or default_loader_factory, watchdog)
+        return _train(config, ctx, layout, loader_factory or default_loader_factory, watchdog, on_step)
 
 
 def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: LoaderFactory,
-           watchdog: ProgressWatchdog) -> TrainResult:
+           watchdog: ProgressWatchdog, on_step: Callable[[int], None] | None) -> TrainResult:
     checkpoints = CheckpointManager(layout, config.train)
     loader, sampler = loader_factory(config, ctx)
     steps = steps_in_epoch(config, loader)
@@ -214,7 +234,7 @@ def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: 
         spot = SpotWatcher(config.train.spot_watch, enabled=ctx.env.local_rank == 0)
         with StopSignals() as signals, spot:  # the watcher's SIGUSR1 needs StopSignals' handler
             hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat,
-                              collapse=collapse_detector(state, steps))
+                              on_step=on_step or (lambda step: None), collapse=collapse_detector(state, steps))
             while state.epoch < config.optim.epochs:
                 last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
                 if hooks.halted:
@@ -273,55 +293,101 @@ def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]
 def run_epoch(
     state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int, hooks: LoopHooks,
 ) -> tuple[float | None, str | None]:
-    """Train until the epoch ends or a stop signal; returns (mean loss of the epoch, signal name)."""
+    """Train until the epoch ends or a stop signal; returns (mean loss of the epoch, signal name).
+
+    Each step's figures are read at the start of the next step (or, after the last, before the
+    loop ends), never right after its forward: see "One step late" in the module docstring.
+    """
     epoch, config = state.epoch, state.config
     batches = epoch_batches(state, loader, sampler)
-    bar = progress(steps, f"epoch {epoch + 1}/{config.optim.epochs}", enabled=ctx.is_main,
-                   initial=state.step_in_epoch)
-    window = _Window()
-    epoch_window = _Window()
-    tick, cpu_tick = time.perf_counter(), time.process_time()
+    figures = _EpochFigures(state, ctx, steps)
+    sent: _Sent | None = None
     stop = 0.0
-    while state.step_in_epoch < steps:
+    tick, cpu_tick = time.perf_counter(), time.process_time()
+    while True:
+        if sent is not None:
+            stop, save_now = figures.read(sent, state, ctx, hooks)
+            sent = None
+            if stop or hooks.halted:
+                break
+            if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
+                save_mid_epoch(state, ctx, hooks)
+                tick, cpu_tick = time.perf_counter(), time.process_time()  # the save is no step's time
+        if state.step_in_epoch == steps:
+            break
+        fetched = time.perf_counter()
         crops, _labels = next(batches)
         crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
-        data_wait = time.perf_counter() - tick
-        loss = forward_loss(state, crops, epoch)
-        loss_sum, nonfinite, stop, save_now, *teacher = all_reduce_sum(
-            ctx, _step_flags(loss, state.loss_fn.teacher_stats, hooks, ctx))
-        teacher = [value / ctx.world_size for value in teacher]
-        if nonfinite:
-            raise diverged(state, ctx, loss_sum, hooks.checkpoints.latest)
-        update(state, loss, epoch)
+        data_wait = time.perf_counter() - fetched
+        flags = train_step(state, ctx, crops, epoch, stop=hooks.signals.received is not None,
+                           save_now=ctx.is_main and hooks.checkpoints.time_to_save())
         state.step_in_epoch += 1
         state.global_step += 1
         now, cpu_now = time.perf_counter(), time.process_time()
-        step_time, cpu_time = now - tick, cpu_now - cpu_tick
+        sent = _Sent(flags, len(crops[0]) * ctx.world_size, data_wait, now - tick, cpu_now - cpu_tick)
         tick, cpu_tick = now, cpu_now
-        images = len(crops[0]) * ctx.world_size
-        for w in (window, epoch_window):
-            w.add(loss_sum / ctx.world_size, images, data_wait, step_time, cpu_time, teacher)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
-        hooks.halted = judge_collapse(state, ctx, hooks, teacher, window)
-        if state.global_step % config.train.log_every == 0 or state.step_in_epoch == steps or hooks.halted:
-            hooks.metrics.log(record(state, ctx, "step", window))
-            window = _Window()
-        hooks.on_progress(state.global_step)
-        if stop or hooks.halted:
-            break
-        if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
-            save_mid_epoch(state, ctx, hooks)
-            tick, cpu_tick = time.perf_counter(), time.process_time()  # the save is no step's time
-    bar.close()
+    figures.bar.close()
     if state.step_in_epoch == steps:
         state.epoch += 1
         state.step_in_epoch = 0
-        hooks.metrics.log(record(state, ctx, "epoch", epoch_window, epoch=epoch))
+        hooks.metrics.log(record(state, ctx, "epoch", figures.epoch_window, epoch=epoch))
         log.info("epoch %d/%d: loss %.4f, %.1f images/s", epoch + 1, config.optim.epochs,
-                 epoch_window.mean_loss, epoch_window.images_per_s)
+                 figures.epoch_window.mean_loss, figures.epoch_window.images_per_s)
     stopped_by = (hooks.signals.received or "a signal on another rank") if stop else None
-    return epoch_window.mean_loss, stopped_by
+    return figures.epoch_window.mean_loss, stopped_by
+
+
+def train_step(state: TrainState, ctx: DistContext, crops: list[torch.Tensor], epoch: int, *,
+               stop: bool, save_now: bool) -> HostValues:
+    """One DINO step, queued without a host synchronisation: forward, this rank's flags (`stop`: a
+    signal arrived; `save_now`: rank 0's clock says save) summed over ranks on their way to the
+    host, backward, optimizer step and teacher update. Read the flags with `.values()` later."""
+    loss = forward_loss(state, crops, epoch)
+    flags = all_reduce_sum_later(ctx, _step_flags(loss, state.loss_fn.teacher_stats, stop, save_now))
+    update(state, loss, epoch)
+    return flags
+
+
+@dataclass
+class _Sent:
+    """A trained step whose figures are still on their way to the host, and its host-side timings."""
+
+    flags: HostValues
+    images: int
+    data_wait: float
+    step_time: float
+    cpu_time: float
+
+
+class _EpochFigures:
+    """The epoch's metric windows and progress bar, fed with each step's figures once they are read."""
+
+    def __init__(self, state: TrainState, ctx: DistContext, steps: int) -> None:
+        self.window = _Window()
+        self.epoch_window = _Window()
+        self.steps = steps
+        self.bar = progress(steps, f"epoch {state.epoch + 1}/{state.config.optim.epochs}", enabled=ctx.is_main,
+                            initial=state.step_in_epoch)
+
+    def read(self, sent: _Sent, state: TrainState, ctx: DistContext, hooks: LoopHooks) -> tuple[float, float]:
+        """Read the step just trained (the state's counters are still that step's); stop the run if
+        its loss was not finite; log, judge collapse; return its summed (stop, save_now) flags."""
+        loss_sum, nonfinite, stop, save_now, *teacher = sent.flags.values()
+        if nonfinite:
+            raise diverged(state, ctx, loss_sum, hooks.checkpoints.latest)
+        teacher = [value / ctx.world_size for value in teacher]
+        for w in (self.window, self.epoch_window):
+            w.add(loss_sum / ctx.world_size, sent.images, sent.data_wait, sent.step_time, sent.cpu_time, teacher)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
+        hooks.halted = judge_collapse(state, ctx, hooks, teacher, self.window)
+        cadence = state.global_step % state.config.train.log_every == 0 or state.step_in_epoch == self.steps
+        if cadence or hooks.halted:
+            hooks.metrics.log(record(state, ctx, "step", self.window))
+            self.window = _Window()
+        hooks.on_progress(state.global_step)
+        hooks.on_step(state.global_step)
+        return stop, save_now
 
 
 def collapse_detector(state: TrainState, steps_per_epoch: int) -> CollapseDetector | None:
@@ -353,15 +419,16 @@ def collapsed(collapse: Collapse, latest: Path) -> TrainingCollapsedError:
     )
 
 
-def _step_flags(loss: torch.Tensor, teacher_stats: torch.Tensor, hooks: LoopHooks, ctx: DistContext) -> torch.Tensor:
+def _step_flags(loss: torch.Tensor, teacher_stats: torch.Tensor, stop: bool, save_now: bool) -> torch.Tensor:
     """What all ranks sum after each step, in one all_reduce: the loss, whether it is non-finite,
     whether a stop signal arrived, whether rank 0's clock says it is time to save, and the teacher
     statistics (training.dino.loss.TEACHER_STATISTICS; their mean over ranks is what is logged and
-    what the collapse detector judges, the same on every rank)."""
-    save_now = ctx.is_main and hooks.checkpoints.time_to_save()
-    flags = [1.0 if hooks.signals.received else 0.0, 1.0 if save_now else 0.0]
-    return torch.cat([loss.detach().float().reshape(1), (~torch.isfinite(loss)).float().reshape(1),
-                      torch.tensor(flags, device=loss.device), teacher_stats.float()])
+    what the collapse detector judges, the same on every rank). The host's two flags enter as fills
+    on the device: a tensor made from a Python list would be a copy from pageable memory, which
+    waits for the GPU."""
+    loss = loss.detach().float().reshape(1)
+    return torch.cat([loss, (~torch.isfinite(loss)).float(), loss.new_full((1,), float(stop)),
+                      loss.new_full((1,), float(save_now)), teacher_stats.float()])
 
 
 def save_mid_epoch(state: TrainState, ctx: DistContext, hooks: LoopHooks) -> None:
@@ -428,9 +495,10 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
 
 
 def diverged(state: TrainState, ctx: DistContext, loss_sum: float, latest: Path) -> TrainingDivergedError:
+    """The error for a non-finite loss at the step the state's counters have just counted."""
     last_good = latest if latest.exists() else "none yet"
     return TrainingDivergedError(
         f"non-finite loss ({loss_sum / ctx.world_size}) at epoch {state.epoch + 1}, step "
-        f"{state.step_in_epoch + 1} of the epoch (global step {state.global_step + 1}); last good "
+        f"{state.step_in_epoch} of the epoch (global step {state.global_step}); last good "
         f"checkpoint: {last_good}. Try a lower optim.lr, a smaller optim.clip_grad or train.precision=fp32"
     )

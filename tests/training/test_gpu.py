@@ -136,3 +136,60 @@ def test_the_device_multicrop_never_waits_for_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(crops, reference):
         torch.testing.assert_close(a.cpu(), b)
+
+
+class PinnedCrops:
+    """Two batches of crops in pinned memory, cycled, as the ring loader hands them out on a GPU node."""
+
+    def __init__(self, config, batches: int) -> None:
+        from training.benchmarks.step import SyntheticCrops
+
+        staged = list(SyntheticCrops(config, batches=2))
+        self.batches = [([c.pin_memory() for c in crops], labels) for crops, labels in staged]
+        self.length = batches
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        for index in range(self.length):
+            yield self.batches[index % 2]
+
+
+@pytest.mark.parametrize("setting", ["bf16", "fp16", "bf16-ddp"])
+def test_the_training_loop_never_waits_for_the_gpu(tmp_path, setting):
+    """`pretrain`'s loop, counted with torch.cuda.set_sync_debug_mode from the end of step 2 to the
+    end of step 6: fetching the batch, the step (forward, flags, backward, clipping, AdamW, EMA; the
+    gradient scaler under fp16; DDP through NCCL), reading the previous step's flags and logging
+    every step make no synchronising call. (Reading a step's flags waits on an event recorded after
+    its forward, which the GPU has passed while the host queued its backward: no synchronising call.)"""
+    import warnings
+
+    precision = setting.split("-")[0]
+    config = tiny_config({"run.output_dir": str(tmp_path), "data.channels": "01234", "optim.batch_size_per_gpu": 8,
+                          "optim.epochs": 1, "train.precision": precision, "train.log_every": 1,
+                          "train.tensorboard": False})
+    loader = PinnedCrops(config, batches=6)
+    syncs: list[str] = []
+
+    def count_from_step_two(step: int) -> None:
+        torch.cuda.set_sync_debug_mode("warn" if 2 <= step < 6 else "default")
+
+    ctx = _cuda()
+    if setting.endswith("ddp"):
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+        ctx = DistContext(env=DistEnv(), device=torch.device("cuda", 0), backend="nccl")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = train(config, ctx, loader_factory=lambda config, ctx: (loader, loader),
+                           on_step=count_from_step_two)
+        syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert result.global_step == 6
+    print(f"\n{setting}: {len(syncs)} synchronising calls in steps 3 to 6")
+    assert syncs == [], "\n".join(syncs[:5])

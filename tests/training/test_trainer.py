@@ -96,6 +96,35 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp
 
 
 @pytest.mark.slow
+def test_a_step_read_one_step_late_still_stops_at_the_step_whose_loss_was_not_finite(tmp_path):
+    """Mid-epoch, with a time-based save asked for after every step: the flags of step 2 (NaN) are
+    read at the start of step 3, before its batch is fetched, and the run stops there naming step 2.
+    Step 1's save (read at the start of step 2) went ahead; step 2's update, applied in memory
+    before its loss was read, reached no checkpoint."""
+    config = run_config(tmp_path, **{"train.checkpoint_every_minutes": 1e-9, "optim.epochs": 1})
+    layout = RunLayout.from_config(config)
+    fetched, reported = [], []
+
+    class Counted(SignalAt):
+        def __iter__(self):
+            for index, batch in enumerate(super().__iter__()):
+                fetched.append(index)
+                yield batch
+
+    def make(config, ctx):
+        loader = Counted(config, batches=4, nan_at=(0, 1))
+        return loader, loader
+
+    with pytest.raises(TrainingDivergedError, match=r"at epoch 1, step 2 of the epoch \(global step 2\)"):
+        train(config, CPU, loader_factory=make, on_step=reported.append)
+    assert fetched == [0, 1] and reported == [1]
+    saved = torch.load(layout.latest_checkpoint, weights_only=False)
+    assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (0, 1, 1)
+    assert all(torch.isfinite(v).all() for v in saved["student"].values())
+    assert [json.loads(line)["step"] for line in layout.metrics.read_text().splitlines()] == [1]
+
+
+@pytest.mark.slow
 def test_metrics_lines_and_step_cap(tmp_path):
     config = run_config(tmp_path, **{"train.max_steps_per_epoch": 2, "train.log_every": 2,
                                       "train.tensorboard": True})

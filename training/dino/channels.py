@@ -83,11 +83,10 @@ def bag_of_channels(crops: list[torch.Tensor], draw: np.ndarray) -> list[torch.T
     batch, per_image = index.shape
     rows = torch.arange(batch).repeat_interleave(per_image)
     columns = index.reshape(-1)
-    out = []
-    for crop in crops:
-        picked = crop[rows.to(crop.device), columns.to(crop.device)]
-        out.append(picked.unsqueeze(1))
-    return out
+    device = crops[0].device
+    if device.type == "cuda":  # through pinned memory: a copy from pageable memory waits for the GPU
+        rows, columns = (host.pin_memory().to(device, non_blocking=True) for host in (rows, columns))
+    return [crop[rows, columns].unsqueeze(1) for crop in crops]
 
 
 def step_bag_crops(crops: list[torch.Tensor], config: Config, step: int) -> list[torch.Tensor]:

@@ -98,7 +98,7 @@ class DINOLoss(nn.Module):
     def update_center(self, teacher_out: torch.Tensor) -> None:
         """EMA of the teacher's mean output over the global batch (all ranks)."""
         batch_sum = teacher_out.float().sum(dim=0, keepdim=True)
-        count = torch.tensor([float(len(teacher_out))], device=teacher_out.device)
+        count = batch_sum.new_full((1,), float(len(teacher_out)))  # a fill, not a copy that waits for the GPU
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(batch_sum)
             dist.all_reduce(count)

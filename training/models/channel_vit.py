@@ -62,10 +62,14 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         self.channel_embed = nn.Parameter(torch.zeros(1, len(ids), self.embed_dim))
         init_channel_embedding(self.channel_embed, channel_embed_init)
         self.input_channels: tuple[int, ...] = ids
+        self._trained_channels = ids
+        self.register_load_state_dict_post_hook(_remember_trained_channels)
 
     @property
     def trained_channels(self) -> tuple[int, ...]:
-        return tuple(int(c) for c in self.channel_ids.tolist())
+        """The `channel_ids` buffer's ids, kept on the host too: every forward asks for them, and
+        reading a GPU buffer waits for all the work queued before it."""
+        return self._trained_channels
 
     def select_input_channels(self, channels: Sequence[int]) -> None:
         """Declare which original channels the inputs carry from now on (checked against the model)."""
@@ -95,13 +99,15 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         batch, n_chans, height, width = x.shape
         if n_chans != len(channels):
             raise ValueError(f"the input has {n_chans} channels but {len(channels)} channel ids {channels}")
-        rows = torch.tensor(self.embedding_rows(channels), device=x.device)
         x = self._whole_patches(x)
         patches = self.patch_embed(x.reshape(batch * n_chans, 1, *x.shape[-2:]))  # (B*C, rows, cols, D)
         _, grid_h, grid_w, dim = patches.shape
         pos = self._position_embedding((grid_h, grid_w), square_image=height == width)
         patches = patches.reshape(batch, n_chans, grid_h * grid_w, dim) + pos[:, None, 1:]
-        patches = patches + self.channel_embed[:, rows, None, :]
+        # the rows picked one by one (views), not through an index tensor: on a GPU that tensor
+        # would be copied from pageable memory, which waits for everything queued before it
+        picked = torch.stack([self.channel_embed[:, row] for row in self.embedding_rows(channels)], dim=1)
+        patches = patches + picked[:, :, None, :]
         cls = (self.cls_token + pos[:, :1]).expand(batch, -1, -1)
         tokens = torch.cat([cls, patches.reshape(batch, n_chans * grid_h * grid_w, dim)], dim=1)
         return self.norm_pre(self.patch_drop(self.pos_drop(tokens)))
@@ -123,3 +129,8 @@ class ChannelVisionTransformer(DinoVisionTransformer):
         folded = torch.cat([cls_query, patch_query], dim=2)
         patch_keys = folded[..., 1:].reshape(batch, heads, positions + 1, n_chans, positions).sum(dim=3)
         return torch.cat([folded[..., :1], patch_keys], dim=3)
+
+
+def _remember_trained_channels(module: ChannelVisionTransformer, _incompatible_keys: object) -> None:
+    """After a checkpoint's `channel_ids` are loaded, the host copy follows them (read once, here)."""
+    module._trained_channels = tuple(int(c) for c in module.channel_ids.tolist())

@@ -151,6 +151,17 @@ def test_the_dino_pair_embeds_the_configured_channel_ids():
     assert student(crops, channels=(1, 4)).shape == (8, config.model.out_dim)
 
 
+def test_loaded_channel_ids_are_the_ones_the_forward_uses():
+    """The ids live in a buffer (checkpoints carry it) and, for the forward, on the host: loading a
+    state dict updates both."""
+    source, target = channel_model((2, 3, 4), seed=1), channel_model((0, 1, 2))
+    target.load_state_dict(source.state_dict())
+    assert target.trained_channels == (2, 3, 4)
+    x = torch.randn(2, 2, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(target(x, channels=(2, 4)), source(x, channels=(2, 4)))
+
+
 def save_teacher(tmp_path, model: torch.nn.Module):
     path = tmp_path / "checkpoint.pth"
     torch.save({"teacher": {f"backbone.{k}": v for k, v in model.state_dict().items()}}, path)
