@@ -13,7 +13,9 @@ backward passes.
   Every forward then gathers parameters collectively, so all ranks must run the same number of them.
   Model state dicts are gathered to full tensors for saving, so the weights load into any mode (the
   optimizer state is keyed by parameter name under FSDP, so resume keeps the mode).
-- `train.compile` compiles the backbones in place (`nn.Module.compile`), which keeps parameter names.
+- `train.compile` compiles the backbones in place (`nn.Module.compile`), which keeps parameter names,
+  in `train.compile_mode`; a mode with CUDA graphs needs each step to start a new graph
+  generation (`mark_step_begin`), since the graphs' outputs are reused buffers.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def wrap_model(model: nn.Module, config: Config, ctx: DistContext, *, sync_batch
     """
     model.to(ctx.device)
     if config.train.compile:
-        model.backbone.compile(dynamic=False)
+        model.backbone.compile(dynamic=False, mode=config.train.compile_mode)
     if not ctx.distributed:
         return WrappedModel(model, model, sharded=False)
     if config.train.parallel == "fsdp":
@@ -84,11 +86,22 @@ def parallelize(student: nn.Module, teacher: nn.Module, config: Config, ctx: Dis
     """The DINO pair: the student wrapped for training, the teacher on the device (sharded under FSDP)."""
     teacher.to(ctx.device)
     if config.train.compile:
-        teacher.backbone.compile(dynamic=False)
+        teacher.backbone.compile(dynamic=False, mode=config.train.compile_mode)
     wrapped = wrap_model(student, config, ctx, sync_batchnorm=config.model.use_bn_in_head)
     if wrapped.sharded:
         _fully_shard(teacher, ctx)
     return ParallelModels(wrapped.module, teacher, wrapped.forward, sharded=wrapped.sharded)
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that replay CUDA graphs."""
+
+
+def mark_step_begin(config: Config) -> None:
+    """Tell torch.compile's CUDA graphs that a training step begins: the outputs of the previous
+    step's replays may now be overwritten (without it, each step would hold on to them or copy them)."""
+    if config.train.compile and config.train.compile_mode in CUDA_GRAPH_MODES:
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 def _fully_shard(model: nn.Module, ctx: DistContext) -> None:

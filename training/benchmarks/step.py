@@ -192,7 +192,7 @@ def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, A
     steps, warmup = request.steps, request.warmup
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if request.reference:
-        config = config.replace({"train.compile": False, "train.parallel": "ddp",
+        config = config.replace({"train.compile": False, "train.compile_mode": "default", "train.parallel": "ddp",
                                  "train.precision": "fp16" if device.type == "cuda" else "fp32"})
     ctx = DistContext(env=DistEnv(), device=device, backend=None)
     start = time.perf_counter()

@@ -343,6 +343,12 @@ class TrainConfig:
     """auto: bf16 where the GPU supports it, fp16 with a gradient scaler otherwise, fp32 on CPU."""
     compile: bool = False
     """Wrap the models with torch.compile."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode under train.compile. "reduce-overhead" replays the compiled backbones'
+    forward and backward passes as CUDA graphs (one per crop size: the shapes are fixed), which
+    removes most kernel-launch cost where small crops make the step launch-bound; "max-autotune"
+    also searches kernel configurations (long compiles), with graphs; "max-autotune-no-cudagraphs"
+    without. Graphs take effect on a GPU only; measured on one GPU only (docs/performance.md)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Data parallelism: DDP replicates the student; FSDP shards it."""
     saveckp_freq: int = 5
@@ -404,6 +410,9 @@ class TrainConfig:
     inside it); 50 steps cost under 2 epochs of the demo, a fraction of one on real data."""
 
     def __post_init__(self) -> None:
+        if self.compile_mode != "default" and not self.compile:
+            raise ConfigError(f"train.compile_mode={self.compile_mode} applies to compiled models: "
+                              "set train.compile=true as well, or leave train.compile_mode at default")
         for key in ("checkpoint_every_minutes", "hang_timeout_minutes"):
             value = getattr(self, key)
             if not value >= 0:  # also refuses NaN

@@ -17,7 +17,7 @@ from training.dino.channels import select_channels, step_bag_crops, step_channel
 from training.dino.loss import DINOLoss
 from training.dino.optim import apply_schedules, cancel_last_layer_gradients, clip_gradients, update_teacher
 from training.dino.schedules import Schedules
-from training.parallel import ParallelModels
+from training.parallel import ParallelModels, mark_step_begin
 from training.precision import Precision
 
 
@@ -54,6 +54,7 @@ def forward_loss(state: TrainState, crops: list[torch.Tensor], epoch: int) -> to
         crops = select_channels(crops, state.config, channels)
         extra["channels"] = channels
     crops = step_bag_crops(crops, state.config, state.global_step)
+    mark_step_begin(state.config)
     with state.precision.autocast():
         with torch.no_grad():
             teacher_out = state.models.teacher(crops[:2], **extra)
