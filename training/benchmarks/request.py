@@ -68,6 +68,30 @@ class StepBenchRequest:
         _at_least("--warmup", self.warmup, 0, "give 0 or more untimed steps")
 
 
+@dataclass(frozen=True)
+class PretrainBenchRequest:
+    """`bench pretrain`: `pretrain`'s loop for warmup + steps steps, then the same model's free-running step."""
+
+    steps: int = 20
+    """Timed steps (the `--batches` flag) of the loop, and of the free-running pass after it."""
+    warmup: int = 3
+    """Untimed steps of the loop first: cuDNN autotuning, allocator growth and, compiled, the compilation."""
+    loader: str = "staged"
+    """"staged": crops already on the device, cycled (the loop's own cost); "packed": the real
+    pretraining loader over synthetic images packed for the benchmark."""
+    images: int | None = None
+    """Synthetic images to pack under `--loader packed`; None: one batch more than the loop trains on."""
+
+    def __post_init__(self) -> None:
+        _at_least("--batches", self.steps, 1, "time at least one step")
+        _at_least("--warmup", self.warmup, 0, "give 0 or more untimed steps")
+        if self.loader not in ("staged", "packed"):
+            raise UserError(f"--loader {self.loader!r}: give staged (crops on the device) or packed (the real loader)")
+        _at_least("--images", self.images, 1, "give at least one synthetic image")
+        if self.images is not None and self.loader != "packed":
+            raise UserError(f"--images {self.images}: only `--loader packed` packs images")
+
+
 def parse_crop_sizes(text: str | None) -> tuple[int, int] | None:
     """`--size 48/24` -> (48, 24); None or empty -> None (the config's crop sides).
 

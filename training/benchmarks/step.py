@@ -232,24 +232,26 @@ def _free_running(state: Any, loader: SyntheticCrops, device: torch.device, step
     return time.perf_counter() - start
 
 
+def throughput(config: Config, device: torch.device, steps: int, seconds: float) -> dict[str, Any]:
+    """images/s, step time, achieved TFLOP/s and MFU of `steps` steps that took `seconds`."""
+    batch = config.optim.batch_size_per_gpu
+    images_per_s = batch * steps / seconds if seconds > 0 else 0.0
+    peak = device_peak_flops(device)
+    achieved = train_flops_per_image(config, config.data.in_chans) * images_per_s
+    return {"images_per_s": round(images_per_s, 2), "step_time_s": round(seconds / steps, 5),
+            "achieved_tflops": round(achieved / 1e12, 3), "mfu": round(achieved / peak, 4) if peak else None}
+
+
 def summarise(config: Config, precision: str, device: torch.device, steps: int, totals: dict[str, float],
               free_running_s: float) -> dict:
     batch, in_chans = config.optim.batch_size_per_gpu, config.data.in_chans
     total = sum(totals.values())
     split_images_per_s = batch * steps / total if total > 0 else 0.0
-    images_per_s = batch * steps / free_running_s if free_running_s > 0 else 0.0
     flops = train_flops_per_image(config, in_chans)
     peak = device_peak_flops(device)
-    achieved = flops * images_per_s
     return {
-        "benchmark": "step",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "arch": config.model.arch, "patch_size": config.model.patch_size, "in_chans": in_chans,
-        "out_dim": config.model.out_dim, "global_crop_size": config.dino.global_crop_size,
-        "local_crop_size": config.dino.local_crop_size, "local_crops_number": config.dino.local_crops_number,
-        "batch_size": batch, "precision": precision, "compiled": config.train.compile, "steps": steps,
-        "images_per_s": round(images_per_s, 2),
-        "step_time_s": round(free_running_s / steps, 5),
+        **model_settings(config, precision, device), "steps": steps,
+        **throughput(config, device, steps, free_running_s),
         "split_images_per_s": round(split_images_per_s, 2),
         "split_step_time_s": {k: round(v / steps, 5) for k, v in {**totals, "total": total}.items()},
         "backward_s": round(totals["backward"] / steps, 5),
@@ -257,7 +259,18 @@ def summarise(config: Config, precision: str, device: torch.device, steps: int, 
         "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None,
         "gflops_per_image": round(flops / 1e9, 3),
         "flop_method": "analytic: 3 x student forward (all crops) + teacher forward (2 global crops)",
-        "achieved_tflops": round(achieved / 1e12, 3),
         "device_peak_tflops": peak / 1e12 if peak else None,
-        "mfu": round(achieved / peak, 4) if peak else None,
+    }
+
+
+def model_settings(config: Config, precision: str, device: torch.device) -> dict[str, Any]:
+    """What was stepped, and where: the keys both `bench step` and `bench pretrain` start with."""
+    return {
+        "benchmark": "step",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "arch": config.model.arch, "patch_size": config.model.patch_size, "in_chans": config.data.in_chans,
+        "out_dim": config.model.out_dim, "global_crop_size": config.dino.global_crop_size,
+        "local_crop_size": config.dino.local_crop_size, "local_crops_number": config.dino.local_crops_number,
+        "batch_size": config.optim.batch_size_per_gpu, "precision": precision, "compiled": config.train.compile,
+        "compile_mode": config.train.compile_mode if config.train.compile else None,
     }

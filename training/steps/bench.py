@@ -2,19 +2,21 @@
 
     python -m training bench loader --config run.yaml [--batches 10 --warmup 2 --workers 2 --images 2000 --size 48/24]
     python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
+    python -m training bench pretrain --config run.yaml [--batches 20 --warmup 3 --loader staged|packed --images N]
     python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
     python -m training bench ingest [--fields 16,64 --cells 200 --crop 64] [--out ingest.json]
     python -m training bench screen --config configs/screen.yaml [--ranks 2 --reuse --truth truth.csv] [--out screen.json]
 
-`loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64,
-per-sample torchvision transforms) against the packed loader with batched multi-crop, same images,
-same worker count (training/benchmarks/loader.py). `step`: training-step throughput
-(training/benchmarks/step.py). `scale`: what opening a dataset of 10^5..10^7 cells costs, per process
-and per loader worker, against the JSON index of before (training/benchmarks/scale.py). `ingest`:
-crops per CPU-second cut out of 1080 x 1080 x 5 uint16 fields of view, and peak memory at two
-numbers of fields (training/benchmarks/ingest.py). `screen`: the screen chain up to `knn` and its
-figures beside an oracle that knows each cell's phenotype (training/benchmarks/screen.py). This module
-is the one place where the flags become a typed request
+`loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64, per-sample
+torchvision transforms) against the packed loader with batched multi-crop, same images, same worker
+count (training/benchmarks/loader.py). `step`: training-step throughput
+(training/benchmarks/step.py). `pretrain`: `pretrain`'s own loop beside the same model's step, so
+its overhead is a measured figure (training/benchmarks/pretrain.py). `scale`: what opening a dataset
+of 10^5..10^7 cells costs, per process and per loader worker, against the JSON index of before
+(training/benchmarks/scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
+fields of view, and peak memory at two numbers of fields (training/benchmarks/ingest.py). `screen`:
+the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
+(training/benchmarks/screen.py). This module is the one place where the flags become a typed request
 (training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
 """
 
@@ -26,7 +28,12 @@ import logging
 import time
 from pathlib import Path
 
-from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest, parse_crop_sizes
+from training.benchmarks.request import (
+    LoaderBenchRequest,
+    PretrainBenchRequest,
+    StepBenchRequest,
+    parse_crop_sizes,
+)
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -38,13 +45,17 @@ LOADER_ONLY = ("workers", "images", "size")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
-    parser.add_argument("what", choices=["loader", "step", "scale", "ingest", "screen"], help="which benchmark to run")
+    parser.add_argument("what", choices=["loader", "step", "pretrain", "scale", "ingest", "screen"],
+                        help="which benchmark to run")
     parser.add_argument("--batches", type=int,
                         help="timed batches (loader, default 10) or steps (step, default 20)")
     parser.add_argument("--warmup", type=int, help="untimed batches or steps first (loader 2, step 3)")
     parser.add_argument("--workers", type=int, help="loader: DataLoader workers (default: data.num_workers)")
     parser.add_argument("--images", type=int,
-                        help="loader: synthetic images to generate when data.source is absent (default 2000)")
+                        help="loader: synthetic images to generate when data.source is absent (default 2000); "
+                             "pretrain --loader packed: images to pack (default: one batch more than it trains on)")
+    parser.add_argument("--loader", help="pretrain: staged (crops already on the device, the default) or packed "
+                                         "(the real loader over synthetic images)")
     parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
     parser.add_argument("--sizes", help="scale: dataset sizes in cells, e.g. 100000,1000000,10000000 (the default)")
     parser.add_argument("--fields", help="ingest: numbers of fields of view, e.g. 16,64 (the default)")
@@ -80,11 +91,24 @@ def step_request(args: argparse.Namespace) -> StepBenchRequest:
     return StepBenchRequest(**given, reference=bool(getattr(args, "dino_reference", False)))
 
 
+def pretrain_request(args: argparse.Namespace) -> PretrainBenchRequest:
+    for name in ("workers", "size"):
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; `bench pretrain` "
+                            "takes the loader's settings from the config (--set data.num_workers=8)")
+    given = _given(args, "batches", "warmup", "loader", "images")
+    if "batches" in given:
+        given["steps"] = given.pop("batches")
+    return PretrainBenchRequest(**given)
+
+
 def run(config, layout, args: argparse.Namespace) -> int:
     if getattr(args, "dino_reference", False) and args.what != "step":
         raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
     screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
     screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
+    if getattr(args, "loader", None) is not None and args.what != "pretrain":
+        raise UserError(f"--loader: only `bench pretrain` takes it, not `bench {args.what}`")
     if screen_only and args.what != "screen":
         raise UserError(f"{', '.join(screen_only)}: only `bench screen` takes {'it' if len(screen_only) == 1 else 'them'}")
     if args.what == "screen":
@@ -106,6 +130,11 @@ def run(config, layout, args: argparse.Namespace) -> int:
         from training.benchmarks.loader import run_loader_benchmark
 
         result = run_loader_benchmark(config, request)
+    elif args.what == "pretrain":
+        request = pretrain_request(args)
+        from training.benchmarks.pretrain import run_pretrain_benchmark
+
+        result = run_pretrain_benchmark(config, request)
     else:
         request = step_request(args)
         start = time.perf_counter()
