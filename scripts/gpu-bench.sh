@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # Every GPU figure docs/performance.md asks for, as JSON files in OUT_DIR, in two parts that each fit
 # a short lease of a GPU machine, the most important first:
-#   scripts/gpu-bench.sh OUT_DIR                      # both parts (about 10 minutes on one H100)
-#   GPU_BENCH_PART=1 scripts/gpu-bench.sh OUT_DIR     # part 1 only (about 5 minutes)
+#   GPU_BENCH_PART=1 GPU_BENCH_BUDGET=390 scripts/gpu-bench.sh OUT_DIR   # part 1 in 6.5 minutes
+#   scripts/gpu-bench.sh OUT_DIR                      # both parts
 #   srun --gpus=1 scripts/gpu-bench.sh OUT_DIR        # on the cluster
 #   GPU_BENCH_SMOKE=1 scripts/gpu-bench.sh OUT_DIR    # tiny sizes, runs on a CPU (what the tests check)
-# Part 1: correctness (pytest -m gpu: bf16 and fp16 against fp32, the CUDA multi-crop against the
-#   CPU path, DDP and FSDP2 through NCCL), then ViT-S/16 at scDINO's crops (2 x 224 + 8 x 96,
-#   5 channels) eager, compiled and as DINO's reference code runs it, then the loader at those crops.
-# Part 2: ViT-B/16 eager and compiled, ViT-S/8 at the cells' native resolution (configs/fast.yaml's
-#   recipe) eager and compiled, the bag of channels, the loader at native resolution, and the demo's chain (synthetic
-#   cells, prepare, mean-std, pretrain, features, labels, kNN) on the GPU.
+# Part 1: correctness (pytest -m gpu: bf16 and fp16 against fp32, no host synchronisation in
+#   pretrain's loop, the CUDA multi-crop against the CPU path, DDP and FSDP2 through NCCL); then
+#   `bench pretrain` (pretrain's loop beside the same model's free-running step) for ViT-S/16 at
+#   scDINO's crops (2 x 224 + 8 x 96, 5 channels) eager, compiled and compiled with CUDA graphs
+#   (train.compile_mode=reduce-overhead), and the same three for ViT-S/8 at the cells' native
+#   resolution (configs/fast.yaml's recipe); `bench step` for ViT-S/16 eager (its time split: the
+#   optimizer's share); the loader at scDINO's crops; the demo's chain (synthetic cells, prepare,
+#   mean-std, pretrain, features, labels, kNN) on the GPU.
+# Part 2: ViT-S/16 as DINO's reference code runs it, ViT-B/16 eager and compiled, the bag of
+#   channels, the loader at native resolution, and `bench pretrain` of compiled ViT-S/16 from the
+#   real loader with the multi-crop on the GPU (data.gpu_augment).
 # Each stage writes its own file and a failed or timed-out stage does not stop the next (stages.txt
 # says which); GPU_BENCH_SKIP="step_vits16_224 loader_224" leaves stages out (their names, spaces as
-# underscores), e.g. those a first lease measured; GPU_BENCH_BUNDLE=FILE.tar re-writes a tar of OUT_DIR after every stage, so a run cut
-# short still leaves what it measured. summary.json sums up whatever files are there.
+# underscores), e.g. those a first lease measured; GPU_BENCH_BUDGET=SECONDS bounds the whole run:
+# each stage gets at most what is left, and a stage that would start with less than
+# BENCH_STAGE_MIN (30) seconds left is skipped (noted in stages.txt), so the summary is written in
+# time; GPU_BENCH_BUNDLE=FILE.tar re-writes a tar of OUT_DIR after every stage, so a run cut short
+# still leaves what it measured. summary.json sums up whatever files are there.
 # Settings: BENCH_BATCH (images per step, 128), BENCH_STEPS (timed steps, 30), BENCH_WARMUP (untimed
 # steps first, 3: enough for cuDNN autotuning and torch.compile), BENCH_STAGE_TIMEOUT (seconds per
 # stage, 600), PYTHON.
@@ -27,6 +35,8 @@ SMOKE=${GPU_BENCH_SMOKE:-0}
 PART=${GPU_BENCH_PART:-all}
 BUNDLE=${GPU_BENCH_BUNDLE:-}
 SKIP=${GPU_BENCH_SKIP:-}
+BUDGET=${GPU_BENCH_BUDGET:-}
+STAGE_MIN=${BENCH_STAGE_MIN:-30}
 BATCH=${BENCH_BATCH:-128}
 STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-3}
@@ -34,6 +44,8 @@ STAGE_TIMEOUT=${BENCH_STAGE_TIMEOUT:-600}
 
 die() { echo "gpu-bench: error: $*" >&2; exit 1; }
 case "$PART" in 1|2|all) ;; *) die "GPU_BENCH_PART=$PART: give 1, 2 or all" ;; esac
+case "$BUDGET" in ""|*[!0-9]*) [ -z "$BUDGET" ] || die "GPU_BENCH_BUDGET=$BUDGET: give whole seconds" ;; esac
+DEADLINE=$(( $(date +%s) + ${BUDGET:-999999} ))
 [ -x "$PYTHON" ] || command -v "$PYTHON" >/dev/null || die "no Python at $PYTHON: run \`make install\` or set PYTHON"
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -53,6 +65,7 @@ if [ "$SMOKE" = 1 ]; then
   B16="model.arch=vit_tiny model.patch_size=8"
   S8="model.arch=vit_tiny model.patch_size=8 dino.global_crop_size=8 dino.local_crop_size=8"
   LOADER=(--images 40 --batches 1 --warmup 0 --workers 1)
+  WORKERS=1
   NATIVE_SIZE=8/8
   CHAIN="--per-class 12 --size 24|optim.epochs=1 eval.image_size=16 dino.global_crop_size=16 dino.local_crop_size=8"
 else
@@ -62,6 +75,7 @@ else
   S8="model.arch=vit_small model.patch_size=8 dino.global_crop_size=48 dino.local_crop_size=24"
   workers=$(( $(nproc) > 8 ? 8 : $(nproc) ))
   LOADER=(--images $(( (WARMUP + 20) * BATCH + BATCH )) --batches 20 --warmup 3 --workers "$workers")
+  WORKERS=$workers
   NATIVE_SIZE=48/24
   # the demo's set (400 images per class) and global batch (2 ranks x 16), on one GPU
   CHAIN="--per-class 400|data.num_workers=$workers train.precision=auto optim.batch_size_per_gpu=32"
@@ -74,14 +88,21 @@ bundle() { if [ -n "$BUNDLE" ]; then tar -cf "$BUNDLE.part" -C "$OUT" . && mv "$
 # stage NAME COMMAND...: run one stage under the stage time limit, note how it ended, bundle.
 # COMMAND may be one of this script's functions (exported below).
 stage() {
-  local name=$1 start rc; shift
+  local name=$1 start rc left limit; shift
   case " $SKIP " in *" ${name// /_} "*) echo "== $name: skipped (GPU_BENCH_SKIP)" >&2; return 0 ;; esac
-  echo "== $name" >&2
   start=$(date +%s)
+  left=$(( DEADLINE - start ))
+  if [ "$left" -lt "$STAGE_MIN" ]; then
+    echo "== $name: skipped (GPU_BENCH_BUDGET: ${left}s left)" >&2
+    printf '%s\tskipped (budget)\t0s\n' "$name" >> "$OUT/stages.txt"
+    return 0
+  fi
+  limit=$(( left < STAGE_TIMEOUT ? left : STAGE_TIMEOUT ))
+  echo "== $name" >&2
   if [ "$(type -t "$1")" = function ]; then
-    timeout --kill-after=20 "$STAGE_TIMEOUT" bash -c "$*"
+    timeout --kill-after=10 "$limit" bash -c "$*"
   else
-    timeout --kill-after=20 "$STAGE_TIMEOUT" "$@"
+    timeout --kill-after=10 "$limit" "$@"
   fi
   rc=$?
   printf '%s\t%s\t%ss\n' "$name" "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" "$(( $(date +%s) - start ))" >> "$OUT/stages.txt"
@@ -94,6 +115,13 @@ step() {  # step NAME "SETTINGS" [bench flags...]
   mapfile -t args < <(sets "$settings")
   stage "step $name" "$PYTHON" -m training bench step --batches "$STEPS" --warmup "$WARMUP" "${args[@]}" "$@" \
     --out "$OUT/step_$name.json" >/dev/null
+}
+
+pretrain() {  # pretrain NAME "SETTINGS" [bench flags...]: pretrain's loop beside the same model's step
+  local name=$1 settings=$2 args; shift 2
+  mapfile -t args < <(sets "$settings")
+  stage "pretrain $name" "$PYTHON" -m training bench pretrain --batches "$STEPS" --warmup "$(( WARMUP > 0 ? WARMUP : 1 ))" "${args[@]}" "$@" \
+    --out "$OUT/pretrain_$name.json" >/dev/null
 }
 
 loader() {  # loader NAME SIZE
@@ -145,21 +173,32 @@ print(f"device: {info['device']} (torch {info['torch']}, {info['gpus']} GPU(s), 
 PY
 bundle
 
+# Compiled stages only on a GPU: inductor on a CPU takes minutes. GRAPHS: CUDA graphs of the compiled step.
+COMPILED="train.compile=true"
+GRAPHS="train.compile=true train.compile_mode=reduce-overhead"
 if [ "$PART" != 2 ]; then
   [ "$SMOKE" = 1 ] || stage "pytest -m gpu" gpu_tests
+  pretrain vits16_224 "$S16"
+  [ "$SMOKE" = 1 ] || pretrain vits16_224_compiled "$S16 $COMPILED"
+  [ "$SMOKE" = 1 ] || pretrain vits16_224_graphs "$S16 $GRAPHS"
+  pretrain vits8_native "$S8"
+  [ "$SMOKE" = 1 ] || pretrain vits8_native_compiled "$S8 $COMPILED"
+  [ "$SMOKE" = 1 ] || pretrain vits8_native_graphs "$S8 $GRAPHS"
   step vits16_224 "$S16"
-  [ "$SMOKE" = 1 ] || step vits16_224_compiled "$S16 train.compile=true"  # inductor on a CPU: minutes
-  step vits16_224_reference "$S16" --dino-reference
   loader 224 ""
+  stage chain chain
 fi
 if [ "$PART" != 1 ]; then
+  step vits16_224_reference "$S16" --dino-reference
   step vitb16_224 "$B16"
-  [ "$SMOKE" = 1 ] || step vitb16_224_compiled "$B16 train.compile=true"
-  step vits8_native "$S8"
-  [ "$SMOKE" = 1 ] || step vits8_native_compiled "$S8 train.compile=true"
+  [ "$SMOKE" = 1 ] || step vitb16_224_compiled "$B16 $COMPILED"
   step vits8_native_bag "$S8 model.kind=bag_of_channels"
   loader native "$NATIVE_SIZE"
-  stage chain chain
+  if [ "$SMOKE" = 1 ]; then
+    pretrain vits16_224_packed "$S16 data.gpu_augment=true data.num_workers=$WORKERS" --loader packed
+  else
+    pretrain vits16_224_compiled_packed "$S16 $COMPILED data.gpu_augment=true data.num_workers=$WORKERS" --loader packed
+  fi
 fi
 
 "$PYTHON" -m training.benchmarks.gpu_summary "$OUT" || die "could not sum up $OUT"

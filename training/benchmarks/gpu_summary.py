@@ -6,9 +6,13 @@ listed in stages.txt) and writes DIR/summary.json:
   each `bench step` setting;
 - speedup_vs_dino_reference: the faster of ViT-S/16 eager and compiled over the same model stepped
   as facebookresearch/dino's main_dino.py steps it (`bench step --dino-reference`), same batch;
+- pretrain: each `bench pretrain` setting's loop and free-running step (images/s, MFU), their ratio
+  and its loader; loop_speedup_vs_dino_reference: the fastest ViT-S/16 loop (eager, compiled, CUDA
+  graphs) over the reference step, the ratio `pretrain` itself achieves;
 - loader: each `bench loader` size's rates, and what the device-side multi-crop would deliver with
   the CPU share one GPU gets on a p5 (LOADER_VCPUS_PER_GPU vCPUs, at its measured CPU time per image,
-  one vCPU taken as one of this machine's cores), over what the fastest step at those crops consumes;
+  one vCPU taken as one of this machine's cores), over what the fastest step or loop at those crops
+  consumes;
 - scaling: DIR/scaling_vits16_224.json, the multi-node model (training/benchmarks/scaling.py) fed the
   faster ViT-S/16 step;
 - chain: the demo's chain on this machine (kNN top-1 and epochs), when it ran.
@@ -32,8 +36,11 @@ STEP_KEYS = ("images_per_s", "mfu", "achieved_tflops", "step_time_s", "split_ste
 VITS16 = ("vits16_224", "vits16_224_compiled")
 """ViT-S/16 at scDINO's crops, eager and compiled: what the reference ratio and the scaling model take."""
 
-# Which steps consume which loader size: the loader's crops are those steps' crops.
-LOADER_CONSUMERS = {"224": VITS16, "native": ("vits8_native", "vits8_native_compiled")}
+VITS16_LOOPS = ("vits16_224", "vits16_224_compiled", "vits16_224_graphs")
+"""`bench pretrain`'s ViT-S/16 settings at scDINO's crops: eager, compiled, compiled with CUDA graphs."""
+
+# Which steps and loops consume which loader size: the loader's crops are theirs.
+LOADER_CONSUMERS = {"224": VITS16_LOOPS, "native": ("vits8_native", "vits8_native_compiled", "vits8_native_graphs")}
 
 
 def _read(path: Path) -> dict | None:
@@ -44,19 +51,30 @@ def _read(path: Path) -> dict | None:
 
 
 def summarise(out: Path) -> dict:
-    summary: dict = {"device": _read(out / "device.json") or {}, "step": {}, "loader": {}}
+    summary: dict = {"device": _read(out / "device.json") or {}, "step": {}, "pretrain": {}, "loader": {}}
     for path in sorted(out.glob("step_*.json")):
         step = _read(path)
         if step:
             summary["step"][path.stem[5:]] = {key: step.get(key) for key in STEP_KEYS}
-    steps = summary["step"]
+    for path in sorted(out.glob("pretrain_*.json")):
+        pretrain = _read(path)
+        if pretrain:
+            summary["pretrain"][path.stem[9:]] = _pretrain_figures(pretrain)
+    steps, loops = summary["step"], summary["pretrain"]
+    reference = steps.get("vits16_224_reference", {}).get("images_per_s")
     ours = [steps[k]["images_per_s"] for k in VITS16 if k in steps]
-    if ours and steps.get("vits16_224_reference", {}).get("images_per_s"):
-        summary["speedup_vs_dino_reference"] = round(max(ours) / steps["vits16_224_reference"]["images_per_s"], 2)
+    if ours and reference:
+        summary["speedup_vs_dino_reference"] = round(max(ours) / reference, 2)
+    ours_in_the_loop = [loops[k]["loop_images_per_s"] for k in VITS16_LOOPS if k in loops]
+    if ours_in_the_loop and reference:
+        summary["loop_speedup_vs_dino_reference"] = round(max(ours_in_the_loop) / reference, 2)
+    demand = {name: [steps[k]["images_per_s"] or 0 for k in names if k in steps]
+              + [loops[k]["loop_images_per_s"] or 0 for k in names if k in loops]
+              for name, names in LOADER_CONSUMERS.items()}
     for path in sorted(out.glob("loader_*.json")):
         loader = _read(path)
         if loader:
-            summary["loader"][path.stem[7:]] = _loader_figures(path.stem[7:], loader, steps)
+            summary["loader"][path.stem[7:]] = _loader_figures(loader, max(demand.get(path.stem[7:], []), default=0))
     best = max((k for k in VITS16 if k in steps),
                key=lambda k: steps[k]["images_per_s"] or 0, default=None)
     if best:
@@ -75,7 +93,17 @@ def summarise(out: Path) -> dict:
     return summary
 
 
-def _loader_figures(size: str, loader: dict, steps: dict) -> dict:
+def _pretrain_figures(pretrain: dict) -> dict:
+    loop, step = pretrain.get("loop", {}), pretrain.get("step", {})
+    return {"loop_images_per_s": loop.get("images_per_s"), "loop_mfu": loop.get("mfu"),
+            "step_images_per_s": step.get("images_per_s"), "step_mfu": step.get("mfu"),
+            "loop_over_step": pretrain.get("loop_over_step"), "loader": pretrain.get("loader"),
+            "compiled": pretrain.get("compiled"), "compile_mode": pretrain.get("compile_mode"),
+            "precision": pretrain.get("precision"), "batch_size": pretrain.get("batch_size"),
+            "peak_memory_gb": pretrain.get("peak_memory_gb"), "torch": pretrain.get("torch")}
+
+
+def _loader_figures(loader: dict, demand: float) -> dict:
     device = loader["device_augment"]
     figures = {"crops": loader["settings"]["crops"], "workers": loader["settings"]["workers"],
                "torch": loader["settings"].get("torch"),
@@ -87,7 +115,6 @@ def _loader_figures(size: str, loader: dict, steps: dict) -> dict:
     if device["cpu_ms_per_image"] > 0:
         share = LOADER_VCPUS_PER_GPU * 1000 / device["cpu_ms_per_image"]
         figures["device_augment_images_per_s_at_p5_cpu_share"] = round(share, 1)
-        demand = max((steps[k]["images_per_s"] or 0 for k in LOADER_CONSUMERS.get(size, ()) if k in steps), default=0)
         if demand:
             figures["step_demand_images_per_s"] = demand
             figures["supply_over_demand_at_p5_cpu_share"] = round(share / demand, 2)
@@ -115,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, step in summary["step"].items():
         print(f"step   {name:26s} {step['images_per_s']:10.1f} images/s   MFU {step['mfu']}   "
               f"{step['precision']}, batch {step['batch_size']}, peak {step['peak_memory_gb']} GB")
+    for name, loop in summary["pretrain"].items():
+        print(f"loop   {name:26s} {loop['loop_images_per_s']:10.1f} images/s   MFU {loop['loop_mfu']}   "
+              f"(its step {loop['step_images_per_s']:.1f}: {loop['loop_over_step']}x), {loop['loader']} loader")
     if "speedup_vs_dino_reference" in summary:
         print(f"ViT-S/16 over DINO's reference step: {summary['speedup_vs_dino_reference']}x")
+    if "loop_speedup_vs_dino_reference" in summary:
+        print(f"ViT-S/16's pretrain loop over DINO's reference step: {summary['loop_speedup_vs_dino_reference']}x")
     for name, loader in summary["loader"].items():
         print(f"loader {name:26s} packed {loader['packed_images_per_s']:.1f}, device {loader['device_augment_images_per_s']:.1f}"
               f" images/s; at a p5 GPU's CPU share {loader.get('device_augment_images_per_s_at_p5_cpu_share')}"

@@ -75,7 +75,8 @@ class PretrainBenchRequest:
     steps: int = 20
     """Timed steps (the `--batches` flag) of the loop, and of the free-running pass after it."""
     warmup: int = 3
-    """Untimed steps of the loop first: cuDNN autotuning, allocator growth and, compiled, the compilation."""
+    """Untimed steps of the loop first: cuDNN autotuning, allocator growth and, compiled, the
+    compilation. At least 1: the timing starts when a step's figures have been read."""
     loader: str = "staged"
     """"staged": crops already on the device, cycled (the loop's own cost); "packed": the real
     pretraining loader over synthetic images packed for the benchmark."""
@@ -84,7 +85,7 @@ class PretrainBenchRequest:
 
     def __post_init__(self) -> None:
         _at_least("--batches", self.steps, 1, "time at least one step")
-        _at_least("--warmup", self.warmup, 0, "give 0 or more untimed steps")
+        _at_least("--warmup", self.warmup, 1, "the loop's timing starts at the end of an untimed step: give 1 or more")
         if self.loader not in ("staged", "packed"):
             raise UserError(f"--loader {self.loader!r}: give staged (crops on the device) or packed (the real loader)")
         _at_least("--images", self.images, 1, "give at least one synthetic image")

@@ -25,14 +25,24 @@ def test_smoke_run_writes_every_figure(tmp_path):
     result = run(tmp_path / "out", GPU_BENCH_SMOKE="1", GPU_BENCH_BUNDLE=str(tmp_path / "bundle.tar"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert set(summary["step"]) == {"vits16_224", "vits16_224_reference", "vitb16_224", "vits8_native",
-                                    "vits8_native_bag"}
+    assert set(summary["step"]) == {"vits16_224", "vits16_224_reference", "vitb16_224", "vits8_native_bag"}
     for step in summary["step"].values():
         assert step["images_per_s"] > 0 and step["split_step_time_s"]["total"] > 0
     assert summary["step"]["vits16_224_reference"]["style"] == "dino_reference"
     assert summary["speedup_vs_dino_reference"] == pytest.approx(
         summary["step"]["vits16_224"]["images_per_s"] / summary["step"]["vits16_224_reference"]["images_per_s"], rel=0.01)
-    assert [stage[1] for stage in summary["stages"]] == ["ok"] * 8
+    assert set(summary["pretrain"]) == {"vits16_224", "vits8_native", "vits16_224_packed"}
+    for loop in summary["pretrain"].values():
+        assert loop["loop_images_per_s"] > 0 and loop["step_images_per_s"] > 0
+    assert summary["pretrain"]["vits16_224_packed"]["loader"] == "packed"
+    assert summary["loop_speedup_vs_dino_reference"] == pytest.approx(
+        summary["pretrain"]["vits16_224"]["loop_images_per_s"] / summary["step"]["vits16_224_reference"]["images_per_s"],
+        rel=0.01)
+    assert [stage[0] for stage in summary["stages"]] == [
+        "pretrain vits16_224", "pretrain vits8_native", "step vits16_224", "loader 224", "chain",
+        "step vits16_224_reference", "step vitb16_224", "step vits8_native_bag", "loader native",
+        "pretrain vits16_224_packed"]
+    assert [stage[1] for stage in summary["stages"]] == ["ok"] * 10
     # the demo's chain ran through kNN: the trained model and both baselines were scored
     assert {"knn/knn.json:final", "knn/knn.json:random_init", "knn/knn.json:raw_pixels"} <= set(summary["chain"]["knn_top1"])
     step = json.loads((tmp_path / "out" / "step_vits16_224.json").read_text())
@@ -64,6 +74,17 @@ def test_full_run_without_a_gpu_says_what_is_missing(tmp_path):
 def test_a_part_that_does_not_exist_is_refused(tmp_path):
     result = run(tmp_path / "out", GPU_BENCH_PART="3", GPU_BENCH_SMOKE="1")
     assert result.returncode == 1 and "GPU_BENCH_PART=3: give 1, 2 or all" in result.stderr
+    result = run(tmp_path / "out", GPU_BENCH_BUDGET="7m", GPU_BENCH_SMOKE="1")
+    assert result.returncode == 1 and "GPU_BENCH_BUDGET=7m: give whole seconds" in result.stderr
+
+
+def test_a_spent_budget_skips_the_remaining_stages_and_still_sums_up(tmp_path):
+    """A lease's time is the bound: stages that would start with too little left are noted, not run."""
+    result = run(tmp_path / "out", GPU_BENCH_SMOKE="1", GPU_BENCH_PART="1", GPU_BENCH_BUDGET="5", BENCH_STAGE_MIN="10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [stage[1] for stage in summary["stages"]] == ["skipped (budget)"] * 5
+    assert summary["step"] == {} and summary["pretrain"] == {}
 
 
 def test_the_planners_default_mfu_is_the_committed_h200_measurement(tmp_path):

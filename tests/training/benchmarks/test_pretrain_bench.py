@@ -43,7 +43,7 @@ def _args(*argv: str):
 
 
 def test_flags_become_a_typed_request():
-    assert pretrain_request(_args("pretrain", "--batches", "5", "--warmup", "0")) == PretrainBenchRequest(steps=5, warmup=0)
+    assert pretrain_request(_args("pretrain", "--batches", "5", "--warmup", "1")) == PretrainBenchRequest(steps=5, warmup=1)
     assert pretrain_request(_args("pretrain", "--loader", "packed", "--images", "64")) == \
         PretrainBenchRequest(loader="packed", images=64)
     default = pretrain_request(_args("pretrain"))
@@ -55,6 +55,7 @@ def test_flags_become_a_typed_request():
 @pytest.mark.parametrize(("argv", "flag"), [
     (["pretrain", "--loader", "dali"], "--loader"),
     (["pretrain", "--batches", "0"], "--batches"),
+    (["pretrain", "--warmup", "0"], "--warmup"),
     (["pretrain", "--workers", "2"], "--workers"),
     (["pretrain", "--size", "48/24"], "--size"),
     (["step", "--loader", "packed"], "--loader:"),
