@@ -3,6 +3,8 @@
 Every writer in the package goes through `atomic_path`: the content is written to a temporary
 name beside the target (`.<name>.<pid>.tmp`, same directory so the rename cannot cross file
 systems), then renamed over it. A reader sees either the old file or the new one, never a mix.
+A folder where the file belongs, or a file where its folder does, is a PathTakenError before
+anything is written (`check_writable`; a step that writes several files checks them all first).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
+
+from training.errors import PathTakenError
 
 
 def temp_name(path: Path) -> Path:
@@ -19,10 +23,24 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def check_writable(paths: Iterable[str | Path]) -> None:
+    """PathTakenError when a file of `paths` cannot be written where it belongs: a folder stands in
+    its place, or a file where one of its folders belongs."""
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise PathTakenError(path, "is a folder where a file belongs")
+        folder = path.parent
+        while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise PathTakenError(folder, "is a file where a folder belongs")
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path to write to; on success it replaces `path`, on error it is removed."""
     path = Path(path)
+    check_writable([path])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:

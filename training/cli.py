@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from training.atomic import write_json_atomic
 from training.config import Config, dump_config, load_config
-from training.errors import UserError
+from training.errors import PathTakenError, UserError
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,13 @@ def record_timing(layout: RunLayout, step: str, seconds: float) -> None:
 
 
 def run_step(args: argparse.Namespace) -> int:
+    try:
+        return _run_step(args)
+    except PathTakenError as exc:  # the one place that knows which step to run again
+        raise exc.for_step(args.step) from None
+
+
+def _run_step(args: argparse.Namespace) -> int:
     config: Config = load_config(args.config, args.overrides)
     layout = RunLayout.from_config(config)
     pipeline_step = args.step not in UTILITIES and not getattr(args, "verify", False)  # a check writes nothing

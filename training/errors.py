@@ -25,4 +25,22 @@ class DamagedFileError(UserError):
         self.path, self.problem, self.remedy = path, problem, remedy
 
     def __reduce__(self):
-        return UserError, (str(self),)
+        # sent between processes as itself (a DataLoader worker's, training/data/torch_loader.py)
+        return DamagedFileError, (self.path, self.problem, self.remedy)
+
+
+class PathTakenError(UserError):
+    """A run file cannot be written where something else stands in its place: a folder where the file
+    belongs, or a file where its folder does. Writers replace files by renaming and delete nothing
+    they did not write, so the user moves it away; the CLI names the step to run again (`for_step`)."""
+
+    def __init__(self, path: object, problem: str, step: str | None = None) -> None:
+        again = f"rerun `python -m training {step}`" if step else "run this step again"
+        super().__init__(f"{path} {problem}: move it away, then {again}")
+        self.path, self.problem, self.step = path, problem, step
+
+    def for_step(self, step: str) -> "PathTakenError":
+        return PathTakenError(self.path, self.problem, step)
+
+    def __reduce__(self):
+        return PathTakenError, (self.path, self.problem, self.step)

@@ -82,7 +82,7 @@ def write_dataset(folder: Path, n: int) -> None:
 
     folder.mkdir(parents=True)
     table = synthetic_table(n)
-    size, crc = write_table(folder / CELLS_FILE, table)
+    written = write_table(folder / CELLS_FILE, table)
     elements = int(np.prod(SHAPE))
     per_shard = (4 << 30) // (elements * 2)
     shards = []
@@ -94,7 +94,8 @@ def write_dataset(folder: Path, n: int) -> None:
                        "crc32": None})
     write_json_atomic(folder / INDEX_FILE, {
         "format": FORMAT, "dtype": "<u2", "channels": SHAPE[0], "n_cells": n, "shape": list(SHAPE),
-        "shards": shards, "table": {"file": CELLS_FILE, "bytes": size, "crc32": f"{crc:08x}"}})
+        "shards": shards, "table": {"file": CELLS_FILE, "bytes": written.bytes, "crc32": f"{written.crc32:08x}",
+                                    "columns": written.columns}})
 
 
 def write_v1_index(folder: Path, table: pa.Table) -> None:

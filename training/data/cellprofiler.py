@@ -62,6 +62,7 @@ from training.rundir import RunLayout
 from training.rundir.integrity import (
     Crc32Writer,
     check_crc32,
+    check_present,
     check_size,
     crc32_hex,
     npy_layout,
@@ -311,13 +312,12 @@ def read_measurements_index(packed: Path, *, required: bool) -> dict[str, Any] |
     (a MissingInputError when `required`: ingest.cellprofiler is set); DamagedFileError when one of
     the two files is missing or the index is damaged."""
     array, index = measurement_files(packed)
-    if not array.is_file() and not index.is_file():
+    if not array.exists() and not index.exists():
         if required:
             raise MissingInputError("CellProfiler's measurements (ingest.cellprofiler)", array, "ingest")
         return None
-    if not array.is_file() or not index.is_file():
-        present, absent = (array, index) if array.is_file() else (index, array)
-        raise DamagedFileError(absent, f"is missing ({present.name} is there)", REMEDY)
+    for file, other in ((array, index), (index, array)):
+        check_present(file, REMEDY, other.name)
     payload = require_keys(parse_json(index, REMEDY), INDEX_KEYS, index, REMEDY)
     if len(payload["features"]) != len(payload["channels"]):
         raise DamagedFileError(index, f"names {len(payload['features'])} features and the channels of "

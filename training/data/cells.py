@@ -20,14 +20,27 @@ Columns:
 Every later file of a run (the split, feature sets, labels, profiles) is keyed by the row number of
 this table. String columns other than `path` are dictionary-encoded with sorted dictionaries: a
 column's codes are its category ids (labels, batches), read without decoding a single string.
+
+A wrong row is never handed out. The writer records a CRC-32 of each column as it lies in the file
+(`column_checksum`: its type, length, null count and every buffer, its dictionary's too), and a
+reader checks a column the first time it reads it in a process: a column garbled in place (a disk,
+a copy, an edit) is a DamagedFileError naming the file and the column before any of its values is
+used, where pyarrow would read a wrong value or fail far away (an index out of bounds, bytes that
+are no UTF-8). Only the columns a step reads are checked: training reads where each cell lies and
+its label and batch codes, 18 bytes a cell, not its path (most of the ~108). What it costs, at 10^7 cells:
+docs/training.md, "Damaged run files". A table written before the column checksums has each
+column checked by Arrow's own full validation instead (`validate(full=True)`: indices and offsets
+in bounds, strings UTF-8), which catches a garbled structure but not a garbled number.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +48,7 @@ import pyarrow.compute as pc
 
 from training.atomic import atomic_path
 from training.errors import DamagedFileError, UserError
-from training.rundir.integrity import file_crc32, one_line
+from training.rundir.integrity import crc32_hex, file_crc32, one_line, present_problem, rerun
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,8 @@ METADATA_PREFIX = "Metadata_"
 CLASS_COLUMN = "Metadata_Class"
 """The class folder of each image (scDINO's labels), for datasets packed from class folders."""
 STORAGE_COLUMNS = ("path", "shard", "offset", "height", "width")
+DEFAULT_REMEDY = rerun("prepare")
+"""What a table read on its own (without its dataset's index, which names its writer) says to do."""
 
 
 @dataclass(frozen=True)
@@ -88,39 +103,83 @@ def column_name(columns: Sequence[str], name: str, setting: str) -> str:
 
 
 class CellTable:
-    """Read access to cells.arrow (or to a table held in memory, for a dataset that could not be converted)."""
+    """Read access to cells.arrow (or to a table held in memory, for a dataset that could not be converted).
 
-    def __init__(self, path: Path, *, table: pa.Table | None = None) -> None:
+    `checksums` (column -> CRC-32, as the dataset's index records them): each column is checked
+    the first time this process reads it (numbers, strings, categories, column, or the whole
+    `table`); `remedy` is what a DamagedFileError says to do. The schema and the row count come
+    from the file's footer and cost nothing to check."""
+
+    def __init__(self, path: Path, *, table: pa.Table | None = None, checksums: dict[str, str] | None = None,
+                 remedy: str = DEFAULT_REMEDY) -> None:
         self.path = Path(path)
         self._table = table
         self._in_memory = table is not None
+        self.checksums, self.remedy = checksums, remedy
         self._categories: dict[str, Categories] = {}
+        self._checked: set[str] = set()
 
     def __getstate__(self) -> dict:
-        if self._in_memory:
-            return {**self.__dict__, "_categories": {}}
-        return {**self.__dict__, "_table": None, "_categories": {}}
+        # a worker maps the file again and checks again what it reads
+        state = {**self.__dict__, "_categories": {}, "_checked": set()}
+        return state if self._in_memory else {**state, "_table": None}
+
+    @property
+    def mapped(self) -> pa.Table:
+        """The table as mapped, its columns unchecked: for its schema and row count only."""
+        if self._table is None:
+            self._table = read_table(self.path, self.remedy)
+        return self._table
 
     @property
     def table(self) -> pa.Table:
-        if self._table is None:
-            self._table = read_table(self.path)
-        return self._table
+        """The whole table, every column checked (a full read of the file, once per process)."""
+        for name in self.columns:
+            self._array(name)
+        return self.mapped
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.mapped.schema
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return self.mapped.num_rows
 
     @property
     def columns(self) -> list[str]:
-        return self.table.column_names
+        return self.mapped.column_names
 
     @property
     def metadata_columns(self) -> list[str]:
         return [name for name in self.columns if name.startswith(METADATA_PREFIX)]
 
     def _array(self, name: str) -> pa.Array:
-        column = self.table.column(name)
-        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        array = one_array(self.mapped, name)
+        if name not in self._checked and not self._in_memory:
+            self._check(name, array)
+            self._checked.add(name)
+        return array
+
+    def _check(self, name: str, array: pa.Array) -> None:
+        if self.checksums is None:
+            try:
+                array.validate(full=True)
+            except (pa.ArrowInvalid, pa.ArrowIndexError) as exc:
+                raise DamagedFileError(self.path, f"is damaged (its column {name}: {one_line(exc)})",
+                                       self.remedy) from None
+            return
+        expected = self.checksums.get(name)
+        if expected is None:
+            raise DamagedFileError(self.path, f"has a column {name} its index records no checksum of (the "
+                                   f"columns it records: {', '.join(self.checksums)})", self.remedy)
+        actual = column_checksum(array)
+        if actual != expected:
+            raise DamagedFileError(self.path, f"fails its checksum (column {name}: CRC-32 {actual}, the index "
+                                   f"records {expected})", self.remedy)
+
+    def column(self, name: str) -> pa.Array:
+        """A column as one Arrow array, checked."""
+        return self._array(name)
 
     def numbers(self, name: str) -> np.ndarray:
         """A numeric column as a NumPy array: a read-only view of the map when it has no missing values."""
@@ -143,6 +202,30 @@ class CellTable:
 
     def find(self, name: str, setting: str) -> str:
         return column_name(self.columns, name, setting)
+
+
+def one_array(table: pa.Table, name: str) -> pa.Array:
+    """A column as one array: the file's one record batch as it is mapped (no copy)."""
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+_ARRAY_SHAPE = struct.Struct("<qqq")
+"""Length, null count and offset of an array, as column_checksum hashes them."""
+
+
+def column_checksum(array: pa.Array) -> str:
+    """CRC-32 (hex) of a column as it lies in the file: its type, length, null count and every
+    buffer, then its dictionary's the same way (a dictionary column)."""
+    crc = zlib.crc32(str(array.type).encode())
+    crc = zlib.crc32(_ARRAY_SHAPE.pack(len(array), array.null_count, array.offset), crc)
+    for buffer in array.buffers():
+        if buffer is not None:
+            crc = zlib.crc32(struct.pack("<q", buffer.size), crc)
+            crc = zlib.crc32(buffer, crc)
+    if pa.types.is_dictionary(array.type):
+        crc = zlib.crc32(bytes.fromhex(column_checksum(array.dictionary)), crc)
+    return crc32_hex(crc)
 
 
 def categories_of(array: pa.Array) -> Categories:
@@ -186,25 +269,37 @@ def encode_metadata(table: pa.Table) -> pa.Table:
     return table
 
 
-def write_table(path: Path, table: pa.Table) -> tuple[int, int]:
-    """Write `table` as cells.arrow atomically, as one record batch; returns (bytes, CRC-32)."""
+class WrittenTable(NamedTuple):
+    """What write_table wrote: its size, its CRC-32 and each column's checksum (column_checksum)."""
+
+    bytes: int
+    crc32: int
+    columns: dict[str, str]
+
+
+def write_table(path: Path, table: pa.Table) -> WrittenTable:
+    """Write `table` as cells.arrow atomically, as one record batch; its size, CRC-32 and column
+    checksums come from the file as written (read back through its map, as a reader reads it)."""
     table = encode_metadata(table)
     with atomic_path(path) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-        return tmp.stat().st_size, file_crc32(tmp)
+        written = read_table(tmp)
+        columns = {name: column_checksum(one_array(written, name)) for name in written.column_names}
+        del written
+        return WrittenTable(tmp.stat().st_size, file_crc32(tmp), columns)
 
 
-def read_table(path: Path, remedy: str = "") -> pa.Table:
-    """cells.arrow, memory-mapped; DamagedFileError when it is not a readable Arrow file."""
+def read_table(path: Path, remedy: str = DEFAULT_REMEDY) -> pa.Table:
+    """cells.arrow, memory-mapped; DamagedFileError when it is not there or not a readable Arrow file."""
+    problem = present_problem(path)
+    if problem:
+        raise DamagedFileError(path, problem, remedy)
     try:
         source = pa.memory_map(str(path), "r")
         return pa.ipc.open_file(source).read_all()
-    except FileNotFoundError:
-        raise DamagedFileError(path, "is missing", remedy or "rerun `python -m training prepare`") from None
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise DamagedFileError(path, f"is not a readable Arrow table ({one_line(exc)})",
-                               remedy or "rerun `python -m training prepare`") from None
+        raise DamagedFileError(path, f"is not a readable Arrow table ({one_line(exc)})", remedy) from None
 
 
 def storage_table(paths: Sequence[str], shards: np.ndarray, offsets: np.ndarray, heights: np.ndarray,
@@ -224,7 +319,7 @@ def storage_table(paths: Sequence[str], shards: np.ndarray, offsets: np.ndarray,
     return pa.table(columns)
 
 
-def check_storage_columns(table: pa.Table, path: Path, remedy: str) -> None:
-    missing = [name for name in STORAGE_COLUMNS if name not in table.column_names]
+def check_storage_columns(columns: Sequence[str], path: Path, remedy: str) -> None:
+    missing = [name for name in STORAGE_COLUMNS if name not in columns]
     if missing:
         raise DamagedFileError(path, f"lacks the column(s) {', '.join(missing)}", remedy)

@@ -84,19 +84,28 @@ class TiffImages:
         return None
 
 
+def dataset_step(config: Config) -> str:
+    """The step that writes the run's packed dataset, as the config tells it: `ingest` when it names a
+    load table (slurm/submit_pipeline.sh then starts the chain with ingest), else `prepare`. The
+    packed index's own record overrides it where it can be read (packed.writer_step)."""
+    return "ingest" if config.ingest.table else "prepare"
+
+
 def resolve_source(config: Config) -> tuple[str, Path]:
-    """("packed", folder) or ("tiff", root), following data.loader ("auto" prefers packed)."""
+    """("packed", folder) or ("tiff", root), following data.loader ("auto" prefers packed). A run
+    whose dataset `ingest` writes has no TIFF folder to fall back on: its packed dataset must be there."""
     source, packed = Path(config.data.source), RunLayout.from_config(config).packed
     if config.data.loader == "tiff":
         if is_packed(source):
             raise UserError(f"data.loader=tiff but data.source {source} is a packed dataset")
         return "tiff", source
-    check_not_half_packed(packed)
+    step = dataset_step(config)
+    check_not_half_packed(packed, step)
     for folder in (packed, source):
         if is_packed(folder):
             return "packed", folder
-    if config.data.loader in ("packed", "dali"):
-        raise MissingInputError("packed dataset", packed, "prepare")
+    if config.data.loader in ("packed", "dali") or step == "ingest":
+        raise MissingInputError("packed dataset", packed, step)
     return "tiff", source
 
 
@@ -105,7 +114,8 @@ def open_images(config: Config) -> PackedImages | TiffImages:
     and batches data.label_column and data.batch_column name."""
     kind, folder = resolve_source(config)
     if kind == "packed":
-        images = PackedImages(folder, label_column=config.data.label_column, batch_column=config.data.batch_column)
+        images = PackedImages(folder, label_column=config.data.label_column, batch_column=config.data.batch_column,
+                              guess=dataset_step(config))
     else:
         if config.data.label_column or config.data.batch_column:
             raise UserError(f"data.label_column and data.batch_column name columns of a packed dataset's per-cell "

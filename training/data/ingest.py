@@ -62,6 +62,8 @@ def crop_settings(config: Config) -> CropSettings:
 def read_planes(path: Path, table: str, row: int, column: str, channel_axis: str) -> np.ndarray:
     """One image file as (C, H, W): an OME-TIFF's channel axis from its metadata, else
     data.channel_axis; a folder is read as an OME-Zarr image (read_ngff)."""
+    if path.is_dir() and path.suffix.lower() in (".tif", ".tiff"):
+        raise BadField(table, row, column, f"{path} is a folder where a TIFF file belongs")
     if path.is_dir():
         return read_ngff(path, lambda problem: BadField(table, row, column, f"{path} {problem}"))
     if not path.is_file():
@@ -149,17 +151,49 @@ def read_field(load: LoadTable, spec: FieldSpec, channel_axis: str) -> tuple[lis
     return sources, read_labels(path, load.name, spec.row, column, shape)
 
 
+def first_readable_field(load: LoadTable, channel_axis: str) -> tuple[FieldSpec, list[np.ndarray], np.ndarray | None] | None:
+    """The first field among the leading PROBE_ROWS rows that can be read (every part tries the same
+    rows), with its images and mask; None when none can."""
+    for index in range(min(PROBE_ROWS, len(load))):
+        try:
+            spec = load.field(index)
+            sources, labels = read_field(load, spec, channel_axis)
+        except BadField:
+            continue
+        return spec, sources, labels
+    return None
+
+
 def probe_format(load: LoadTable, channel_axis: str) -> tuple[int, np.dtype, int]:
     """The channel count and pixel type of the first readable field among the leading rows, and how
     many objects its mask holds (0 without masks)."""
-    for index in range(min(PROBE_ROWS, len(load))):
-        try:
-            sources, labels = read_field(load, load.field(index), channel_axis)
-        except BadField:
-            continue
-        objects = len(np.unique(labels)) - 1 if labels is not None else 0
-        return sum(s.shape[0] for s in sources), np.result_type(*sources), objects
-    return 0, np.dtype(np.uint16), 0
+    found = first_readable_field(load, channel_axis)
+    if found is None:
+        return 0, np.dtype(np.uint16), 0
+    _, sources, labels = found
+    objects = len(np.unique(labels)) - 1 if labels is not None else 0
+    return sum(s.shape[0] for s in sources), np.result_type(*sources), objects
+
+
+def check_crop_size(config: Config, load: LoadTable) -> None:
+    """Refuse, before any cell is cut, a crop no model or field can take: smaller than one patch of
+    the model (model.patch_size), or, with ingest.edge=skip, larger than the fields of view (the
+    first readable one's size), where every object would be skipped."""
+    size, patch = config.ingest.crop_size, config.model.patch_size
+    if size < patch:
+        raise UserError(f"ingest.crop_size={size} px is smaller than one patch of the model (model.patch_size="
+                        f"{patch} px), the smallest piece of an image the ViT reads: set ingest.crop_size to {patch} "
+                        "px or more (`ingest --propose-crop-size` proposes one from the cells' sizes)")
+    found = first_readable_field(load, config.data.channel_axis)
+    if found is None or config.ingest.edge != "skip":
+        return
+    spec, sources, _ = found
+    height, width = sources[0].shape[-2:]
+    if size > min(height, width):
+        raise UserError(f"ingest.crop_size={size} px is larger than the fields of view ({load.name} row {spec.row}: "
+                        f"{height} x {width} px), so no cell's window fits in its field (ingest.edge=skip): set "
+                        f"ingest.crop_size to at most {min(height, width)} (`ingest --propose-crop-size` proposes one "
+                        "from the cells' sizes), or ingest.edge=pad")
 
 
 def read_ahead(load: LoadTable, rows: range, channel_axis: str) -> Iterator[tuple[FieldSpec | None, Any]]:

@@ -52,6 +52,8 @@ class BadField(Exception):
 def read_user_table(path: Path, setting: str) -> pd.DataFrame:
     """A CSV (every value as text, empty cells missing) or Parquet table; UserError when it cannot be read."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{setting}={path} is a folder: give the path of the CSV or Parquet table")
     if not path.is_file():
         raise UserError(f"{setting}={path}: no such file; give the path of the CSV or Parquet table")
     try:

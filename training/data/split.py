@@ -5,10 +5,11 @@ As in scDINO, a fraction (data.holdout_fraction, 0.2) is held out. data.split_me
 exactly scDINO's (main_dino and compute_CLS_features), so that an scDINO-trained checkpoint is
 evaluated on the images it did not see.
 
-`prepare` saves the split keyed by the per-cell table's rows: <run>/split.npy, one byte per cell
-(0 train, 1 held out), memory-mapped, and <run>/split.json with the settings that drew it and the
-identity of the table it belongs to (its cell count and CRC-32), so that a split of another pack is
-refused. A split.json from before the table (membership by path) is converted once, with a log line.
+`prepare` (or `ingest`) saves the split keyed by the per-cell table's rows: <run>/split.npy, one byte
+per cell (0 train, 1 held out), memory-mapped, and <run>/split.json with the settings that drew it,
+the identity of the table it belongs to (its cell count and CRC-32), so that a split of another
+pack is refused, and split.npy's own size and CRC-32 (10^7 cells: 10 MB, checked in a few ms at
+every read). A split.json from before the table (membership by path) is converted once, with a log line.
 
 The evaluated cells (`evaluated_rows`): the held-out cells with a label, or at most eval.max_cells
 of them, a seeded sample stratified by label, so that each epoch's evaluation costs the same at any
@@ -32,7 +33,7 @@ from training.config import Config
 from training.errors import DamagedFileError, UserError
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_split
-from training.rundir.integrity import rerun
+from training.rundir.integrity import Crc32Writer, check_crc32, check_present, check_size, crc32_hex, npy_layout, rerun
 
 log = logging.getLogger(__name__)
 
@@ -116,34 +117,57 @@ def table_identity(images) -> dict[str, Any]:
 
 
 def save_split(config: Config, split: Split, images) -> None:
-    """Write split.npy (one byte per cell: 1 held out) and split.json (the settings, the table's identity)."""
+    """Write split.npy (one byte per cell: 1 held out) and split.json (the settings, the table's
+    identity, split.npy's size and CRC-32)."""
     layout = RunLayout.from_config(config)
     member = np.zeros(len(images), np.uint8)
     member[split.holdout] = 1
     with atomic_path(layout.split_rows) as tmp, open(tmp, "wb") as handle:
-        np.save(handle, member)
+        written = Crc32Writer(handle)
+        np.save(written, member)
     write_json_atomic(layout.split, {
         "format": "rows", "seed": config.run.seed, "holdout_fraction": config.data.holdout_fraction,
         "method": config.data.split_method, "n_train": int(len(split.train)), "n_holdout": int(len(split.holdout)),
-        **table_identity(images),
+        **table_identity(images), "rows_bytes": written.size, "rows_crc32": crc32_hex(written.crc),
     })
 
 
+def split_remedy(images) -> str:
+    """What writes the split again: the step that wrote the packed dataset (packed.writer_step)."""
+    return getattr(images, "remedy", None) or rerun("prepare")
+
+
 def split_from_rows(layout: RunLayout, saved: dict[str, Any], images) -> Split:
-    """A saved split, checked to belong to this dataset."""
-    remedy = rerun("prepare")
-    if not layout.split_rows.is_file():
-        raise DamagedFileError(layout.split_rows, f"is missing ({layout.split.name} is there)", remedy)
-    try:
-        member = np.load(layout.split_rows, mmap_mode="r")
-    except (ValueError, OSError) as exc:
-        raise DamagedFileError(layout.split_rows, f"is not a readable .npy file ({exc})", remedy) from None
+    """A saved split, checked to be whole (split.npy there, of its size and CRC-32, one 0 or 1 per
+    cell, as many of each as split.json records) and to belong to this dataset."""
+    remedy, path = split_remedy(images), layout.split_rows
+    recorded = [saved.get(key) for key in ("n_cells", "n_train", "n_holdout", "rows_bytes") if key in saved]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in recorded) or \
+            not isinstance(saved.get("rows_crc32", ""), str) or ("rows_bytes" in saved) != ("rows_crc32" in saved):
+        raise DamagedFileError(layout.split, "records counts, a size or a checksum that are not what it writes",
+                               remedy)
+    check_present(path, remedy, layout.split.name)
+    shape, dtype, size = npy_layout(path, remedy)
+    check_size(path, size, "its header", remedy)
     identity = table_identity(images)
-    if len(member) != len(images) or saved.get("n_cells") != identity["n_cells"] or \
+    if saved.get("n_cells") != identity["n_cells"] or \
             (saved.get("table_crc32") and identity["table_crc32"] and saved["table_crc32"] != identity["table_crc32"]):
         raise UserError(f"{layout.split} belongs to another packing of the data ({saved.get('n_cells')} cells, "
-                        f"the dataset has {len(images)}): {remedy}")
-    return Split(train=np.flatnonzero(member == 0), holdout=np.flatnonzero(member == 1))
+                        f"table CRC-32 {saved.get('table_crc32')}; the dataset has {identity['n_cells']}, "
+                        f"{identity['table_crc32']}): {remedy}")
+    if dtype != np.uint8 or len(shape) != 1 or shape[0] != len(images):
+        raise DamagedFileError(path, f"holds {dtype} {tuple(shape)}, one byte per cell of the dataset's "
+                               f"{len(images)} ({layout.split.name} records {saved.get('n_cells')})", remedy)
+    if "rows_bytes" in saved:
+        check_size(path, int(saved["rows_bytes"]), layout.split.name, remedy)
+        check_crc32(path, saved["rows_crc32"], layout.split.name, remedy)
+    member = np.load(path, mmap_mode="r")
+    train, holdout = np.flatnonzero(member == 0), np.flatnonzero(member == 1)
+    if len(train) + len(holdout) != len(member) or (len(train), len(holdout)) != (saved["n_train"], saved["n_holdout"]):
+        raise DamagedFileError(path, f"holds {len(train)} train and {len(holdout)} held-out cells and "
+                               f"{len(member) - len(train) - len(holdout)} of neither, {layout.split.name} records "
+                               f"{saved['n_train']} and {saved['n_holdout']}", remedy)
+    return Split(train=train, holdout=holdout)
 
 
 def split_from_paths(saved: dict, paths) -> Split:
@@ -166,13 +190,13 @@ def load_split(config: Config, images=None) -> Split:
 
     images = images if images is not None else open_images(config)
     layout = RunLayout.from_config(config)
-    saved = read_split(layout)
+    saved = read_split(layout, split_remedy(images))
     if saved is None:
         log.info("no %s: computing the split (seed %d) on the fly", layout.split, config.run.seed)
         return split_for(config, images)
     if saved.get("method", "stratified") != config.data.split_method:
         raise UserError(f"{layout.split} holds a {saved.get('method', 'stratified')} split but data.split_method="
-                        f"{config.data.split_method}: re-run `python -m training prepare`")
+                        f"{config.data.split_method}: {split_remedy(images)}")
     if saved.get("format") == "rows":
         return split_from_rows(layout, saved, images)
     split = split_from_paths(saved, images.paths)

@@ -54,6 +54,15 @@ SUBSTITUTE_TRIES = 16
 
 
 @dataclass(frozen=True)
+class FailedBatch:
+    """Returned by a worker process instead of a batch when a UserError (a damaged run file) stops
+    the step: raised again as itself in the main process, one line, where torch would wrap it in a
+    RuntimeError carrying the worker's traceback."""
+
+    error: UserError
+
+
+@dataclass(frozen=True)
 class BadBatch:
     """Returned by a worker instead of a batch when a bad image must stop the run."""
 
@@ -84,6 +93,10 @@ class BatchDataset(Dataset):
             images, kept = self._read(np.asarray(indices), scale=not raw)
         except BadImage as bad:
             return BadBatch(bad.path, bad.reason)
+        except UserError as exc:
+            if torch.utils.data.get_worker_info() is None:
+                raise
+            return FailedBatch(exc)
         labels = torch.from_numpy(np.asarray(self.images.labels[kept], np.int64))
         if raw:
             return self.transform(images, labels, torch.from_numpy(kept), seed)
@@ -127,12 +140,15 @@ class BatchDataset(Dataset):
 
 
 class CheckedLoader(DataLoader):
-    """A DataLoader that turns a worker's BadBatch marker into one clear error in the main process."""
+    """A DataLoader that turns a worker's BadBatch or FailedBatch marker into one clear error in the
+    main process."""
 
     def __iter__(self):
         for batch in super().__iter__():
             if isinstance(batch, BadBatch):
                 raise BadImageError(BadImage(batch.path, batch.reason))
+            if isinstance(batch, FailedBatch):
+                raise batch.error
             yield batch
 
 

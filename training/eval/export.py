@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from training.atomic import atomic_path, write_json_atomic
+from training.atomic import atomic_path, check_writable, write_json_atomic
 from training.config import Config
 from training.data.cells import METADATA_PREFIX, CellTable
 from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
@@ -91,7 +91,8 @@ class ExportSource:
         """The Metadata_ columns of cells start..stop (their own types; the table's map, sliced)."""
         rows = self.rows[start:stop]
         contiguous = len(rows) and rows[-1] - rows[0] == len(rows) - 1
-        table = self.cells.table.slice(int(rows[0]), len(rows)) if contiguous else self.cells.table.take(rows)
+        table = pa.table({name: self.cells.column(name) for name in ["path", *self.cells.metadata_columns]})
+        table = table.slice(int(rows[0]), len(rows)) if contiguous else table.take(rows)
         split = pa.DictionaryArray.from_arrays(pa.array(1 - self.held_out[rows].astype(np.int32)),
                                                pa.array(SPLIT_NAMES))
         columns = {ROW_COLUMN: pa.array(rows), PATH_COLUMN: table.column("path").cast(pa.string())}
@@ -315,6 +316,8 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     start = time.perf_counter()
     check_steps(config.eval.profile_normalization, controls=bool(config.data.control_column),
                 batches=bool(config.data.batch_column))
+    check_writable([layout.profiles_h5ad, layout.profiles_cells, layout.profiles_wells,
+                    layout.profiles_wells_normalized, layout.profiles_manifest])
     source = open_source(config, layout, tag)
     timed = Timed(layout)
     timed(layout.profiles_h5ad, write_h5ad, source)

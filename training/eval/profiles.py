@@ -153,7 +153,7 @@ def control_wells(table: CellTable, config: Config, wells: Wells, rows: np.ndarr
 
 
 def is_numeric(table: CellTable, name: str) -> bool:
-    kind = table.table.schema.field(name).type
+    kind = table.schema.field(name).type
     return pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
@@ -171,6 +171,6 @@ def well_metadata(table: CellTable, wells: Wells, rows: np.ndarray | None = None
     for name in table.metadata_columns:
         values = comparable_values(table, name)
         if shared_in_every_well(values if rows is None else values[rows], wells):
-            shared[name] = table.table.column(name).take(first)
+            shared[name] = table.column(name).take(first)
     shared[OBJECT_COUNT] = wells.sizes
     return shared

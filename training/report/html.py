@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
 from training.rundir.summary import knn_headline
+
+log = logging.getLogger(__name__)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -205,11 +208,24 @@ INGEST_BAD_SHOWN = 10
 """Bad fields of view listed in the report; ingest_report.json and bad_images.json list them all."""
 
 
+def packed_by_ingest(layout: RunLayout) -> bool:
+    """Whether the run's packed dataset records `ingest` as the step that made it."""
+    from training.data.packed import is_packed, writer_step
+
+    return is_packed(layout.packed) and writer_step(layout.packed) == "ingest"
+
+
 def ingest_section(layout: RunLayout) -> list[str]:
     """Where the cells came from when `ingest` cut them out of fields of view: every count of
     ingest_report.json, each reason an object was skipped, the first bad fields; nothing for a
     dataset of single-cell images."""
     report = read_optional_json(layout.ingest_report, "ingest")
+    if report is None and packed_by_ingest(layout):
+        from training.data.packed import INDEX_FILE
+
+        log.warning("%s is missing (%s/%s records that `ingest` made the dataset): the report leaves out where the "
+                    "cells came from; rerun `python -m training ingest` to write it again", layout.ingest_report,
+                    layout.packed.name, INDEX_FILE)
     if not report:
         return []
     counts = [("fields of view read", report.get("fields", 0)), ("bad fields of view", report.get("bad_fields", 0)),

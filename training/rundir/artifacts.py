@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def read_json(path: Path, what: str, step: str, keys: tuple[str, ...] = ()) -> Any:
     """A JSON file an earlier step wrote (an object with `keys`, when given); MissingInputError names
     that step when it is absent, DamagedFileError when it is damaged."""
-    if not path.is_file():
+    if not path.exists():
         raise MissingInputError(what, path, step)
     payload = parse_json(path, rerun(step))
     return require_keys(payload, keys, path, rerun(step)) if keys else payload
@@ -42,12 +42,19 @@ MERGED_REMEDY = "delete it and rerun the step that writes it"
 def read_optional_json(path: Path, step: str | None = None) -> Any:
     """A JSON file, or None when its step has not run (yet); damaged, a DamagedFileError that names
     `step` (else says to delete it: see MERGED_REMEDY)."""
-    return parse_json(path, rerun(step) if step else MERGED_REMEDY) if path.is_file() else None
+    return parse_json(path, rerun(step) if step else MERGED_REMEDY) if path.exists() else None
 
 
 def load_labels(layout: RunLayout) -> dict[str, Any]:
-    """labels.json: class names, labels, dataset indices and paths of the held-out images."""
-    return read_json(layout.labels, "held-out labels", "labels", ("class_names", "labels", "indices", "paths"))
+    """labels.json: class names, labels, dataset indices and paths of the held-out images, one of
+    each per cell (and imaging batches, where it has them)."""
+    labels = read_json(layout.labels, "held-out labels", "labels", ("class_names", "labels", "indices", "paths"))
+    lists = [key for key in ("labels", "indices", "paths", "batches") if key in labels]
+    lengths = {key: len(labels[key]) if isinstance(labels[key], list) else None for key in lists}
+    if None in lengths.values() or len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{key} {n if n is not None else 'not a list'}" for key, n in lengths.items())
+        raise DamagedFileError(layout.labels, f"lists cells of different lengths ({shown})", rerun("labels"))
+    return labels
 
 
 def load_knn(layout: RunLayout) -> dict[str, Any]:
@@ -58,21 +65,22 @@ def load_linear(layout: RunLayout) -> dict[str, Any]:
     return read_json(layout.linear_json, "linear-probe results", "linear", ("tags",))
 
 
-def read_split(layout: RunLayout) -> dict[str, Any] | None:
+def read_split(layout: RunLayout, remedy: str = rerun("prepare")) -> dict[str, Any] | None:
     """split.json: the settings of a split by row (its membership in split.npy), or an older split's
-    membership by path; None when `prepare` wrote none."""
-    if not layout.split.is_file():
+    membership by path; None when no split was saved. `remedy`: what writes it again (the step that
+    wrote the packed dataset, training/data/packed.py writer_step)."""
+    if not layout.split.exists():
         return None
-    saved = parse_json(layout.split, rerun("prepare"))
+    saved = parse_json(layout.split, remedy)
     keys = ("n_cells", "n_train", "n_holdout") if isinstance(saved, dict) and saved.get("format") == "rows" \
         else ("train", "holdout")
-    return require_keys(saved, keys, layout.split, rerun("prepare"))
+    return require_keys(saved, keys, layout.split, remedy)
 
 
 def read_mean_std(path: Path, layout: RunLayout) -> dict[str, Any]:
     """mean_std.json (or the file data.mean_std_file names): per-channel "mean" and "std" lists of
     one length."""
-    if not path.is_file():
+    if not path.exists():
         raise MissingInputError("mean/std file", path, "mean-std")
     remedy = rerun("mean-std") if path == layout.mean_std else "fix or replace the file data.mean_std_file names"
     stats = require_keys(parse_json(path, remedy), ("mean", "std"), path, remedy)
@@ -143,11 +151,16 @@ def final_weights(layout: RunLayout) -> Path:
     return layout.latest_checkpoint
 
 
-def bad_image_paths(layout: RunLayout) -> set[str]:
-    """Paths an earlier step reported as unreadable (bad_images.json), to be left out."""
+def bad_image_paths(layout: RunLayout, step: str = "prepare") -> set[str]:
+    """Paths an earlier step (`step`: prepare, or ingest for bad fields of view) reported as unreadable
+    (bad_images.json), to be left out."""
     if not layout.bad_images.exists():
         return set()
-    return {entry["path"] for entry in read_json(layout.bad_images, "bad-image report", "prepare").get("images", [])}
+    report = read_json(layout.bad_images, "bad-image report", step, ("images",))
+    images = report["images"]
+    if not isinstance(images, list) or not all(isinstance(entry, dict) and "path" in entry for entry in images):
+        raise DamagedFileError(layout.bad_images, 'does not list its images as objects with a "path"', rerun(step))
+    return {entry["path"] for entry in images}
 
 
 def read_metrics(layout: RunLayout) -> list[dict[str, Any]]:
@@ -177,7 +190,7 @@ def read_metrics(layout: RunLayout) -> list[dict[str, Any]]:
 def read_timings(layout: RunLayout) -> dict[str, float]:
     """timings.json: each step's last wall time; a damaged one names the fix (any pipeline step)."""
     remedy = "rerun any pipeline step (`python -m training <step>`), which moves it aside and starts a new one"
-    timings = parse_json(layout.timings, remedy) if layout.timings.is_file() else {}
+    timings = parse_json(layout.timings, remedy) if layout.timings.exists() else {}
     if not isinstance(timings, dict):
         raise DamagedFileError(layout.timings, "is not a JSON object", remedy)
     return timings

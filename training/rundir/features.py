@@ -26,9 +26,11 @@ import numpy as np
 
 from training.atomic import atomic_path, write_json_atomic
 from training.errors import DamagedFileError, MissingInputError, UserError
+from training.rundir import tags
 from training.rundir.integrity import (
     Crc32Writer,
     check_crc32,
+    check_present,
     crc32_hex,
     npy_layout,
     parse_json,
@@ -109,17 +111,16 @@ def read_index(directory: Path) -> dict[str, Any] | None:
     """The index of a feature set, None when there is none; DamagedFileError when the set is
     incomplete (one of its files missing), its index damaged or an array of the wrong size."""
     path, array, rows = directory / INDEX_FILE, directory / FEATURES_FILE, directory / ROWS_FILE
-    if not path.is_file() and not array.is_file():
+    if not path.exists() and not array.exists():
         return None
-    if not path.is_file() or not array.is_file():
-        present, absent = (path, array) if path.is_file() else (array, path)
-        raise DamagedFileError(absent, f"is missing ({present.name} is there)", REMEDY)
+    for file, other in ((path, array), (array, path)):
+        check_present(file, REMEDY, other.name)
     index = parse_json(path, REMEDY)
     if not isinstance(index, dict) or any(key not in index for key in _INDEX_KEYS) or \
             ("indices" not in index and "rows_bytes" not in index):
         raise DamagedFileError(path, f"lacks one of {', '.join(_INDEX_KEYS)} or the set's rows", REMEDY)
-    if "rows_bytes" in index and not rows.is_file():
-        raise DamagedFileError(rows, f"is missing ({path.name} is there)", REMEDY)
+    if "rows_bytes" in index:
+        check_present(rows, REMEDY, path.name)
     for name, file in (("features", array), ("rows", rows)):
         if f"{name}_bytes" not in index and name == "rows":
             continue
@@ -181,8 +182,13 @@ def load_features(directory: Path, *, mmap: bool = False, rows: np.ndarray | Non
 
 def list_tags(features_root: Path) -> list[str]:
     """Tags with a feature set (or what is left of one: loading it says what is wrong) under
-    <run>/features, in a stable order."""
-    if not features_root.is_dir():
+    <run>/features, in a stable order; a file where the folder or a set's folder belongs is a
+    DamagedFileError."""
+    if not features_root.exists():
         return []
+    check_present(features_root, REMEDY, folder=True)
+    for entry in features_root.iterdir():
+        if tags.is_tag(entry.name):
+            check_present(entry, REMEDY, folder=True)
     return sorted(p.name for p in features_root.iterdir()
-                  if (p / INDEX_FILE).is_file() or (p / FEATURES_FILE).is_file())
+                  if (p / INDEX_FILE).exists() or (p / FEATURES_FILE).exists())

@@ -53,6 +53,33 @@ def rerun(step: str) -> str:
     return f"rerun `python -m training {step}`"
 
 
+TAKEN_REMEDY = "move it away, then "
+"""Before the remedy of a file that a folder stands in place of (or a folder a file does): its
+writer replaces files by renaming and cannot replace a folder, and deletes nothing it did not write."""
+
+
+def present_problem(path: Path, beside: str | None = None, *, folder: bool = False) -> str | None:
+    """What keeps `path` from being read as the file (`folder`: the folder) a step wrote: "is
+    missing" ("(<beside> is there)" when a file written with it shows it was written), "is a folder
+    where a file belongs" or the reverse; None when it is there as it should be."""
+    path = Path(path)
+    if not path.exists():
+        return f"is missing ({beside} is there)" if beside else "is missing"
+    if folder and not path.is_dir():
+        return "is a file where a folder belongs"
+    if not folder and path.is_dir():
+        return "is a folder where a file belongs"
+    return None
+
+
+def check_present(path: Path, remedy: str, beside: str | None = None, *, folder: bool = False) -> None:
+    """DamagedFileError when `path` is not there as a file (`folder`: a folder), see present_problem;
+    a folder or file in its place is to be moved away before `remedy`."""
+    problem = present_problem(path, beside, folder=folder)
+    if problem:
+        raise DamagedFileError(path, problem, remedy if problem.startswith("is missing") else TAKEN_REMEDY + remedy)
+
+
 def crc32_hex(value: int) -> str:
     return f"{value & 0xFFFFFFFF:08x}"
 
@@ -87,7 +114,8 @@ def file_crc32(path: Path) -> int:
 
 
 def parse_json(path: Path, remedy: str) -> Any:
-    """A JSON file's content; DamagedFileError when it is empty or does not parse."""
+    """A JSON file's content; DamagedFileError when it is missing, a folder, empty or does not parse."""
+    check_present(path, remedy)
     data = Path(path).read_bytes()
     if not data.strip():
         raise DamagedFileError(path, "is empty", remedy)

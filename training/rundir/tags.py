@@ -45,6 +45,11 @@ def is_epoch_tag(tag: str) -> bool:
     return tag_epoch(tag) is not None
 
 
+def is_tag(name: str) -> bool:
+    """Whether `name` is one of the tags a step writes (final, an epoch, a baseline)."""
+    return name == FINAL or is_baseline(name) or is_epoch_tag(name)
+
+
 def is_baseline(tag: str) -> bool:
     return tag in BASELINES
 

@@ -8,6 +8,8 @@ masks or centres) straight into the packed dataset, then fix the split.
 
     python -m training ingest --config run.yaml --propose-crop-size      (prints a crop size for ingest.crop_size)
 
+    python -m training ingest --config run.yaml --verify                 (checks what ingest wrote, every byte)
+
 Reads ingest.table (CSV or Parquet, one row per field of view: FileName_/PathName_ per channel,
 ObjectsFileName_/ObjectsPathName_ per mask, any other column metadata; training/data/ingest_table.py)
 and writes <run>/packed (or data.packed_dir) as `prepare` does, with one row per cell in its
@@ -24,6 +26,15 @@ With --parts N, task K cuts the K-th of N slices of the table's rows into
 the task runs again (an interrupted array is resumed by running it again), and --merge joins the
 parts (linking their pixel files), then writes the split and the report:
 `sbatch --array=0-7 slurm/ingest.slurm CONFIG`, then `sbatch slurm/ingest.slurm CONFIG --merge --parts 8`.
+A damaged part (its part.json, a pixel file or a table) is cut again by its task, with a warning.
+
+Settings that cannot work are refused before any field is cut, each by what it is: a crop smaller
+than one patch of the model or (ingest.edge=skip) larger than the fields of view, a label or batch
+column with one value in every row, a control value in no row of its column.
+
+--verify writes nothing: as `prepare --verify`, it checks the packed dataset (every byte against the
+CRC-32s in packed/index.json), the split and the bad-field report, and says "intact" or names the
+damaged file (exit 2).
 """
 
 from __future__ import annotations
@@ -46,13 +57,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", action="store_true", help="join the finished parts into the packed dataset")
     parser.add_argument("--propose-crop-size", action="store_true",
                         help="print a crop size from the objects' sizes (JSON) and write nothing")
+    parser.add_argument("--verify", action="store_true",
+                        help="check the packed dataset (every byte against its checksum), the split and the "
+                             "bad-field report instead of writing them")
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
+    from training.data.ingest import check_crop_size
     from training.data.ingest_table import LoadTable
     from training.data.parts import check_part_arguments
 
     parts, part = args.parts, args.part
+    if getattr(args, "verify", False):
+        from training.data.parts import verify_packed
+
+        return verify_packed(config, layout, "ingest")
     check_part_arguments(part, parts)
     check_settings(config)
     if args.merge:
@@ -66,6 +85,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         print(json.dumps(propose(config, load), indent=2))
         return 0
     require_crop_size(config, load)
+    check_crop_size(config, load)
     for k in ([part] if part is not None else range(parts)):
         cut_one_part(config, layout, load, k, parts)
     if part is None:
@@ -83,21 +103,45 @@ def check_settings(config: Config) -> None:
 
 
 def check_columns(config: Config, load) -> None:
-    """data.label_column, batch_column and control_column name columns the cells will have: checked
-    before any cell is cut rather than when the split is drawn."""
+    """data.label_column, batch_column and control_column name columns the cells will have, a label
+    or batch column of the load table has two values or more, and data.control_value is in a row of
+    its column: checked before any cell is cut rather than when the split is drawn or the wells are
+    profiled."""
     from training.data.cells import column_name
     from training.data.ingest_table import FIELD_COLUMNS
 
     columns = [*load.metadata.values(), *FIELD_COLUMNS]
+    found = {}
     for setting in ("label_column", "batch_column", "control_column"):
         name = getattr(config.data, setting)
         if name:
             try:
-                column_name(columns, name, f"data.{setting}")
+                found[setting] = column_name(columns, name, f"data.{setting}")
             except UserError:
                 raise UserError(f"data.{setting}={name!r} names no column of {load.name} (its metadata columns, "
                                 f"Metadata_-prefixed: {', '.join(load.metadata.values())}): set data.{setting} "
                                 "to one of them") from None
+    table_column = {cell: column for column, cell in load.metadata.items()}  # ingest's own columns are in none
+    for setting, why in (("label_column", "the classes the split, kNN and the probe tell apart need two or more"),
+                         ("batch_column", "not-same-batch kNN needs cells of another batch to compare with")):
+        if setting in found and found[setting] in table_column:
+            values = column_values(load, table_column[found[setting]])
+            if len(values) < 2:
+                held = f"one value ({values[0]!r})" if values else "no value"
+                raise UserError(f"data.{setting}={getattr(config.data, setting)!r} holds {held} in every row of "
+                                f"{load.name}: {why}; name another column, or leave data.{setting} empty")
+    if "control_column" in found and found["control_column"] in table_column and config.data.control_value:
+        values = column_values(load, table_column[found["control_column"]])
+        if config.data.control_value not in values:
+            shown = ", ".join(map(repr, values[:10])) + (", ..." if len(values) > 10 else "")
+            raise UserError(f"data.control_value={config.data.control_value!r} is in no row of {load.name}'s "
+                            f"{table_column[found['control_column']]} (its values: {shown}): set data.control_value "
+                            "to the controls' value")
+
+
+def column_values(load, column: str) -> list[str]:
+    """The distinct values of a load-table column as text (as the cells' categories read them), sorted."""
+    return sorted({str(value) for value in load.frame[column].dropna().tolist()})
 
 
 def require_crop_size(config: Config, load) -> None:
@@ -122,7 +166,7 @@ def cut_one_part(config: Config, layout: RunLayout, load, part: int, parts: int)
 
     rows, folder = part_rows(len(load), part, parts), part_dir(layout, part, parts)
     identity = part_identity(config, load, rows)
-    if finished_part(folder, identity) is not None:
+    if finished_part(folder, identity, "ingest") is not None:
         log.info("part %d of %d (rows %d..%d) is already cut in %s: kept", part + 1, parts, rows.start + 1,
                  rows.stop, folder)
         return
@@ -138,11 +182,11 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
     from training.data.dataset import write_bad_report
     from training.data.ingest import describe, summarise
     from training.data.packed import read_part
-    from training.data.parts import merge_and_split, part_dir
+    from training.data.parts import merge_and_split, part_dir, part_remedy
     from training.data.tiff import BadImage
 
     folders = [part_dir(layout, k, parts) for k in range(parts)]
-    infos = [read_part(folder) for folder in folders]
+    infos = [read_part(folder, part_remedy("ingest", folder)) for folder in folders]
     unfinished = [str(f) for f, info in zip(folders, infos) if info is None]
     if unfinished:
         raise UserError(f"{len(unfinished)} of {parts} part(s) are not finished ({', '.join(unfinished[:3])}): run "
@@ -160,7 +204,8 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
                         f"({summary.get('bad_fields', 0)} bad): see {layout.ingest_report}")
     counts = {key: value for key, value in summary.items() if key != "bad"}
     beside = measurements_merger(config, folders, infos)
-    split = merge_and_split(config, layout, folders, beside=beside, source=config.ingest.table, ingest=counts)
+    split = merge_and_split(config, layout, folders, step="ingest", beside=beside, source=config.ingest.table,
+                            ingest=counts)
     log.info("ingested %d cells into %s; split: %d train, %d hold-out", summary["cut"], layout.packed,
              len(split.train), len(split.holdout))
 

@@ -88,7 +88,7 @@ def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> N
     rows, folder = part_rows(len(index), part, parts), part_dir(layout, part, parts)
     identity = {"source": str(source.resolve()), "n_images": len(index), "rows": [rows.start, rows.stop],
                 "first": index.paths[rows.start] if len(rows) else None}
-    if finished_part(folder, identity) is not None:
+    if finished_part(folder, identity, "prepare") is not None:
         log.info("part %d of %d (%d images) is already packed in %s: kept", part + 1, parts, len(rows), folder)
         return
     log.info("packing part %d of %d: images %d..%d of %d", part + 1, parts, rows.start, rows.stop - 1, len(index))
@@ -101,18 +101,18 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
     """Merge the parts into <packed>, then write the bad-image report and the split."""
     from training.data.dataset import write_bad_report
     from training.data.packed import read_part
-    from training.data.parts import merge_and_split, part_dir
+    from training.data.parts import merge_and_split, part_dir, part_remedy
     from training.data.tiff import BadImage
 
     folders = [part_dir(layout, k, parts) for k in range(parts)]
-    infos = [read_part(folder) for folder in folders]
+    infos = [read_part(folder, part_remedy("prepare", folder)) for folder in folders]
     bad = [BadImage(b["path"], b["reason"]) for info in infos if info for b in info.get("bad", [])]
     n_cells = sum(info["n_cells"] for info in infos if info)
     write_bad_report(layout.bad_images, "prepare", bad)
     if n_cells == 0 and all(infos):
         raise UserError(f"none of the images under {config.data.source} is readable ({len(bad)} bad); see "
                         f"{layout.bad_images}")
-    split = merge_and_split(config, layout, folders, source=str(config.data.source),
+    split = merge_and_split(config, layout, folders, step="prepare", source=str(config.data.source),
                             folder_depth_for_labels=config.data.folder_depth_for_labels)
     log.info("packed %d images (%d skipped) into %s; split: %d train, %d hold-out",
              n_cells, len(bad), layout.packed, len(split.train), len(split.holdout))
@@ -120,22 +120,6 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
 
 def verify(config: Config, layout: RunLayout) -> int:
     """Check prepare's files as the later steps read them, every CRC-32 in full."""
-    from training.data.dataset import resolve_source
-    from training.data.packed import PackedImages
-    from training.data.split import load_split
-    from training.errors import MissingInputError
-    from training.rundir.artifacts import bad_image_paths, read_split
+    from training.data.parts import verify_packed
 
-    kind, folder = resolve_source(config.replace({"data.loader": "packed"}))
-    if kind != "packed":
-        raise MissingInputError("packed dataset", layout.packed, "prepare")
-    images = PackedImages(folder, label_column=config.data.label_column, batch_column=config.data.batch_column)
-    checked = "size and checksum" if images.verify() else "size only: no checksum recorded"
-    if checked.startswith("size only"):
-        log.warning("%s was packed before checksums were recorded: only its size was checked; rerun "
-                    "`python -m training prepare` to record one", folder)
-    split = load_split(config, images)
-    saved = "saved" if read_split(layout) is not None else "computed, no split file"
-    print(f"intact: {folder}, {len(images)} images ({checked}); split {saved}: {len(split.train)} train, "
-          f"{len(split.holdout)} hold-out; {len(bad_image_paths(layout))} bad image(s) listed")
-    return 0
+    return verify_packed(config, layout, "prepare")

@@ -356,7 +356,7 @@ def test_a_table_without_pathname_columns_finds_its_files_beside_it(tmp_path, sc
          "Metadata_Batch": row["Metadata_Batch"], "FileName_Cell": f"{row['Metadata_Plate']}_{row['FileName_Cell']}",
          "ObjectsFileName_Cells": f"{row['Metadata_Plate']}_{row['ObjectsFileName_Cells']}"} for row in rows])
     monkeypatch.chdir(tmp_path)
-    config = screen_config(tmp_path, Path("flat/load_data.csv"), "flat")
+    config = screen_config(tmp_path, Path("flat/load_data.csv"), "flat").replace({"data.batch_column": ""})  # one batch
     assert run_cli(config, "ingest") == 0
     packed, columns, report = cells(config)
     assert report["fields"] == 2 and report["bad_fields"] == 0 and len(packed) == report["cut"] > 0

@@ -1,6 +1,8 @@
-"""The packed dataset's integrity: its index records every file's size and CRC-32, opening checks the
-index and the sizes, `prepare --verify` every byte; a v1 pack (before the per-cell table) is
-converted once, and still opens where its folder cannot be written."""
+"""The packed dataset's integrity: its index records every file's size and CRC-32 and every column's
+checksum, opening checks the index and the sizes, a column is checked when first read, `prepare
+--verify` every byte; a pack from before the column checksums gets Arrow's own validation and a
+bounds check of every read; a v1 pack (before the per-cell table) is converted once, and still opens
+where its folder cannot be written."""
 
 import json
 import logging
@@ -8,9 +10,11 @@ import shutil
 
 import numpy as np
 import pytest
-from packing import write_v1_pack
+from damaging import garble_column
+from packing import write_packed, write_v1_pack
 from tiny import run_cli
 
+from training.data.cells import column_checksum, one_array
 from training.data.dataset import open_images
 from training.data.packed import FORMAT, PackedImages
 from training.errors import DamagedFileError
@@ -114,3 +118,40 @@ def test_an_inconsistent_v1_index_is_damaged(tmp_path):
     (tmp_path / "old" / "index.json").write_text(json.dumps({**meta, "offsets": meta["offsets"][:-1]}))
     with pytest.raises(DamagedFileError, match=r"index\.json is inconsistent .*: rerun `python -m training prepare`"):
         PackedImages(tmp_path / "old")
+
+
+def pack_without_column_checksums(folder, n=6):
+    """A pack as one written before the table's column checksums were recorded."""
+    write_packed(folder, [np.full((2, 3, 3), i, np.uint16) for i in range(n)], ["a", "b"] * (n // 2))
+    index = json.loads((folder / "index.json").read_text())
+    del index["table"]["columns"]
+    (folder / "index.json").write_text(json.dumps(index))
+
+
+def test_a_pack_without_column_checksums_is_checked_by_arrows_own_validation(tmp_path):
+    """Garbled category codes (an index out of bounds) are named where the column is read, not met as
+    pyarrow's ArrowIndexError far away; garbled pixel offsets where a batch would read outside its file."""
+    pack_without_column_checksums(tmp_path / "p")
+    garble_column(tmp_path / "p" / "cells.arrow", "Metadata_Class")
+    packed = PackedImages(tmp_path / "p")
+    with pytest.raises(DamagedFileError, match=r"cells\.arrow is damaged \(its column Metadata_Class: .*out of bounds"
+                                               r".*\): rerun `python -m training prepare`"):
+        _ = packed.labels
+    pack_without_column_checksums(tmp_path / "q")
+    garble_column(tmp_path / "q" / "cells.arrow", "offset")
+    packed = PackedImages(tmp_path / "q")
+    with pytest.raises(DamagedFileError, match=r"cells\.arrow is damaged \(row 0 points to elements -?\d+\.\.-?\d+ of "
+                                               r"pixel file 0, which index\.json does not list as such\)"):
+        packed.read_batch(np.arange(3))
+    with pytest.raises(DamagedFileError, match=r"row 0 points to elements"):
+        packed.read(0)
+    np.testing.assert_array_equal(packed.read_batch(np.array([4, 5]))[:, 0, 0, 0], [4, 5])  # intact rows still read
+
+
+def test_the_column_checksums_are_those_of_the_file_as_read(tmp_path):
+    write_packed(tmp_path / "p", [np.zeros((1, 2, 2), np.uint16)] * 3, ["a", "b", "a"], metadata={"Metadata_Dose": [1, 2, 3]})
+    index = json.loads((tmp_path / "p" / "index.json").read_text())
+    packed = PackedImages(tmp_path / "p")
+    assert index["step"] == "prepare" and set(index["table"]["columns"]) == set(packed.table.columns)
+    assert {name: column_checksum(one_array(packed.table.table, name)) for name in packed.table.columns} == \
+        index["table"]["columns"]

@@ -16,54 +16,18 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from damaging import copy_run, damage, error_line, snapshot
 from eval_tiny_run import evaluated_run, run_dir
 
 from training.cli import main
 from training.heal import policy
 from training.heal.failures import read_records
-
-LARGE = (".pth", ".bin", ".npy")
-
-
-def copy_run(source: Path, target: Path, own: tuple[str, ...] = ()) -> None:
-    """Copy a run: small files copied, large ones hard-linked, except the files named in `own`
-    (relative paths) and their hard links, which get one copy of their own, linked among themselves."""
-    owned = {(source / rel).stat().st_ino for rel in own if (source / rel).exists()}
-    copies: dict[int, Path] = {}
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        dest = target / path.relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        inode = path.stat().st_ino
-        if inode in copies:
-            os.link(copies[inode], dest)
-        elif path.suffix in LARGE and inode not in owned:
-            os.link(path, dest)
-        else:
-            shutil.copy2(path, dest)
-            copies[inode] = dest
-
-
-def damage(path: Path, how: str) -> None:
-    """truncate (to half), garble (16 bytes in the middle, the size kept), delete; `plant` writes a
-    garbled file where a step that has not run here would have written one."""
-    if how == "delete":
-        path.unlink()
-    elif how == "truncate":
-        os.truncate(path, path.stat().st_size // 2)
-    elif how == "garble":
-        with open(path, "r+b") as handle:
-            handle.seek(path.stat().st_size // 2)
-            handle.write(b"\xff\x00garbled\x00bytes\xff")
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b'{"written": \xff\x00garbled')
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +58,6 @@ def case(finished, tmp_path):
     return damaged, step
 
 
-def error_line(capsys) -> str:
-    """The one `error:` line of a failed step (and no traceback)."""
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
-    return lines[0].removeprefix("error: ")
-
-
 JSON = r"is not valid JSON \(.+\)"
 TRUNCATED = r"is truncated \(\d+ of \d+ bytes, as {} records\)"
 PREPARE, MEAN_STD, LABELS, FEATURES = (f": rerun `python -m training {s}`" for s in ("prepare", "mean-std", "labels",
@@ -130,6 +86,9 @@ ERRORS = [
     ("packed/index.json", "delete", ["mean-std"], r"is missing \(cells\.arrow is there\)" + PREPARE),
     ("split.json", "garble", ["labels"], JSON + PREPARE),
     ("split.npy", "delete", ["labels"], r"is missing \(split\.json is there\)" + PREPARE),
+    ("split.npy", "garble", ["mean-std"], r"has no valid \.npy header \(.+\)" + PREPARE),  # 48 cells: the middle is its header
+    ("packed/cells.arrow", "folder", ["labels"], r"is a folder where a file belongs: move it away, then rerun "
+     r"`python -m training prepare`"),
     ("split.json", "truncate", ["mean-std"], JSON + PREPARE),
     ("bad_images.json", "plant", ["prepare", "--verify"], JSON + PREPARE),
     ("mean_std.json", "truncate", ["pretrain"], JSON + MEAN_STD),
@@ -160,10 +119,10 @@ MISSING = [
 def test_a_damaged_file_is_one_line_naming_it_and_the_step_that_writes_it(case, capsys, rel, how, command, expected):
     damaged, step = case
     run = damaged(rel, how)
-    before = (run / rel).read_bytes() if how != "delete" else None
+    before = snapshot(run / rel)
     assert step(*command) == 2
     assert re.fullmatch(re.escape(str(run / rel)) + " " + expected, error_line(capsys))
-    assert ((run / rel).read_bytes() if how != "delete" else None) == before  # left as it was for the user
+    assert snapshot(run / rel) == before  # left as it was for the user
 
 
 @pytest.mark.parametrize("rel, command, what, writer", MISSING, ids=[c[0] for c in MISSING])
