@@ -124,17 +124,15 @@ def read_index(directory: Path) -> dict[str, Any] | None:
     for name, file in (("features", array), ("rows", rows)):
         if f"{name}_bytes" not in index and name == "rows":
             continue
-        problem = size_problem(file.stat().st_size, _npy_bytes(file), "its header")
+        shape, _, size = npy_layout(file, REMEDY)
+        problem = size_problem(file.stat().st_size, size, "its header")
+        if problem is None and shape[:1] != (index["n_images"],):
+            problem = f"holds {shape[0] if shape else 'no'} rows, {INDEX_FILE} records {index['n_images']}"
         if problem is None and f"{name}_bytes" in index:
             problem = size_problem(file.stat().st_size, int(index[f"{name}_bytes"]), INDEX_FILE)
         if problem:
             raise DamagedFileError(file, problem, REMEDY)
     return index
-
-
-def _npy_bytes(path: Path) -> int:
-    """The size a .npy file must have: its header, then shape x item size bytes."""
-    return npy_layout(path, REMEDY)[2]
 
 
 CHECKSUM_READ_LIMIT = 1 << 30
