@@ -83,6 +83,9 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
                 batches=context.batches is not None)
     if "mad_robustize" in steps:
         check_plate_controls(context)
+    if "spherize" in steps and np.sum(context.controls) < 2:
+        raise UserError(f"sphering needs at least 2 control wells, got {int(np.sum(context.controls))}: add control "
+                        "wells, evaluate more cells, or leave spherize out of eval.profile_normalization")
     if any(s in CONTROLLED for s in steps):
         kept = varying_on_controls(x, context, per_plate="mad_robustize" in steps)
         x = x[:, kept]
