@@ -281,7 +281,7 @@ class WellProfiles:
         found = [name for name in self.metadata if name in (batch, f"{METADATA_PREFIX}{batch}")] if batch else []
         batches = np.asarray(self.metadata[found[0]].to_pylist(), dtype=object) if found else None
         plates = np.asarray(self.metadata[self.columns[0]].to_pylist(), dtype=object)
-        return WellContext(plates, self.controls, batches, config.run.seed)
+        return WellContext(plates, self.controls, batches, config.run.seed, config.eval.mad_robustize_samples)
 
 
 def well_profiles(config: Config, source: ExportSource) -> WellProfiles | None:
@@ -315,7 +315,7 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     """Write every file of the module docstring; returns export.json's payload."""
     start = time.perf_counter()
     check_steps(config.eval.profile_normalization, controls=bool(config.data.control_column),
-                batches=bool(config.data.batch_column))
+                batches=bool(config.data.batch_column), mad_samples=config.eval.mad_robustize_samples)
     check_writable([layout.profiles_h5ad, layout.profiles_cells, layout.profiles_wells,
                     layout.profiles_wells_normalized, layout.profiles_manifest])
     source = open_source(config, layout, tag)

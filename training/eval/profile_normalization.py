@@ -4,7 +4,9 @@ library the field uses (eval.profile_normalization lists the steps; they run in 
     mad_robustize  plate by plate, each feature minus the median of the plate's control wells, over
                    their median absolute deviation x 1.4826 (pycytominer.normalize with
                    method="mad_robustize" and samples = the controls): the field's first answer to
-                   plate and batch effects, and what puts every feature on the controls' scale
+                   plate and batch effects, and what puts every feature on the controls' scale; with
+                   eval.mad_robustize_samples: all, the median and MAD of all the plate's wells
+                   (pycytominer's samples="all"), steadier where a plate has few controls
     spherize       ZCA sphering fitted on the control wells of the whole screen (pycytominer's
                    Spherize, method "ZCA"): the controls' covariance becomes the identity, so that the
                    directions in which untreated wells vary, batch effects among them, count no more
@@ -57,11 +59,18 @@ class WellContext:
     batches: np.ndarray | None = None
     """Each well's imaging batch (needed by harmony)."""
     seed: int = 0
+    mad_samples: str = "controls"
+    """The wells each plate's median and MAD come from: "controls", or "all" of the plate's wells."""
+
+    @property
+    def mad_reference(self) -> np.ndarray:
+        """Which wells mad_robustize fits each plate on."""
+        return np.ones(len(self.plates), bool) if self.mad_samples == "all" else np.asarray(self.controls, bool)
 
 
-def check_steps(steps: tuple[str, ...], *, controls: bool, batches: bool) -> None:
+def check_steps(steps: tuple[str, ...], *, controls: bool, batches: bool, mad_samples: str = "controls") -> None:
     """A UserError naming the setting when a step lacks what it is fitted on."""
-    fitted = [s for s in steps if s in CONTROLLED]
+    fitted = [s for s in steps if s in CONTROLLED and not (s == "mad_robustize" and mad_samples == "all")]
     if fitted and not controls:
         raise UserError(f"eval.profile_normalization {', '.join(fitted)} {'is' if len(fitted) == 1 else 'are'} fitted "
                         "on the control wells: set data.control_column and data.control_value (e.g. "
@@ -80,14 +89,14 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
     if not steps:
         return np.asarray(profiles, np.float32), kept
     check_steps(steps, controls=context.controls is not None and bool(np.any(context.controls)),
-                batches=context.batches is not None)
+                batches=context.batches is not None, mad_samples=context.mad_samples)
     if "mad_robustize" in steps:
         check_plate_controls(context)
     if "spherize" in steps and np.sum(context.controls) < 2:
         raise UserError(f"sphering needs at least 2 control wells, got {int(np.sum(context.controls))}: add control "
                         "wells, evaluate more cells, or leave spherize out of eval.profile_normalization")
     if any(s in CONTROLLED for s in steps):
-        kept = varying_on_controls(x, context, per_plate="mad_robustize" in steps)
+        kept = varying_on_references(x, context, steps)
         x = x[:, kept]
     if "mad_robustize" in steps:
         x = mad_robustize_per_plate(x, context)
@@ -100,14 +109,18 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
     return x.astype(np.float32), kept
 
 
-def varying_on_controls(x: np.ndarray, context: WellContext, *, per_plate: bool) -> np.ndarray:
-    """The indices of the features whose control wells vary (on every plate, when each plate is scaled
-    by its own): all of them, as a rule; the others are counted in the log."""
+def varying_on_references(x: np.ndarray, context: WellContext, steps: tuple[str, ...]) -> np.ndarray:
+    """The indices of the features that vary among the wells each step is fitted on (each plate's for
+    mad_robustize, the controls for sphering): all of them, as a rule; the others are counted in the log."""
     keep = np.ones(x.shape[1], bool)
-    for plate in np.unique(context.plates) if per_plate else [None]:
-        rows = x[context.controls & (context.plates == plate if per_plate else True)]
-        if len(rows):
-            keep &= np.ptp(rows, axis=0) > 0
+    references = []
+    if "mad_robustize" in steps:
+        references += [context.mad_reference & (context.plates == plate) for plate in np.unique(context.plates)]
+    if "spherize" in steps:
+        references.append(np.asarray(context.controls, bool))
+    for rows in references:
+        if rows.any():
+            keep &= np.ptp(x[rows], axis=0) > 0
     if not keep.any():
         raise UserError("no feature varies among the control wells, so nothing can be normalised on them: check "
                         "data.control_value, or set eval.profile_normalization: none")
@@ -126,9 +139,13 @@ def _frame(x: np.ndarray, controls: np.ndarray):
 
 
 def check_plate_controls(context: WellContext) -> None:
-    """Every plate needs MIN_PLATE_CONTROLS control wells to be normalised to its own."""
+    """Every plate needs MIN_PLATE_CONTROLS control wells (or wells, with mad_samples "all") to be
+    normalised to its own."""
     for plate in np.unique(context.plates):
-        count = int(context.controls[context.plates == plate].sum())
+        count = int(context.mad_reference[context.plates == plate].sum())
+        if context.mad_samples == "all" and count < MIN_PLATE_CONTROLS:
+            raise UserError(f"plate {plate} has {count} profiled well: mad_robustize needs at least "
+                            f"{MIN_PLATE_CONTROLS} per plate; evaluate more cells or leave mad_robustize out")
         if count < MIN_PLATE_CONTROLS:
             raise UserError(f"plate {plate} has {count} control well{'' if count == 1 else 's'} among the profiled "
                             f"wells: mad_robustize needs at least {MIN_PLATE_CONTROLS} per plate (each plate is "
@@ -157,14 +174,15 @@ def _names(count: int) -> list[str]:
 
 
 def mad_robustize_per_plate(x: np.ndarray, context: WellContext) -> np.ndarray:
-    """pycytominer.normalize(method="mad_robustize") of each plate's wells, fitted on its controls."""
+    """pycytominer.normalize(method="mad_robustize") of each plate's wells, fitted on its controls
+    (or on all of its wells)."""
     from pycytominer import normalize
 
     out = np.empty_like(x)
     features = _names(x.shape[1])
     for plate in np.unique(context.plates):
         rows = np.flatnonzero(context.plates == plate)
-        normalized = normalize(_frame(x[rows], context.controls[rows]), features=features,
+        normalized = normalize(_frame(x[rows], context.mad_reference[rows]), features=features,
                                meta_features=[CONTROL_FLAG], samples=f"{CONTROL_FLAG} == True",
                                method="mad_robustize")
         out[rows] = normalized[features].to_numpy(np.float64)

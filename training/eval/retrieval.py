@@ -185,6 +185,8 @@ class MapSetup:
     consistency_settings: dict[str, Any] | None
     same_plate: bool = True
     """Activity's negatives: the control wells of the query's plate (else every control well)."""
+    mad_samples: str = "controls"
+    """The wells each plate's mad_robustize is fitted on (eval.mad_robustize_samples)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -219,7 +221,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
     steps = config.eval.profile_normalization
     batches = _per_well(table, table.find(config.data.batch_column, "data.batch_column"), rows, wells,
                         "data.batch_column") if config.data.batch_column and "harmony" in steps else None
-    check_steps(steps, controls=controls is not None, batches=batches is not None)
+    check_steps(steps, controls=controls is not None, batches=batches is not None,
+                mad_samples=config.eval.mad_robustize_samples)
     groups, consistency = None, None
     if config.eval.consistency_column:
         group_name = table.find(config.eval.consistency_column, "eval.consistency_column")
@@ -227,7 +230,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
         consistency = consistency_settings(group_name, name, controls is not None)
     settings = activity_settings(name, columns, steps, config, controls)
     return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
-                    same_plate=config.eval.activity_negatives == "same_plate")
+                    same_plate=config.eval.activity_negatives == "same_plate",
+                    mad_samples=config.eval.mad_robustize_samples)
 
 
 def perturbation_column(table: CellTable, config: Config) -> str:
@@ -245,7 +249,8 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
     """How the phenotypic-activity mAP in knn.json was measured, recorded beside it."""
     common = {"perturbation_column": name, "plate_column": columns[0], "well_column": columns[1],
               "profiles": "median of each well's evaluated held-out cells",
-              "normalization": list(steps) or ["none"], "distance": "cosine", "null_size": NULL_SIZE,
+              "normalization": list(steps) or ["none"], "mad_robustize_samples": config.eval.mad_robustize_samples,
+              "distance": "cosine", "null_size": NULL_SIZE,
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
         return {**common, "setup": "phenotypic activity", "skipped": NO_CONTROLS}
@@ -267,7 +272,7 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
 
 def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
     """One feature set's per-well profiles: medians, normalised as configured."""
-    context = WellContext(setup.plates, setup.controls, setup.batches, seed)
+    context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples)
     profiles, _ = normalize_profiles(well_medians(features, setup.wells), setup.normalization, context)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)

@@ -107,7 +107,8 @@ def screen_setup(knn: dict[str, Any]) -> str:
                      f"({knn['not_same_batch']['batch_column']}, {knn['not_same_batch']['n_batches']} batches).")
     if "map" in knn:
         m = knn["map"]
-        steps = [s for s in m.get("normalization", []) if s != "none"]
+        on_all = " (on all of a plate's wells)" if m.get("mad_robustize_samples") == "all" else ""
+        steps = [s + on_all if s == "mad_robustize" else s for s in m.get("normalization", []) if s != "none"]
         normalised = f", normalised by {' then '.join(steps)}" if steps else ""
         if "skipped" in m:
             parts.append(f"mAP: {m['skipped']}.")

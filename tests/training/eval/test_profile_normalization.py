@@ -57,13 +57,16 @@ def robust_by_definition(x: np.ndarray, plates: np.ndarray, controls: np.ndarray
     return out
 
 
-def test_each_plate_is_scaled_by_the_median_and_mad_of_its_own_controls():
+@pytest.mark.parametrize("samples", ["controls", "all"])
+def test_each_plate_is_scaled_by_the_median_and_mad_of_its_own_controls_or_wells(samples):
     rng = np.random.default_rng(1)
     plates = np.repeat(np.array(["P1", "P2", "P3"], dtype=object), 10)
     controls = np.tile(np.arange(10) < 3, 3)
     x = rng.standard_normal((30, 6)) * np.repeat([[1.0], [3.0], [0.2]], 10, axis=0) + np.repeat([[0], [5], [-2]], 10, 0)
-    normalised, kept = normalize_profiles(x, ("mad_robustize",), WellContext(plates, controls))
-    np.testing.assert_allclose(normalised, robust_by_definition(x, plates, controls), rtol=1e-5, atol=1e-5)
+    context = WellContext(plates, controls, mad_samples=samples)
+    normalised, kept = normalize_profiles(x, ("mad_robustize",), context)
+    reference = controls if samples == "controls" else np.ones(30, bool)
+    np.testing.assert_allclose(normalised, robust_by_definition(x, plates, reference), rtol=1e-5, atol=1e-5)
     assert kept.tolist() == list(range(6))
 
 
