@@ -254,7 +254,7 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
         return {**common, "setup": "phenotypic activity", "skipped": NO_CONTROLS}
-    negatives = "control wells of the query's plate" if config.eval.activity_negatives == "same_plate" else \
+    negatives = "the control wells of the query's plate" if config.eval.activity_negatives == "same_plate" else \
         "every control well of the screen"
     return {**common, "setup": "phenotypic activity",
             "controls": f"{config.data.control_column} = {config.data.control_value}",

@@ -114,7 +114,7 @@ def screen_setup(knn: dict[str, Any]) -> str:
             parts.append(f"mAP: {m['skipped']}.")
         else:
             parts.append(f"Phenotypic activity (copairs): per-well profiles (median of the evaluated cells{normalised}) "
-                         f"of each treatment ({m['perturbation_column']}) retrieve its other wells against the "
+                         f"of each treatment ({m['perturbation_column']}) retrieve its other wells against "
                          f"{m['negatives']} ({m['controls']}), "
                          f"by cosine; mAP is the mean over treatments, "
                          f"retrieved the treatments with an FDR-corrected permutation p (q) below {m['threshold']}.")
