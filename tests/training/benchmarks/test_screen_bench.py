@@ -97,3 +97,13 @@ def test_screen_flags_belong_to_bench_screen(tmp_path, capsys):
 
     assert main(["bench", "scale", "--ranks", "2"]) == 2
     assert "--ranks: only `bench screen` takes it" in capsys.readouterr().err
+
+
+def test_the_lead_is_counted_against_each_baselines_better_protocol():
+    from training.benchmarks.screen import leads
+
+    rows = {"trained": {"knn_top1": 0.50, "knn_not_same_batch_top1": 0.45},
+            "raw_pixels": {"knn_top1": 0.40, "knn_not_same_batch_top1": 0.30}, "oracle": {"knn_top1": 0.6}}
+    other = {"trained": {"knn_top1": 0.30, "knn_not_same_batch_top1": 0.30},
+             "raw_pixels": {"knn_top1": 0.44, "knn_not_same_batch_top1": 0.41}}
+    assert leads(rows, other) == {"knn_top1_over_raw_pixels": 0.06, "knn_not_same_batch_top1_over_raw_pixels": 0.04}
