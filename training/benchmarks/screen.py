@@ -121,9 +121,8 @@ def cell_phenotypes(config: Config, rows: np.ndarray, truth_path: Path | None = 
 def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> dict[str, Any]:
     """The oracle's knn.json-like entry: kNN and not-same-batch kNN on one-hot phenotypes, mAP on
     per-well phenotype fractions."""
-    from training.eval.knn import evaluate_tag, reference_query
-    from training.eval.retrieval import WellProfiles, profile_map
-    from training.eval.screen import evaluation_batches, evaluation_wells
+    from training.eval.knn import evaluate_tag, evaluation_batches, reference_query
+    from training.eval.retrieval import WellProfiles, evaluation_wells, profile_map
     from training.rundir.artifacts import load_labels
     from training.rundir.features import FeatureSet
 
@@ -154,8 +153,7 @@ def other_protocol(config: Config, layout: RunLayout) -> dict[str, dict[str, Any
     so that each feature set can be read at the protocol that suits it best."""
     import dataclasses
 
-    from training.eval.knn import evaluate_tag, reference_query
-    from training.eval.screen import evaluation_batches
+    from training.eval.knn import evaluate_tag, evaluation_batches, reference_query
     from training.rundir.artifacts import load_labels, load_tagged_features
 
     labels = load_labels(layout)

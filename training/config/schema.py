@@ -515,7 +515,7 @@ class EvalConfig:
     """The column naming each cell's well within its plate. Empty: Metadata_Well where the table has it."""
     profile_normalization: tuple[Literal["none", "mad_robustize", "spherize", "harmony"], ...] = ()
     """How per-well profiles are normalised before retrieval mAP compares them (and `export` writes a
-    normalised copy), steps in this order (training/eval/profile_normalization.py): "mad_robustize",
+    normalised copy), steps in this order (training/eval/profiles/normalization.py): "mad_robustize",
     each plate's wells against the median and MAD of its control wells (pycytominer); "spherize", ZCA
     sphering fitted on the control wells (pycytominer's Spherize), which turns the controls' spread,
     the batch effect among it, into unit variance in every direction; "harmony", Harmony (harmonypy)

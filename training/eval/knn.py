@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from training.config import EvalConfig
+from training.config import Config, EvalConfig
 from training.errors import UserError
 from training.eval.retrieval import MapSetup, tag_map
+from training.rundir import RunLayout
 from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,29 @@ def whiten(features: np.ndarray, reference_rows: np.ndarray) -> np.ndarray:
     white = (np.asarray(features, np.float64) - estimate.location_) @ (vectors / np.sqrt(eigenvalues))
     norms = np.linalg.norm(white, axis=1, keepdims=True)
     return (white / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+def evaluation_batches(config: Config, labels: dict[str, Any], layout: RunLayout) -> np.ndarray | None:
+    """Each evaluated cell's batch code for not-same-batch kNN; None (with the reason logged once)
+    without data.batch_column, with eval.knn_exclude_same_batch off, or with a single batch."""
+    column = config.data.batch_column
+    if not column:
+        return None
+    if not config.eval.knn_exclude_same_batch:
+        log.info("eval.knn_exclude_same_batch is false: plain kNN only, although data.batch_column=%s", column)
+        return None
+    if "batches" not in labels or labels.get("batch_column") != column:
+        raise UserError(f"{layout.labels} holds no batches of data.batch_column={column!r} (it was written with "
+                        f"{labels.get('batch_column') or 'no batch column'}): rerun `python -m training labels`")
+    batches = np.asarray(labels["batches"], np.int64)
+    if (batches < 0).any():
+        log.warning("%d evaluated cells have no %s value: they count as one batch of their own",
+                    int((batches < 0).sum()), column)
+    if len(np.unique(batches)) < 2:
+        log.warning("every evaluated cell is in one batch of %s: not-same-batch kNN is undefined, plain kNN only",
+                    column)
+        return None
+    return batches
 
 
 def reference_query(labels: dict[str, Any], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,7 +2,7 @@
 (Kalinin et al., Nat Commun 2025), as JUMP Cell Painting scores a representation.
 
 Each well's profile is the median of its evaluated cells' features, normalised as
-eval.profile_normalization lists (training/eval/profile_normalization.py: per-plate mad_robustize
+eval.profile_normalization lists (training/eval/profiles/normalization.py: per-plate mad_robustize
 and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
 cosine similarity: the mean, over its positives, of the precision at each positive's rank.
 
@@ -40,8 +40,8 @@ import numpy as np
 from training.config import Config
 from training.data.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
-from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
-from training.eval.profiles import (
+from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
+from training.eval.profiles.wells import (
     DEFAULT_PLATE,
     DEFAULT_WELL,
     Wells,
@@ -232,6 +232,18 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
     return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
                     same_plate=config.eval.activity_negatives == "same_plate",
                     mad_samples=config.eval.mad_robustize_samples)
+
+
+def evaluation_wells(config: Config, labels: dict[str, Any]) -> MapSetup | None:
+    """The evaluated cells' wells for retrieval mAP; None (logged) for a dataset without a per-cell
+    table (a TIFF folder) or without plate and well columns."""
+    from training.data.dataset import open_images
+
+    table = getattr(open_images(config), "table", None)
+    if table is None:
+        log.info("a TIFF folder has no per-cell table, so no wells: no retrieval mAP")
+        return None
+    return map_setup(table, config, labels)
 
 
 def perturbation_column(table: CellTable, config: Config) -> str:

@@ -33,7 +33,7 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
       linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch
       linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
-      profiles/                   `export` (training/eval/export.py has the columns):
+      profiles/                   `export` (training/eval/profiles/export.py has the columns):
         cells.h5ad                AnnData, one observation per cell: obsm["X_scdino"], obs the metadata and split
         cells.parquet             per-cell profiles: Metadata_ columns, then the features
         wells.parquet             per-well profiles (median of each well's cells), with plate and well columns

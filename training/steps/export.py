@@ -6,7 +6,7 @@ Reads features/final (every cell of the dataset under eval.embed_all_cells), the
 the split; writes <run>/profiles/: cells.h5ad (AnnData, the embedding in obsm["X_scdino"], the
 metadata and split in obs, provenance in uns), cells.parquet (Metadata_ columns, then the features),
 wells.parquet (per-well medians, where the table has plate and well columns), wells_normalized.parquet
-(eval.profile_normalization: spherize) and export.json. Columns and memory: training/eval/export.py.
+(eval.profile_normalization: spherize) and export.json. Columns and memory: training/eval/profiles/export.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write the profiles and export.json; log what was written."""
-    from training.eval.export import export_profiles
+    from training.eval.profiles.export import export_profiles
 
     record = export_profiles(config, layout, args.tag)
     wells = record["wells"]

@@ -21,7 +21,7 @@ from pycytominer.cyto_utils import infer_cp_features
 from screen_run import screen_run
 from tiny import TINY_RUN, run_cli, tiny_config
 
-import training.eval.export as export
+import training.eval.profiles.export as export
 from training.data.dataset import open_images
 from training.data.packed import PackedImages
 from training.rundir import RunLayout, tags

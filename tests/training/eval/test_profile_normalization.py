@@ -1,4 +1,4 @@
-"""Normalisation of per-well profiles (training/eval/profile_normalization.py) against the definitions
+"""Normalisation of per-well profiles (training/eval/profiles/normalization.py) against the definitions
 the field's libraries document, computed here: per-plate robust scaling on the plate's controls
 (pycytominer's mad_robustize: median and MAD x 1.4826), ZCA sphering that makes the controls white
 on L2-normalised features like ours, Harmony oriented as harmonypy expects; bad settings named."""
@@ -11,7 +11,7 @@ import pytest
 
 from training.config import Config, ConfigError
 from training.errors import UserError
-from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
+from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
 
 
 def l2_rows(x: np.ndarray) -> np.ndarray:

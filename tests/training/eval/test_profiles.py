@@ -1,4 +1,4 @@
-"""Per-well profiles (training/eval/profiles.py): medians against pandas' groupby, block by block from
+"""Per-well profiles (training/eval/profiles/wells.py): medians against pandas' groupby, block by block from
 a memory map; the metadata a well keeps; control settings that match nothing named. Their
 normalisation: test_profile_normalization.py."""
 
@@ -11,7 +11,7 @@ import pytest
 from training.config import Config
 from training.data.cells import CellTable, storage_table
 from training.errors import UserError
-from training.eval.profiles import (
+from training.eval.profiles.wells import (
     OBJECT_COUNT,
     cell_wells,
     control_wells,

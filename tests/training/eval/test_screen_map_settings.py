@@ -13,7 +13,7 @@ from screen_run import screen_run
 from tiny import run_cli
 
 from training.errors import UserError
-from training.eval.profile_normalization import WellContext, normalize_profiles
+from training.eval.profiles.normalization import WellContext, normalize_profiles
 from training.eval.retrieval import NO_CONTROLS
 from training.rundir import RunLayout
 

@@ -1,6 +1,7 @@
 """Per-well profiles: each well's cells grouped without a Python object per cell, the median of
-their features, the metadata every cell of a well shares, and which wells are controls (their
-normalisation on the controls: training/eval/profile_normalization.py).
+their features, the metadata every cell of a well shares, and which wells are controls, gathered
+for a set of cells in ProfiledWells (their normalisation on the controls:
+training/eval/profiles/normalization.py).
 
 Grouping sorts one integer key per cell (plate code x wells + well code): 10^7 cells cost an 80 MB
 index, not 10^7 tuples. Medians are taken a block of wells at a time (at most MEDIAN_BLOCK_CELLS
@@ -10,6 +11,7 @@ cells gathered from the memory-mapped features at once), so memory stays bounded
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from training.config import Config
-from training.data.cells import CellTable
+from training.data.cells import METADATA_PREFIX, CellTable
 from training.errors import UserError
+from training.eval.profiles.normalization import WellContext
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +177,41 @@ def well_metadata(table: CellTable, wells: Wells, rows: np.ndarray | None = None
             shared[name] = table.column(name).take(first)
     shared[OBJECT_COUNT] = wells.sizes
     return shared
+
+
+@dataclass
+class ProfiledWells:
+    """Per-well profiles of a set of cells (the exported ones): the medians and the metadata their cells share."""
+
+    columns: tuple[str, str]
+    profiles: np.ndarray
+    metadata: dict[str, Any]
+    controls: np.ndarray | None
+    cells_without_well: int
+
+    def context(self, config: Config) -> WellContext:
+        """What the normalisation steps need of these wells: plates, controls and batches."""
+        batch = config.data.batch_column
+        found = [name for name in self.metadata if name in (batch, f"{METADATA_PREFIX}{batch}")] if batch else []
+        batches = np.asarray(self.metadata[found[0]].to_pylist(), dtype=object) if found else None
+        plates = np.asarray(self.metadata[self.columns[0]].to_pylist(), dtype=object)
+        return WellContext(plates, self.controls, batches, config.run.seed, config.eval.mad_robustize_samples)
+
+
+def profiled_wells(config: Config, table: CellTable, features: np.ndarray, rows: np.ndarray) -> ProfiledWells | None:
+    """The per-well profiles of table `rows` (`features` holds their feature rows, in that order);
+    None (one log line) for a dataset without wells."""
+    columns = well_columns(table, config)
+    if columns is None:
+        log.info("the per-cell table has no Metadata_Plate and Metadata_Well columns (eval.plate_column, "
+                 "eval.well_column): per-well profiles skipped, per-cell profiles written")
+        return None
+    wells = cell_wells(table, columns, rows)
+    if wells.left_out:
+        log.warning("%d cells have no %s or %s value and are in no per-well profile", wells.left_out, *columns)
+    start = time.perf_counter()
+    profiles = well_medians(features, wells)
+    log.info("medians of %d wells (%d cells) in %.1f s", wells.count, len(wells.order), time.perf_counter() - start)
+    metadata = well_metadata(table, wells, rows)
+    controls = control_wells(table, config, wells, rows) if config.data.control_column else None
+    return ProfiledWells(columns, profiles, metadata, controls, wells.left_out)

@@ -17,13 +17,13 @@
                                     a dataset without wells (class folders)
     <run>/profiles/wells_normalized.parquet   with eval.profile_normalization: the per-well
                                     profiles after its steps (per-plate mad_robustize and sphering
-                                    on the control wells, Harmony: training/eval/profile_normalization.py)
+                                    on the control wells, Harmony: training/eval/profiles/normalization.py)
     <run>/profiles/export.json      what was written: counts, columns, provenance, seconds
 
 Memory stays bounded at any number of cells: features are read from their memory map and the
 per-cell table from its own, ROW_GROUP cells at a time for the Parquet row groups and the AnnData
 embedding; obs is written one column at a time (a column of 10^7 codes is 40 MB); the per-well
-medians go a block of wells at a time (training/eval/profiles.py).
+medians go a block of wells at a time (training/eval/profiles/wells.py).
 """
 
 from __future__ import annotations
@@ -40,16 +40,8 @@ import pyarrow as pa
 from training.atomic import atomic_path, check_writable, write_json_atomic
 from training.config import Config
 from training.data.cells import METADATA_PREFIX, CellTable
-from training.eval.profile_normalization import WellContext, check_steps, normalize_profiles
-from training.eval.profiles import (
-    cell_wells,
-    comparable_values,
-    control_wells,
-    is_numeric,
-    well_columns,
-    well_medians,
-    well_metadata,
-)
+from training.eval.profiles.normalization import check_steps, normalize_profiles
+from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features
 
@@ -265,44 +257,7 @@ def _storable(value: Any) -> Any:
     return "" if value is None else value
 
 
-@dataclass
-class WellProfiles:
-    """Per-well profiles of the exported cells: the medians and the metadata their cells share."""
-
-    columns: tuple[str, str]
-    profiles: np.ndarray
-    metadata: dict[str, Any]
-    controls: np.ndarray | None
-    cells_without_well: int
-
-    def context(self, config: Config) -> WellContext:
-        """What the normalisation steps need of these wells: plates, controls and batches."""
-        batch = config.data.batch_column
-        found = [name for name in self.metadata if name in (batch, f"{METADATA_PREFIX}{batch}")] if batch else []
-        batches = np.asarray(self.metadata[found[0]].to_pylist(), dtype=object) if found else None
-        plates = np.asarray(self.metadata[self.columns[0]].to_pylist(), dtype=object)
-        return WellContext(plates, self.controls, batches, config.run.seed, config.eval.mad_robustize_samples)
-
-
-def well_profiles(config: Config, source: ExportSource) -> WellProfiles | None:
-    """The exported cells' per-well profiles; None (one log line) for a dataset without wells."""
-    columns = well_columns(source.cells, config)
-    if columns is None:
-        log.info("the per-cell table has no Metadata_Plate and Metadata_Well columns (eval.plate_column, "
-                 "eval.well_column): per-well profiles skipped, per-cell profiles written")
-        return None
-    wells = cell_wells(source.cells, columns, source.rows)
-    if wells.left_out:
-        log.warning("%d cells have no %s or %s value and are in no per-well profile", wells.left_out, *columns)
-    start = time.perf_counter()
-    profiles = well_medians(source.features.features, wells)
-    log.info("medians of %d wells (%d cells) in %.1f s", wells.count, len(wells.order), time.perf_counter() - start)
-    metadata = well_metadata(source.cells, wells, source.rows)
-    controls = control_wells(source.cells, config, wells, source.rows) if config.data.control_column else None
-    return WellProfiles(columns, profiles, metadata, controls, wells.left_out)
-
-
-def write_wells_parquet(path: Path, wells: WellProfiles, profiles: np.ndarray, names: list[str]) -> None:
+def write_wells_parquet(path: Path, wells: ProfiledWells, profiles: np.ndarray, names: list[str]) -> None:
     import pyarrow.parquet as pq
 
     features = {name: pa.array(np.ascontiguousarray(profiles[:, i], np.float32)) for i, name in enumerate(names)}
@@ -322,7 +277,7 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     timed = Timed(layout)
     timed(layout.profiles_h5ad, write_h5ad, source)
     timed(layout.profiles_cells, write_cells_parquet, source)
-    wells = well_profiles(config, source)
+    wells = profiled_wells(config, source.cells, source.features.features, source.rows)
     if wells is not None:
         timed(layout.profiles_wells, write_wells_parquet, wells, wells.profiles, source.feature_names)
         if config.eval.profile_normalization:
@@ -351,7 +306,7 @@ class Timed:
                  self.seconds[path])
 
 
-def export_record(config: Config, layout: RunLayout, source: ExportSource, wells: WellProfiles | None,
+def export_record(config: Config, layout: RunLayout, source: ExportSource, wells: ProfiledWells | None,
                   written: list[Path]) -> dict[str, Any]:
     """export.json: the files, what they hold and where the features came from."""
     meta = source.cells.metadata_columns
