@@ -40,7 +40,7 @@ def test_prepare_packed_one_slice_per_node_and_merged_them_into_the_one_prepare_
     linked the parts' pixel files into one dataset equal, cell for cell, to a one-process prepare."""
     import numpy as np
 
-    from training.data.packed import PackedImages
+    from training.data.store.read import PackedImages
 
     parts = pipeline["prepare-parts"]
     assert parts["JobState"] == "COMPLETED" and pipeline["prepare"]["StartTime"] >= parts["EndTime"]

@@ -20,7 +20,7 @@ SHRINK = {"optim.epochs": 1, "train.max_steps_per_epoch": 4, "optim.batch_size_p
 
 
 def test_the_screen_config_runs_from_fields_of_view_to_knn(cluster, tmp_path):
-    from training.data.packed import PackedImages
+    from training.data.store.read import PackedImages
     from training.data.synthetic_screen import ScreenSpec, write_screen
 
     screen = tmp_path / "screen"

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.packed import FORMAT_V1, PartWriter, merge_parts
+from training.data.store.format import FORMAT_V1
+from training.data.store.merge import merge_parts
+from training.data.store.write import PartWriter
 
 
 def write_packed(folder: Path, images, classes: list[str], metadata: dict[str, list] | None = None,

@@ -17,8 +17,8 @@ from packing import write_packed
 from tiny import TINY_RUN, run_cli, tiny_config
 
 from training.config import Config
-from training.data.packed import PackedImages
 from training.data.split import make_split, save_split
+from training.data.store.read import PackedImages
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import load_labels
 from training.rundir.features import FeatureSet, save_features

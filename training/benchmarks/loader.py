@@ -33,10 +33,10 @@ from torchvision.transforms import functional as TF
 from training.benchmarks.dali import benchmark_dali
 from training.benchmarks.request import LoaderBenchRequest
 from training.config import Config
-from training.data.index import scan_images
+from training.data.folders.index import scan_images
+from training.data.folders.pack import pack_images
 from training.data.loaders import build_pretrain_loader
-from training.data.pack_tiffs import pack_images
-from training.data.packed import is_packed
+from training.data.store.format import is_packed
 from training.data.synthetic import write_dataset
 from training.data.torch_loader import crops_on_device
 from training.errors import UserError

@@ -85,9 +85,9 @@ def _packed_loader_factory(config: Config, request: PretrainBenchRequest, scratc
     """The pretraining loader over synthetic images packed under `scratch` (`request.images`, or one
     batch more than the run trains on), and the settings that point the run at them."""
     from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, _tiff_source
-    from training.data.index import scan_images
+    from training.data.folders.index import scan_images
+    from training.data.folders.pack import pack_images
     from training.data.loaders import build_pretrain_loader
-    from training.data.pack_tiffs import pack_images
 
     images = request.images or (request.warmup + request.steps + 1) * config.optim.batch_size_per_gpu
     source = _tiff_source(config.replace({"data.source": str(scratch / "none")}), images, scratch)

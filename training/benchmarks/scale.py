@@ -77,8 +77,8 @@ def synthetic_table(n: int) -> pa.Table:
 def write_dataset(folder: Path, n: int) -> None:
     """index.json, cells.arrow and sparse pixel files, as `prepare` lays them out."""
     from training.atomic import write_json_atomic
-    from training.data.cells import CELLS_FILE, write_table
-    from training.data.packed import FORMAT, INDEX_FILE, shard_name
+    from training.data.store.cells import CELLS_FILE, write_table
+    from training.data.store.format import FORMAT, INDEX_FILE, shard_name
 
     folder.mkdir(parents=True)
     table = synthetic_table(n)
@@ -129,7 +129,7 @@ def open_and_read(folder):
     batch = images.read_batch(rows); labels = images.labels[rows]; batches = images.batch_categories().codes[rows]
     return images, batch
 if what == "table":
-    from training.data.packed import PackedImages
+    from training.data.store.read import PackedImages
     open_and_read(warm)  # the libraries' own pages, loaded once per process whatever N is
     base, base_anon = rss(), anon(); start = time.perf_counter()
     images = PackedImages(folder, label_column="Metadata_Treatment", batch_column="Metadata_Batch")
@@ -194,8 +194,8 @@ def split_and_features(folder: Path, n: int) -> dict:
 
 def prepare_rate(scratch: Path, images: int = 2000) -> dict:
     """`prepare` on synthetic TIFFs: images per CPU-second (user + system time of this process)."""
-    from training.data.index import scan_images
-    from training.data.pack_tiffs import pack_images
+    from training.data.folders.index import scan_images
+    from training.data.folders.pack import pack_images
     from training.data.synthetic import write_dataset as write_tiffs
 
     source = scratch / "tiffs"

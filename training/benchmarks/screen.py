@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from training.config import Config
-from training.data.packed import INDEX_FILE
+from training.data.store.format import INDEX_FILE
 from training.errors import UserError
 from training.rundir import RunLayout, tags
 

@@ -46,8 +46,8 @@ TRAINING_COLUMNS = ("shard", "offset", "Metadata_Treatment", "Metadata_Batch")
 PROBE = r"""
 import json, sys, time
 import numpy as np
-from training.data.cells import CellTable
-from training.data.packed import PackedImages
+from training.data.store.cells import CellTable
+from training.data.store.read import PackedImages
 folder = sys.argv[1]
 check, spent = CellTable._check, [0.0]
 def timed_check(self, name, array):
@@ -91,7 +91,7 @@ def standalone(folder: Path, repeats: int) -> dict:
     """Each way of checking the table, timed in this process on its map."""
     import pyarrow as pa
 
-    from training.data.cells import CELLS_FILE, column_checksum, one_array, read_table
+    from training.data.store.cells import CELLS_FILE, column_checksum, one_array, read_table
     from training.rundir.integrity import file_crc32
 
     path = folder / CELLS_FILE

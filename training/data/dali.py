@@ -45,9 +45,9 @@ from training.data.augment import (
     scdino_views,
 )
 from training.data.dataset import open_images
-from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
 from training.data.split import load_split
+from training.data.store.read import PackedImages
 from training.errors import UserError
 
 log = logging.getLogger(__name__)

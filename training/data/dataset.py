@@ -16,9 +16,10 @@ from torch.utils.data import Dataset
 
 from training.atomic import write_json_atomic
 from training.config import Config
-from training.data.index import ImageIndex, scan_images
-from training.data.pack_tiffs import expected_format
-from training.data.packed import PackedImages, check_not_half_packed, is_packed
+from training.data.folders.index import ImageIndex, scan_images
+from training.data.folders.pack import expected_format
+from training.data.store.format import check_not_half_packed, is_packed
+from training.data.store.read import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
 from training.rundir import RunLayout

@@ -39,8 +39,8 @@ from training.config import Config
 from training.data.cellprofiler import PartMeasurements
 from training.data.ingest_crops import CropSettings, Objects, cut_crops, measure_objects
 from training.data.ingest_table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
-from training.data.packed import PartWriter
 from training.data.read_ahead import read_in_order
+from training.data.store.write import PartWriter
 from training.data.tiff import BadImage, missing_codec, to_channels_first
 from training.diskspace import require_free
 from training.errors import UserError

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from training.config import Config
-from training.data.cells import METADATA_PREFIX
 from training.data.ingest_crops import Objects
+from training.data.store.cells import METADATA_PREFIX
 from training.errors import UserError
 
 FIELD_COLUMNS = ("Metadata_FieldOfView", "Metadata_ObjectNumber", "Metadata_Center_X", "Metadata_Center_Y",

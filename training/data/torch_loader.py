@@ -44,8 +44,8 @@ from training.data.augment import (
     to_device,
 )
 from training.data.dataset import BadImageError, minmax_scale, open_images
-from training.data.packed import PackedImages
 from training.data.sampler import DistributedBatchSampler, check_stats
+from training.data.store.read import PackedImages
 from training.data.tiff import BadImage
 from training.errors import UserError
 

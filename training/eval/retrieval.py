@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from training.config import Config
-from training.data.cells import CLASS_COLUMN, CellTable
+from training.data.store.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
 from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
 from training.eval.profiles.wells import (

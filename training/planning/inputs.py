@@ -99,7 +99,8 @@ def dataset_size(config: Config, layout: RunLayout, images: int | None,
                  image_bytes: float | None = None) -> tuple[int, float, str]:
     """(images, bytes per image, where from): the run's packed dataset when `prepare` made one, else
     --images with --image-bytes, or 16-bit images of the cells' native size."""
-    from training.data.packed import INDEX_FILE, is_packed, pixel_bytes, read_packed_index
+    from training.data.store.format import INDEX_FILE, is_packed
+    from training.data.store.read import pixel_bytes, read_packed_index
 
     index = layout.packed / INDEX_FILE
     if images is None and is_packed(layout.packed):

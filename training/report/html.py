@@ -210,7 +210,7 @@ INGEST_BAD_SHOWN = 10
 
 def packed_by_ingest(layout: RunLayout) -> bool:
     """Whether the run's packed dataset records `ingest` as the step that made it."""
-    from training.data.packed import is_packed, writer_step
+    from training.data.store.format import is_packed, writer_step
 
     return is_packed(layout.packed) and writer_step(layout.packed) == "ingest"
 
@@ -221,7 +221,7 @@ def ingest_section(layout: RunLayout) -> list[str]:
     dataset of single-cell images."""
     report = read_optional_json(layout.ingest_report, "ingest")
     if report is None and packed_by_ingest(layout):
-        from training.data.packed import INDEX_FILE
+        from training.data.store.format import INDEX_FILE
 
         log.warning("%s is missing (%s/%s records that `ingest` made the dataset): the report leaves out where the "
                     "cells came from; rerun `python -m training ingest` to write it again", layout.ingest_report,

@@ -1,7 +1,7 @@
 """Readers of what earlier steps wrote into a run directory.
 
 A later step, the plots, the report and the summary read a run only through these functions (the
-packed dataset through training/data/packed.py, feature sets through features.py, both checking with
+packed dataset through training/data/store/read.py, feature sets through features.py, both checking with
 integrity.py as these do), so a missing or damaged file always gives the same one-line message: the
 file, what is missing or wrong with it (truncated, unparsable, wrong size, checksum mismatch) and the
 step that writes it again.
@@ -68,7 +68,7 @@ def load_linear(layout: RunLayout) -> dict[str, Any]:
 def read_split(layout: RunLayout, remedy: str = rerun("prepare")) -> dict[str, Any] | None:
     """split.json: the settings of a split by row (its membership in split.npy), or an older split's
     membership by path; None when no split was saved. `remedy`: what writes it again (the step that
-    wrote the packed dataset, training/data/packed.py writer_step)."""
+    wrote the packed dataset, training/data/store/format.py writer_step)."""
     if not layout.split.exists():
         return None
     saved = parse_json(layout.split, remedy)

@@ -2,7 +2,7 @@
 
 Writes are atomic (training/atomic.py), yet a file can still be damaged afterwards: a disk fills, a
 node dies before its data reached FSx, an S3 import or a copy stops half-way, someone edits it.
-The readers of run files (training/rundir/artifacts.py, features.py, training/data/packed.py and the
+The readers of run files (training/rundir/artifacts.py, features.py, training/data/store/ and the
 checkpoint manager) check through these functions, so that damage always ends in a DamagedFileError
 (the CLI prints one line and exits 2) naming the file, what is wrong with it and what writes it
 again; never in a traceback from json, numpy or torch.

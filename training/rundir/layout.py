@@ -5,7 +5,7 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
 
     <output_dir>/
       config.yaml                 resolved configuration (written by every step)
-      packed/                     `prepare`: the packed dataset (training/data/packed.py has its format);
+      packed/                     `prepare`: the packed dataset (training/data/store/format.py has its format);
                                   data.packed_dir puts it elsewhere (e.g. node-local NVMe)
         cellprofiler.npy          `ingest` with ingest.cellprofiler: CellProfiler's measurements, (cells,
                                   features) float32, row i the cell of row i of the per-cell table

@@ -65,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.data.ingest import check_crop_size
     from training.data.ingest_table import LoadTable
-    from training.data.parts import check_part_arguments
+    from training.data.store.parts import check_part_arguments
 
     parts, part = args.parts, args.part
     if getattr(args, "verify", False):
-        from training.data.parts import verify_packed
+        from training.data.finish import verify_packed
 
         return verify_packed(config, layout, "ingest")
     check_part_arguments(part, parts)
@@ -107,8 +107,8 @@ def check_columns(config: Config, load) -> None:
     or batch column of the load table has two values or more, and data.control_value is in a row of
     its column: checked before any cell is cut rather than when the split is drawn or the wells are
     profiled."""
-    from training.data.cells import column_name
     from training.data.ingest_table import FIELD_COLUMNS
+    from training.data.store.cells import column_name
 
     columns = [*load.metadata.values(), *FIELD_COLUMNS]
     found = {}
@@ -162,7 +162,7 @@ def require_crop_size(config: Config, load) -> None:
 def cut_one_part(config: Config, layout: RunLayout, load, part: int, parts: int) -> None:
     """Cut slice `part` of `parts` of the table's rows, unless a finished part of the same inputs is there."""
     from training.data.ingest import describe, ingest_part, part_identity, summarise
-    from training.data.parts import finished_part, part_dir, part_rows
+    from training.data.store.parts import finished_part, part_dir, part_rows
 
     rows, folder = part_rows(len(load), part, parts), part_dir(layout, part, parts)
     identity = part_identity(config, load, rows)
@@ -180,9 +180,9 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
     """Add up the parts' counts into the report, then merge them into <packed> and write the split."""
     from training.atomic import write_json_atomic
     from training.data.dataset import write_bad_report
+    from training.data.finish import merge_and_split
     from training.data.ingest import describe, summarise
-    from training.data.packed import read_part
-    from training.data.parts import merge_and_split, part_dir, part_remedy
+    from training.data.store.parts import part_dir, part_remedy, read_part
     from training.data.tiff import BadImage
 
     folders = [part_dir(layout, k, parts) for k in range(parts)]

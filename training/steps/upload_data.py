@@ -131,7 +131,7 @@ def check_images(root: Path, config: Config) -> dict:
     """Counts per class, unreadable images, and every file to upload with its checksums."""
     from tqdm import tqdm
 
-    from training.data.index import scan_images
+    from training.data.folders.index import scan_images
     from training.data.tiff import BadImage, read_image
 
     index = scan_images(root, config.data.folder_depth_for_labels)

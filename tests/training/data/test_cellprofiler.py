@@ -24,8 +24,8 @@ from tiny import run_cli, tiny_config
 
 from training.config import ConfigError
 from training.data.cellprofiler import PART_FILE
-from training.data.packed import PackedImages
-from training.data.parts import part_dir
+from training.data.store.parts import part_dir
+from training.data.store.read import PackedImages
 from training.eval.cellprofiler import MAD_SCALE, robust_scale, standardise
 from training.rundir import RunLayout, tags
 from training.rundir.features import load_features

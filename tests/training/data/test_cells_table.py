@@ -9,9 +9,11 @@ import pyarrow as pa
 import pytest
 from packing import write_packed
 
-from training.data.cells import CellTable, categories_of
-from training.data.packed import PackedImages, PartWriter, merge_parts
 from training.data.split import Split, evaluated_rows, stratified_sample
+from training.data.store.cells import CellTable, categories_of
+from training.data.store.merge import merge_parts
+from training.data.store.read import PackedImages
+from training.data.store.write import PartWriter
 from training.errors import UserError
 
 

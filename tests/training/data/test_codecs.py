@@ -11,7 +11,7 @@ import pytest
 import tifffile
 from tiny import run_cli
 
-from training.data.packed import PackedImages
+from training.data.store.read import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import UserError
 from training.rundir import RunLayout

@@ -13,7 +13,7 @@ from training.cli import main
 from training.config import dump_config
 from training.data.augment import BatchMultiCrop
 from training.data.dataset import minmax_scale
-from training.data.packed import PackedImages
+from training.data.store.read import PackedImages
 from training.distributed import DistContext, DistEnv
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -r requirements-dali.txt)")

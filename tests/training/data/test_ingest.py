@@ -20,7 +20,7 @@ import pytest
 import tifffile
 from tiny import run_cli, tiny_config
 
-from training.data.packed import PackedImages
+from training.data.store.read import PackedImages
 from training.data.synthetic_screen import ScreenSpec, write_screen
 from training.report.html import build_report
 from training.rundir import RunLayout
@@ -152,7 +152,7 @@ def screen_config(tmp_path: Path, table: Path, name: str, **ingest):
 
 def test_per_channel_files_give_the_cells_of_one_multichannel_file(tmp_path, screens, monkeypatch):
     """Also: table rows kept in Arrow chunks of 7 (packed.ROW_CHUNK) give the same table as one chunk."""
-    import training.data.packed as packed
+    import training.data.store.write as packed
 
     stacked = screen_config(tmp_path, screens["stacked"] / "load_data.csv", "stacked")
     planes = screen_config(tmp_path, screens["planes"] / "load_data.csv", "planes")

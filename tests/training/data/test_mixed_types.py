@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from tiny import run_cli
 
-import training.data.pack_tiffs as vote_module
-import training.data.packed as packed_module
+import training.data.folders.pack as vote_module
+import training.data.store.write as packed_module
 from training.data.dataset import open_dataset
-from training.data.packed import PackedImages
+from training.data.store.read import PackedImages
 from training.data.synthetic import write_tiff
 from training.rundir import RunLayout
 

@@ -14,9 +14,10 @@ from damaging import garble_column
 from packing import write_packed, write_v1_pack
 from tiny import run_cli
 
-from training.data.cells import column_checksum, one_array
 from training.data.dataset import open_images
-from training.data.packed import FORMAT, PackedImages
+from training.data.store.cells import column_checksum, one_array
+from training.data.store.format import FORMAT
+from training.data.store.read import PackedImages
 from training.errors import DamagedFileError
 from training.rundir import RunLayout
 
@@ -98,7 +99,7 @@ def test_a_v1_pack_without_a_checksum_opens_and_is_checked_by_size(tmp_path):
 
 
 def test_a_read_only_v1_pack_is_read_in_memory_with_a_warning(tmp_path, monkeypatch, caplog):
-    import training.data.packed as packed_module
+    import training.data.store.convert as packed_module
 
     write_v1_pack(tmp_path / "old", v1_images(), [0, 1, 0, 1, 0, 1, 0], ["x", "y"])
 

@@ -13,9 +13,9 @@ from tiny import run_cli
 from training.cli import main
 from training.config import Config, ConfigError
 from training.data.dataset import open_dataset, open_images, resolve_source
-from training.data.packed import PackedImages
 from training.data.split import load_split, make_split
 from training.data.stats import load_mean_std, sample_for_stats
+from training.data.store.read import PackedImages
 from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset, write_tiff
 from training.data.tiff import read_image
 from training.errors import MissingInputError
@@ -62,8 +62,8 @@ def test_fail_policy_names_the_file(make_config, dirty_root, capsys):
 def test_a_stopping_pack_reads_no_further_than_its_read_ahead(tmp_path, monkeypatch):
     """Under the fail policy the first bad image stops `prepare`: the readers stop too, rather than
     reading the rest of a large folder, and images never pile up in memory beyond READ_AHEAD."""
-    import training.data.pack_tiffs as packed
-    from training.data.index import scan_images
+    import training.data.folders.pack as packed
+    from training.data.folders.index import scan_images
     from training.data.tiff import BadImage
 
     root = tmp_path / "images" / "a"

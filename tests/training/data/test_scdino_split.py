@@ -17,9 +17,9 @@ from torchvision.datasets import ImageFolder
 
 from training.cli import main
 from training.config import load_config
-from training.data.index import scan_images
-from training.data.packed import PackedImages
+from training.data.folders.index import scan_images
 from training.data.split import make_split, split_for
+from training.data.store.read import PackedImages
 
 FILES = (
     ["b/img{}.tif".format(i) for i in range(13)]

@@ -23,7 +23,7 @@ from tiny import TINY_RUN, run_cli, tiny_config
 
 import training.eval.profiles.export as export
 from training.data.dataset import open_images
-from training.data.packed import PackedImages
+from training.data.store.read import PackedImages
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, save_features
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from training.config import Config
-from training.data.cells import CellTable, storage_table
+from training.data.store.cells import CellTable, storage_table
 from training.errors import UserError
 from training.eval.profiles.wells import (
     OBJECT_COUNT,

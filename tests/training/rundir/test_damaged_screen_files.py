@@ -154,8 +154,8 @@ def test_a_column_is_checked_once_per_process_and_only_when_read(finished, monke
     rest; a worker process (the reader pickled) checks again what it reads."""
     import pickle
 
-    from training.data.cells import CellTable
-    from training.data.packed import PackedImages
+    from training.data.store.cells import CellTable
+    from training.data.store.read import PackedImages
 
     _, run = finished
     checked: list[str] = []

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from training.atomic import atomic_path, check_writable, write_json_atomic
 from training.config import Config
-from training.data.cells import METADATA_PREFIX, CellTable
+from training.data.store.cells import METADATA_PREFIX, CellTable
 from training.eval.profiles.normalization import check_steps, normalize_profiles
 from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
 from training.rundir import RunLayout, tags

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from training.config import Config
-from training.data.cells import METADATA_PREFIX, CellTable
+from training.data.store.cells import METADATA_PREFIX, CellTable
 from training.errors import UserError
 from training.eval.profiles.normalization import WellContext
 

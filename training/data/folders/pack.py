@@ -1,9 +1,9 @@
 """Pack a folder of single-cell TIFFs (scDINO's class folders) into a packed dataset.
 
 `prepare` packs slices of the sorted image list into parts (`pack_part`: every image read by a few
-threads, written into one part, training/data/packed.py), one per task of a Slurm array or all in
-one process, and merges them into <run>/packed. `pack_images` does both in one call.
-Each cell's table row holds its path and its class folder (Metadata_Class).
+threads, written into one part, training/data/store/write.py), one per task of a Slurm array or all
+in one process, and merges them into <run>/packed (training/data/folders/prepare.py). `pack_images`
+does both in one call. Each cell's table row holds its path and its class folder (Metadata_Class).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from training.data.cells import CLASS_COLUMN
-from training.data.index import ImageIndex
-from training.data.packed import PartWriter, merge_parts
+from training.data.folders.index import ImageIndex
 from training.data.read_ahead import read_in_order
+from training.data.store.cells import CLASS_COLUMN
+from training.data.store.merge import merge_parts
+from training.data.store.write import PartWriter
 from training.data.tiff import BadImage, ChannelAxis, read_image
 from training.diskspace import require_free
 
