@@ -71,8 +71,8 @@ def write_screen(folder: Path, fields: int, cells: int, seed: int = 0) -> Path:
 def measure(table: str, out: str, crop: int, queue) -> None:
     """In a fresh process: one ingest part of every row of `table`; puts the figures on `queue`."""
     from training.config import Config
-    from training.data.ingest import ingest_part
-    from training.data.ingest_table import LoadTable
+    from training.data.ingest.part import ingest_part
+    from training.data.ingest.table import LoadTable
 
     config = Config().replace({"ingest.table": table, "ingest.crop_size": crop, "data.channels": "01234"})
     load = LoadTable(config)

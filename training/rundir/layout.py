@@ -9,12 +9,12 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
                                   data.packed_dir puts it elsewhere (e.g. node-local NVMe)
         cellprofiler.npy          `ingest` with ingest.cellprofiler: CellProfiler's measurements, (cells,
                                   features) float32, row i the cell of row i of the per-cell table
-        cellprofiler.json         their names, channels, size and CRC-32 (training/data/cellprofiler.py)
+        cellprofiler.json         their names, channels, size and CRC-32 (training/data/ingest/cellprofiler.py)
       split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
                                   table (seeded), and the settings and table it belongs to
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
       ingest_report.json          `ingest`: fields read and bad, objects found, cut and skipped per reason,
-                                  the crop settings (training/data/ingest.py)
+                                  the crop settings (training/data/ingest/run.py)
       mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
                                   "fraction", "seed"}; data.stats.load_mean_std picks data.channels
       checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_previous.pth (the save

@@ -23,7 +23,7 @@ import torch
 from tiny import run_cli, tiny_config
 
 from training.config import ConfigError
-from training.data.cellprofiler import PART_FILE
+from training.data.ingest.cellprofiler import PART_FILE
 from training.data.store.parts import part_dir
 from training.data.store.read import PackedImages
 from training.eval.cellprofiler import MAD_SCALE, robust_scale, standardise

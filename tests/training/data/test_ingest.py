@@ -328,7 +328,7 @@ def test_finished_parts_are_kept_and_merge_into_the_one_process_result(tmp_path,
 def test_an_ome_tiff_says_where_its_channels_are(tmp_path):
     """Six channels of 4 x 5 pixels: the smallest-axis rule would take the rows for channels; the
     OME-TIFF's own axes (CYX) say otherwise. An RGB TIFF's samples (YXS) become channels too."""
-    from training.data.ingest import read_planes
+    from training.data.ingest.fields import read_planes
 
     stack = np.arange(6 * 4 * 5, dtype=np.uint16).reshape(6, 4, 5)
     tifffile.imwrite(tmp_path / "field.ome.tif", stack, metadata={"axes": "CYX"})

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from training.config import Config
-from training.data.ingest_crops import Objects
+from training.data.ingest.crops import Objects
 from training.data.store.cells import METADATA_PREFIX
 from training.errors import UserError
 
