@@ -1,16 +1,29 @@
-"""What a benchmark is asked to do: typed, validated requests, built by `training/steps/bench.py`.
+"""What a benchmark is asked to do: typed, validated requests, built from `bench`'s flags
+(`bench_request`), and the benchmark that answers each (`run_benchmark`).
 
 The benchmark modules take these instead of the command line's namespace, so that library code
 reads only fields that exist, with their defaults in one place. Standard library only: the CLI
-builds and checks a request before it imports torch. A bad value raises UserError naming the flag
-it came from (the field names are the flags without their dashes, except `steps`: `--batches`).
+builds and checks a request before it imports torch (`run_benchmark` imports the benchmark, and
+with it torch, only to run it). A bad value raises UserError naming the flag it came from (the
+field names are the flags without their dashes, except `steps`: `--batches`); a flag given to a
+benchmark that does not take it is an error rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+LOADER_ONLY = ("workers", "images", "size")
+"""Flags that mean something to `bench loader` only; given to `bench step`, they are an error."""
 
 
 def _at_least(flag: str, value: int | None, low: int, meaning: str) -> None:
@@ -105,3 +118,160 @@ def parse_crop_sizes(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise UserError(f"--size {text!r}: give the global and local crop sides as G/L, e.g. --size 48/24") from None
     return global_side, local_side
+
+
+@dataclass(frozen=True)
+class ScaleBenchRequest:
+    """`bench scale`: what opening a dataset of these many cells costs."""
+
+    sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
+
+
+@dataclass(frozen=True)
+class IngestBenchRequest:
+    """`bench ingest`: crops cut per CPU-second at these numbers of fields of view."""
+
+    fields: tuple[int, ...] = (16, 64)
+    cells: int = 200
+    """Cells per field of view."""
+    crop: int = 64
+    """Crop side in pixels."""
+
+
+@dataclass(frozen=True)
+class ScreenBenchRequest:
+    """`bench screen`: the screen chain up to `knn`, beside an oracle."""
+
+    config_path: Path | None
+    """The run YAML and its --set overrides, handed on to the steps the benchmark launches."""
+    overrides: tuple[str, ...] = ()
+    ranks: int = 2
+    """Pretraining ranks through torchrun (the local Slurm cluster's two nodes)."""
+    reuse: bool = False
+    """Keep the steps whose files exist."""
+    truth: Path | None = None
+    """The screen's truth.csv (None: beside ingest.table)."""
+
+
+BenchRequest = (LoaderBenchRequest | StepBenchRequest | PretrainBenchRequest | ScaleBenchRequest | IngestBenchRequest
+                | ScreenBenchRequest)
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def loader_request(args: argparse.Namespace) -> LoaderBenchRequest:
+    return LoaderBenchRequest(**_given(args, "batches", "warmup", "workers", "images"),
+                              crop_sizes=parse_crop_sizes(args.size))
+
+
+def step_request(args: argparse.Namespace) -> StepBenchRequest:
+    for name in LOADER_ONLY:
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; "
+                            "`bench step` runs on synthetic crops")
+    given = _given(args, "batches", "warmup")
+    if "batches" in given:
+        given["steps"] = given.pop("batches")
+    return StepBenchRequest(**given, reference=bool(getattr(args, "dino_reference", False)))
+
+
+def pretrain_request(args: argparse.Namespace) -> PretrainBenchRequest:
+    for name in ("workers", "size"):
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; `bench pretrain` "
+                            "takes the loader's settings from the config (--set data.num_workers=8)")
+    given = _given(args, "batches", "warmup", "loader", "images")
+    if "batches" in given:
+        given["steps"] = given.pop("batches")
+    return PretrainBenchRequest(**given)
+
+
+def scale_sizes(text: str | None) -> list[int]:
+    """--sizes as cell counts (10^5, 10^6 and 10^7 by default)."""
+    if not text:
+        return [100_000, 1_000_000, 10_000_000]
+    try:
+        sizes = [int(float(part)) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1000:
+        raise UserError(f"--sizes {text!r}: give cell counts of at least 1000, e.g. 100000,1000000")
+    return sizes
+
+
+def ingest_fields(text: str | None) -> list[int]:
+    """--fields as numbers of fields of view (16 and 64 by default)."""
+    try:
+        counts = [int(part) for part in (text or "16,64").split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise UserError(f"--fields {text!r}: give numbers of fields of view, e.g. 16,64")
+    return counts
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """A UserError for a flag that only another benchmark takes."""
+    if getattr(args, "dino_reference", False) and args.what != "step":
+        raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
+    screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
+    screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
+    if getattr(args, "loader", None) is not None and args.what != "pretrain":
+        raise UserError(f"--loader: only `bench pretrain` takes it, not `bench {args.what}`")
+    if screen_only and args.what != "screen":
+        raise UserError(f"{', '.join(screen_only)}: only `bench screen` takes {'it' if len(screen_only) == 1 else 'them'}")
+
+
+def bench_request(args: argparse.Namespace) -> BenchRequest:
+    """`bench WHAT`'s flags as the typed request of benchmark WHAT, checked."""
+    check_flags(args)
+    if args.what == "screen":
+        return ScreenBenchRequest(args.config, tuple(args.overrides), ranks=args.ranks or 2, reuse=args.reuse,
+                                  truth=args.truth)
+    if args.what == "ingest":
+        return IngestBenchRequest(tuple(ingest_fields(args.fields)), cells=args.cells or 200, crop=args.crop or 64)
+    if args.what == "scale":
+        return ScaleBenchRequest(tuple(scale_sizes(args.sizes)))
+    if args.what == "loader":
+        return loader_request(args)
+    if args.what == "pretrain":
+        return pretrain_request(args)
+    return step_request(args)
+
+
+def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
+    """Run the benchmark that answers `request` (importing it, and torch, only now); its JSON figures."""
+    if isinstance(request, ScreenBenchRequest):
+        from training.benchmarks.screen import markdown, run_screen_benchmark
+
+        result = run_screen_benchmark(config, request.config_path, list(request.overrides), ranks=request.ranks,
+                                      reuse=request.reuse, truth=request.truth)
+        log.info("bench screen:\n%s", markdown(result))
+        return result
+    if isinstance(request, IngestBenchRequest):
+        from training.benchmarks.ingest import run_ingest_benchmark
+
+        return run_ingest_benchmark(list(request.fields), cells=request.cells, crop=request.crop)
+    if isinstance(request, ScaleBenchRequest):
+        from training.benchmarks.scale import run_scale_benchmark
+
+        return run_scale_benchmark(list(request.sizes))
+    if isinstance(request, LoaderBenchRequest):
+        from training.benchmarks.loader import run_loader_benchmark
+
+        return run_loader_benchmark(config, request)
+    if isinstance(request, PretrainBenchRequest):
+        from training.benchmarks.pretrain import run_pretrain_benchmark
+
+        return run_pretrain_benchmark(config, request)
+    start = time.perf_counter()
+    import training.trainer  # noqa: F401  (what `pretrain` imports: torch, timm, models, loaders)
+    from training.benchmarks.step import run_step_benchmark
+
+    import_s = time.perf_counter() - start
+    result = run_step_benchmark(config, request)
+    result["import_s"] = round(import_s, 3)
+    result["startup_s"] = round(import_s + result["build_s"], 3)
+    return result

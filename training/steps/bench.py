@@ -16,8 +16,8 @@ of 10^5..10^7 cells costs, per process and per loader worker, against the JSON i
 (training/benchmarks/scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
 fields of view, and peak memory at two numbers of fields (training/benchmarks/ingest.py). `screen`:
 the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
-(training/benchmarks/screen.py). This module is the one place where the flags become a typed request
-(training/benchmarks/request.py); it imports the benchmark, and with it torch, only to run it.
+(training/benchmarks/screen.py). The flags become a typed request in training/benchmarks/request.py,
+which imports the benchmark, and with it torch, only to run it.
 """
 
 from __future__ import annotations
@@ -25,22 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
 from pathlib import Path
 
-from training.benchmarks.request import (
-    LoaderBenchRequest,
-    PretrainBenchRequest,
-    StepBenchRequest,
-    parse_crop_sizes,
-)
-from training.errors import UserError
+from training.benchmarks.request import bench_request, run_benchmark
 
 log = logging.getLogger(__name__)
-
-# Flags that mean something to `bench loader` only; given to `bench step`, they are an error
-# rather than silently ignored.
-LOADER_ONLY = ("workers", "images", "size")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,109 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
-def _given(args: argparse.Namespace, *names: str) -> dict:
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-
-
-def loader_request(args: argparse.Namespace) -> LoaderBenchRequest:
-    return LoaderBenchRequest(**_given(args, "batches", "warmup", "workers", "images"),
-                              crop_sizes=parse_crop_sizes(args.size))
-
-
-def step_request(args: argparse.Namespace) -> StepBenchRequest:
-    for name in LOADER_ONLY:
-        if getattr(args, name) is not None:
-            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; "
-                            "`bench step` runs on synthetic crops")
-    given = _given(args, "batches", "warmup")
-    if "batches" in given:
-        given["steps"] = given.pop("batches")
-    return StepBenchRequest(**given, reference=bool(getattr(args, "dino_reference", False)))
-
-
-def pretrain_request(args: argparse.Namespace) -> PretrainBenchRequest:
-    for name in ("workers", "size"):
-        if getattr(args, name) is not None:
-            raise UserError(f"--{name} {getattr(args, name)}: only `bench loader` takes it; `bench pretrain` "
-                            "takes the loader's settings from the config (--set data.num_workers=8)")
-    given = _given(args, "batches", "warmup", "loader", "images")
-    if "batches" in given:
-        given["steps"] = given.pop("batches")
-    return PretrainBenchRequest(**given)
-
-
 def run(config, layout, args: argparse.Namespace) -> int:
-    if getattr(args, "dino_reference", False) and args.what != "step":
-        raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
-    screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
-    screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
-    if getattr(args, "loader", None) is not None and args.what != "pretrain":
-        raise UserError(f"--loader: only `bench pretrain` takes it, not `bench {args.what}`")
-    if screen_only and args.what != "screen":
-        raise UserError(f"{', '.join(screen_only)}: only `bench screen` takes {'it' if len(screen_only) == 1 else 'them'}")
-    if args.what == "screen":
-        from training.benchmarks.screen import markdown, run_screen_benchmark
-
-        result = run_screen_benchmark(config, args.config, list(args.overrides), ranks=args.ranks or 2,
-                                      reuse=args.reuse, truth=args.truth)
-        log.info("bench screen:\n%s", markdown(result))
-    elif args.what == "ingest":
-        from training.benchmarks.ingest import run_ingest_benchmark
-
-        result = run_ingest_benchmark(ingest_fields(args.fields), cells=args.cells or 200, crop=args.crop or 64)
-    elif args.what == "scale":
-        from training.benchmarks.scale import run_scale_benchmark
-
-        result = run_scale_benchmark(scale_sizes(args.sizes))
-    elif args.what == "loader":
-        request = loader_request(args)
-        from training.benchmarks.loader import run_loader_benchmark
-
-        result = run_loader_benchmark(config, request)
-    elif args.what == "pretrain":
-        request = pretrain_request(args)
-        from training.benchmarks.pretrain import run_pretrain_benchmark
-
-        result = run_pretrain_benchmark(config, request)
-    else:
-        request = step_request(args)
-        start = time.perf_counter()
-        import training.trainer  # noqa: F401  (what `pretrain` imports: torch, timm, models, loaders)
-        from training.benchmarks.step import run_step_benchmark
-
-        import_s = time.perf_counter() - start
-        result = run_step_benchmark(config, request)
-        result["import_s"] = round(import_s, 3)
-        result["startup_s"] = round(import_s + result["build_s"], 3)
+    """Run the benchmark the flags ask for; print its JSON (and write it to --out)."""
+    result = run_benchmark(config, bench_request(args))
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
         _write_text(args.out, text + "\n")
     return 0
-
-
-def scale_sizes(text: str | None) -> list[int]:
-    """--sizes as cell counts (10^5, 10^6 and 10^7 by default)."""
-    if not text:
-        return [100_000, 1_000_000, 10_000_000]
-    try:
-        sizes = [int(float(part)) for part in text.split(",") if part.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1000:
-        raise UserError(f"--sizes {text!r}: give cell counts of at least 1000, e.g. 100000,1000000")
-    return sizes
-
-
-def ingest_fields(text: str | None) -> list[int]:
-    """--fields as numbers of fields of view (16 and 64 by default)."""
-    try:
-        counts = [int(part) for part in (text or "16,64").split(",") if part.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise UserError(f"--fields {text!r}: give numbers of fields of view, e.g. 16,64")
-    return counts
 
 
 def _write_text(out: Path, text: str) -> None:

@@ -8,11 +8,10 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from training.benchmarks.request import PretrainBenchRequest
+from training.benchmarks.request import PretrainBenchRequest, pretrain_request
 from training.cli import build_parser, main
 from training.config import dump_config
 from training.errors import UserError
-from training.steps.bench import pretrain_request
 
 torch.set_num_threads(1)
 
