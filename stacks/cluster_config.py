@@ -19,7 +19,7 @@ from stacks.presets import (
     GpuPreset,
 )
 from stacks.settings import Settings
-from training.instances import compute_resource_name
+from training.costs.instances import compute_resource_name
 
 # Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
 # configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change

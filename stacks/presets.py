@@ -1,7 +1,7 @@
 """GPU instance presets: one Slurm queue per enabled preset.
 
 The facts of each instance type (GPUs, vCPUs, EFA, NVMe, GPU memory, peaks) come from the one
-table in training/instances.py, which the nodes, the scaling model and the planner read
+table in training/costs/instances.py, which the nodes, the scaling model and the planner read
 too; this module adds what only the cluster needs (queue and compute resource names). It is also
 the machine-readable contract between the cluster and the Slurm scripts: `slurm/env.sh` must
 default to the partition, GPUs per node and CPUs per GPU of `DEFAULT_PRESET` (a test reads both
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts, compute_resource_name, queue_name
+from training.costs.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts, compute_resource_name, queue_name
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ PCS_SLURM_VERSION = "25.11"
 """The Slurm release PCS runs and the PCS image installs (ParallelCluster 3.16.1 ships 25.11.8 too)."""
 PCS_SIZES = {"SMALL": 32, "MEDIUM": 512, "LARGE": 2048}
 """PCS controller sizes and the instances each manages (aws_pcs.CfnCluster's `size`: SMALL 32 nodes and
-256 jobs, MEDIUM 512 and 8,192, LARGE 2,048 and 16,384); the fee is per size (training/prices.py)."""
+256 jobs, MEDIUM 512 and 8,192, LARGE 2,048 and 16,384); the fee is per size (training/costs/prices.py)."""
 PCS_CLUSTER_NAME_MAX = 40
 """PCS's limit on cluster names (the CloudFormation schema's `[A-Za-z][A-Za-z0-9-]{1,40}`)."""
 PCS_OSES = {"alinux2023": "Amazon Linux 2023", "ubuntu2204": "Ubuntu 22.04"}

@@ -11,8 +11,8 @@ import stat
 
 import pytest
 
-from training.bill import build_bill, combination_bills
 from training.cli import main
+from training.costs.bill import build_bill, combination_bills
 from training.rundir import RunLayout
 
 SACCT_LINES = {

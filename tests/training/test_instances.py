@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from training import prices
-from training.benchmarks.scaling import PRESETS as NETWORK
-from training.instances import GPUS, INSTANCES, READ, SOURCED_FACTS, peak_flops_of
+from training.costs import prices
+from training.costs.instances import GPUS, INSTANCES, READ, SOURCED_FACTS, peak_flops_of
+from training.costs.scaling import PRESETS as NETWORK
 
 
 def _dated_or_assumed(source: str) -> bool:

@@ -2,8 +2,10 @@
 
 - no import circles between modules of training/ (function-level imports count too);
 - a pipeline step imports no other step;
-- the instance table, the dated prices and the bill sit on the ground floor (standard library and each
-  other only), and no room but the planner itself and the steps imports the planner;
+- what a run costs (training/costs/: the instance table, the dated prices, the FLOP count, the scaling
+  model and the bill) sits on the ground floor: standard library and each other only (the FLOP count
+  also reads the ViT sizes), so that the planner reads it instead of the benchmarks; no room but the
+  planner itself and the steps imports the planner;
 - only training/rundir/layout.py spells a run file's name (code and shell scripts ask it);
 - the command line starts without torch, numpy or the step libraries.
 """
@@ -109,16 +111,49 @@ def test_steps_import_no_other_step():
 
 
 GROUND_FLOOR = {
-    "training.instances": set(),
-    "training.prices": {"training.instances"},
-    "training.bill": {"training.instances", "training.prices"},
+    "training.costs.instances": set(),
+    "training.costs.prices": {"training.costs.instances"},
+    "training.costs.bill": {"training.costs.instances", "training.costs.prices"},
+    "training.costs.scaling": {"training.costs.instances"},
+    "training.costs.flops": {"training.config.archs", "training.config"},
 }
-"""The rooms every other room may read: what each imports of the package (nothing above them)."""
+"""The rooms every other room may read: what each imports of the package (nothing above them). The FLOP
+count reads the ViT sizes (a table that imports nothing) and names the configuration's type only."""
 
 
-def test_the_instance_table_prices_and_bill_import_only_the_ground_floor():
+def test_the_cost_package_imports_only_the_ground_floor():
     graph = import_graph()
+    costs = {name for name in graph if name.startswith("training.costs.")}
+    assert costs == set(GROUND_FLOOR)
     assert {name: graph[name] for name in GROUND_FLOOR} == GROUND_FLOOR
+
+
+def runtime_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules `path` imports when it runs: those under `if TYPE_CHECKING:` left out."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    found = set()
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module
+                 else [])
+        for name in (n for n in names if n.startswith("training")):
+            while name not in modules:
+                name = name.rpartition(".")[0]
+            found.add(name)
+    return found - {module_name(path)}
+
+
+def test_the_cost_package_imports_nothing_of_the_package_outside_itself_when_it_runs():
+    """Only the ViT sizes (training/config/archs.py, which imports nothing): the configuration the FLOP
+    count is given is a type annotation, so reading the costs never loads a room above them."""
+    modules = package_modules()
+    outside = {name: runtime_imports(path, modules) - set(GROUND_FLOOR) for name, path in modules.items()
+               if name.startswith("training.costs")}
+    assert {name: found for name, found in outside.items() if found - {"training.config.archs"}} == {}
+    assert imported_modules(modules["training.config.archs"], modules) == set()
 
 
 @pytest.mark.parametrize("module", sorted(GROUND_FLOOR))
@@ -128,6 +163,15 @@ def test_the_ground_floor_needs_only_the_standard_library(module):
     top |= {node.module.split(".")[0] for node in ast.walk(tree)
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
     assert top - set(sys.stdlib_module_names) - {"training"} == set()
+
+
+def test_the_planner_reads_the_costs_not_the_benchmarks():
+    """The planner sits beside the benchmarks, not above them: both read training/costs/."""
+    graph = import_graph()
+    planner = {name: deps for name, deps in graph.items() if name.startswith("training.planning")}
+    assert {name: sorted(d for d in deps if d.startswith("training.benchmarks")) for name, deps in planner.items()
+            if any(d.startswith("training.benchmarks") for d in deps)} == {}
+    assert any(d.startswith("training.costs") for deps in planner.values() for d in deps)
 
 
 def test_only_the_planner_and_the_steps_import_the_planner():
@@ -141,7 +185,7 @@ def test_the_cdk_app_reads_only_the_instance_table_of_the_package():
     assert stacks
     modules = package_modules()
     used = {module for path in stacks for module in imported_modules(path, modules)}
-    assert used == {"training.instances"}
+    assert used == {"training.costs.instances"}
 
 
 def run_file_names() -> set[str]:

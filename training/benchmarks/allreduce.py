@@ -11,7 +11,7 @@ one JSON object (and writes it to --out): per-size results, the peak `busbw_gbs`
 figure for --instance-type, and `init_s`, the seconds rank 0 took to join the process group (the
 planner counts it in a distributed step's start-up). `--nccl-tests` turns an all_reduce_perf log into the same JSON.
 
-Expected figures (large messages, GB/s) come from training.benchmarks.scaling.PRESETS: published
+Expected figures (large messages, GB/s) come from training.costs.scaling.PRESETS: published
 nccl-tests results for p4d (78.3 across 2 nodes) and p5 (443.7; 487 at 16 GiB), and for g4dn,
 which has no published figure, 80% of the 50 Gbit/s network line rate across nodes (no GPUDirect
 RDMA: every byte crosses host memory and the one EFA interface) and of PCIe 3.0 x16 inside a node.
@@ -66,7 +66,7 @@ def bus_bandwidth(nbytes: int, seconds: float, ranks: int) -> tuple[float, float
 
 def expected_busbw(instance_type: str, nodes: int) -> tuple[float | None, str]:
     """The figure this instance type should reach at large sizes, and where it comes from."""
-    from training.benchmarks.scaling import PRESETS
+    from training.costs.scaling import PRESETS
 
     preset = PRESETS.get(instance_type)
     if preset is None:

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from training.instances import instance
+from training.costs.instances import instance
 
 LOADER_VCPUS_PER_GPU = instance("p5.48xlarge").cpus_per_gpu
 """A p5.48xlarge's vCPUs per GPU (192 vCPUs, 8 H100s), from the instance table."""

@@ -122,7 +122,7 @@ def kfold_knn_top1(features: np.ndarray, labels: np.ndarray, config: Config) -> 
 
 def collect(config: Config) -> dict[str, Any]:
     """One arm's figures, read from the files its steps wrote."""
-    from training.benchmarks.flops import train_flops_per_image
+    from training.costs.flops import train_flops_per_image
     from training.rundir import RunLayout
     from training.rundir.artifacts import (
         checkpoint_progress,

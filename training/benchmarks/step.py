@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 
-from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.request import StepBenchRequest
 from training.config import Config
+from training.costs.flops import train_flops_per_image
+from training.costs.instances import peak_flops_of
 from training.distributed import DistContext, DistEnv
-from training.instances import peak_flops_of
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _checkpoint_seconds(state: Any) -> tuple[float, int]:
 def run_step_benchmark(config: Config, request: StepBenchRequest) -> dict[str, Any]:
     """Time the DINO step on synthetic crops; returns the figures (the caller prints them as JSON).
 
-    The keys are what training/benchmarks/scaling.py reads (`profile_from_step_json`).
+    The keys are what training/costs/scaling.py reads (`profile_from_step_json`).
     """
     from training.trainer import build_state
 

@@ -1,6 +1,6 @@
 """ViT sizes by `model.arch`: (embed_dim, depth, num_heads), as DINO's vit_tiny / vit_small / vit_base.
 
-Standard library only, so that the FLOP count (training/benchmarks/flops.py) and the planner read
+Standard library only, so that the FLOP count (training/costs/flops.py) and the planner read
 the model's size without importing torch; training/models/vit.py builds the models from it.
 """
 

@@ -79,7 +79,7 @@ def pretrain_compute(layout: RunLayout, config: Config) -> dict[str, Any]:
     GPU-seconds on GPUs (one GPU per rank), CPU rank-seconds otherwise (core-seconds when each rank
     has one core, as with OMP_NUM_THREADS=1); and `train_flops`, the analytic FLOPs of the steps
     trained (global step x global batch x the model kind's FLOPs per image), whatever the device."""
-    from training.benchmarks.flops import train_flops_per_image
+    from training.costs.flops import train_flops_per_image
 
     wall = read_timings(layout).get("pretrain")
     progress = checkpoint_progress(layout)

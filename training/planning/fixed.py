@@ -3,7 +3,7 @@
 Both back ends share the file system, the NAT gateway and the GPU nodes' price, so the plan compares
 what differs: ParallelCluster's head node (and its optional login nodes), against AWS PCS's
 controller fee and accounting fee, both set by the controller's size, and its login node. Prices
-come from the dated table (training/prices.py), or `--live-prices` for instances; a fee the table
+come from the dated table (training/costs/prices.py), or `--live-prices` for instances; a fee the table
 does not hold is named, with where to read it, and the back end's total is then left open.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from training.costs.prices import PCS_PRICING_PAGE, Price, on_demand, pcs_fee
 from training.planning.inputs import PlanSettings
-from training.prices import PCS_PRICING_PAGE, Price, on_demand, pcs_fee
 
 BACKENDS = ("parallelcluster", "pcs")
 
@@ -26,14 +26,14 @@ def _instances(what: str, instance_type: str, count: int, region: str, live) -> 
 def _item(what: str, price: Price | None, count: int = 1, missing: str = "") -> dict[str, Any]:
     return {"what": what, "usd_per_hour": round(price.usd_per_hour * count, 6) if price else None,
             "price": asdict(price) if price else None,
-            "missing": "" if price else (missing or "no dated on-demand price in training/prices.py (--live-prices "
+            "missing": "" if price else (missing or "no dated on-demand price in training/costs/prices.py (--live-prices "
                                                      "asks AWS)")}
 
 
 def _pcs_fee(component: str, settings: PlanSettings) -> dict[str, Any]:
     price = pcs_fee(component, settings.pcs_size, settings.region)
     return _item(f"PCS {component} fee ({settings.pcs_size})", price,
-                 missing=f"not in training/prices.py PCS_FEES for {settings.region}: read it from {PCS_PRICING_PAGE}")
+                 missing=f"not in training/costs/prices.py PCS_FEES for {settings.region}: read it from {PCS_PRICING_PAGE}")
 
 
 def _items(backend: str, settings: PlanSettings, live) -> list[dict[str, Any]]:

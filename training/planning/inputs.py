@@ -18,18 +18,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from training.benchmarks.flops import (
+from training.config import Config
+from training.costs.flops import (
     activation_bytes_per_image,
     eval_flops_per_image,
     params_estimate,
     train_flops_per_image,
 )
-from training.benchmarks.scaling import Interconnect, StepProfile, profile_from_step_json, with_measured_busbw
-from training.config import Config
+from training.costs.instances import InstanceFacts
+from training.costs.prices import Price
+from training.costs.scaling import Interconnect, StepProfile, profile_from_step_json, with_measured_busbw
 from training.errors import UserError
-from training.instances import InstanceFacts
 from training.planning.model import Compute, Storage, Target, Workload, scaled_batch
-from training.prices import Price
 from training.rundir import RunLayout
 
 MEASURED_MFU = {True: 0.209, False: 0.137}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from training.prices import Price
+from training.costs.prices import Price
 
 PRICING_REGION = "us-east-1"
 QUOTAS = {"g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),

@@ -12,7 +12,7 @@ Pretraining, weak-scaled (a fixed batch per GPU, or per rank on the local CPU cl
 
 Compute is `bench step`'s measured step where it ran on the same kind of device, its FLOPs at its
 measured MFU on another GPU, or without a measurement the analytic FLOPs at the MFU measured on an
-H200 (training/planning/inputs.py); the exposed all-reduce is training/benchmarks/scaling.py's
+H200 (training/planning/inputs.py); the exposed all-reduce is training/costs/scaling.py's
 model; the loader's CPU time per image is `bench loader`'s or a published figure. Each row says which
 figures it used (`basis`) and names the bottleneck among "gpu step" (compute, CPU on the local
 cluster), "loader cpu", "fsx" and "network".
@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from training.benchmarks.scaling import Interconnect, StepProfile, efficiency, replicated_state_gb
-from training.prices import Price
+from training.costs.prices import Price
+from training.costs.scaling import Interconnect, StepProfile, efficiency, replicated_state_gb
 
 GIB = 2**30
 PAGE_CACHE_FRACTION = 0.5

@@ -6,11 +6,11 @@ import argparse
 from typing import Callable
 
 from training.config import Config
-from training.instances import INSTANCES, LOCAL
+from training.costs.instances import INSTANCES, LOCAL
+from training.costs.prices import on_demand
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
-from training.prices import on_demand
 from training.rundir import RunLayout
 
 

@@ -6,7 +6,7 @@ Written by `make demo` at the end of the pipeline, and by anyone who wants one f
 kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
 time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end) and
 the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those jobs, beside the
-planner's prediction (training/bill.py). The summary ends the pipeline: it also puts the
+planner's prediction (training/costs/bill.py). The summary ends the pipeline: it also puts the
 bill into comparison.json and report.html where the run has them, which were written before it.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.atomic import write_json_atomic
-from training.bill import build_bill, combination_bills
+from training.costs.bill import build_bill, combination_bills
 from training.rundir import tags
 from training.rundir.artifacts import load_knn, read_optional_json, read_timings
 from training.rundir.layout import RunLayout

@@ -10,7 +10,7 @@ Slurm cluster (CPU core-hours, no price). The dataset's size comes from the run'
 or `--images`. Measured JSONs (`bench step --out`, `bench loader`, the all-reduce benchmark) replace
 published figures; each row says which figures it used. The model: training/planning/model.py.
 `--save` keeps the rows in the run directory, where `summary` puts the row of the preset and node
-count pretraining ran on beside the run's bill (training/bill.py).
+count pretraining ran on beside the run's bill (training/costs/bill.py).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:
 
 
 def presets(asked: list[str], enabled: tuple[str, ...]) -> list[str]:
-    from training.instances import INSTANCES, LOCAL
+    from training.costs.instances import INSTANCES, LOCAL
 
     names = [name for item in asked for name in (INSTANCES if item == "all" else [item])] or list(enabled)
     for name in names:

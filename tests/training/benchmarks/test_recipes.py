@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from tiny import tiny_config
 
-from training.benchmarks.flops import train_flops_per_image
 from training.benchmarks.recipes import ARMS, FAST, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
 from training.config import Config, load_config
+from training.costs.flops import train_flops_per_image
 
 
 def test_the_reference_arm_is_scdinos_recipe_and_the_others_cost_at_most_a_quarter_or_say_so():

@@ -1,11 +1,12 @@
-"""The weak-scaling model of training/benchmarks/scaling.py."""
+"""The weak-scaling model of training/costs/scaling.py and its command, training/benchmarks/scaling.py."""
 
 import json
 
 import pytest
 
 from training.benchmarks import allreduce, scaling
-from training.benchmarks.scaling import PRESETS, StepProfile, allreduce_seconds, efficiency
+from training.costs import scaling as model
+from training.costs.scaling import PRESETS, StepProfile, allreduce_seconds, efficiency
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +101,7 @@ def bench_step_json() -> dict:
 
 def test_the_model_reads_only_fields_bench_step_writes(bench_step_json):
     data = RecordingDict(bench_step_json)
-    profile = scaling.profile_from_step_json(data)
+    profile = model.profile_from_step_json(data)
     assert data.asked <= set(bench_step_json), data.asked - set(bench_step_json)
     assert (profile.step_time_s, profile.backward_s, profile.params, profile.flops_per_step) == (
         bench_step_json["step_time_s"], bench_step_json["backward_s"], bench_step_json["params"],

@@ -9,9 +9,9 @@ from html import escape as html_escape
 import pytest
 import torch
 
-from training.benchmarks.flops import train_flops_per_image
 from training.cli import main
 from training.config import Config
+from training.costs.flops import train_flops_per_image
 from training.errors import MissingInputError, UserError
 from training.rundir import RunLayout
 

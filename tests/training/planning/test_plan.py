@@ -13,7 +13,7 @@ import pytest
 
 from training.cli import main
 from training.config import load_config
-from training.instances import INSTANCES
+from training.costs.instances import INSTANCES
 from training.planning import inputs
 from training.planning.model import Storage, steps_per_epoch
 from training.rundir import RunLayout
@@ -212,8 +212,8 @@ def _settings(**overrides) -> inputs.PlanSettings:
 
 
 def test_parallelcluster_s_fixed_cost_is_its_head_node_and_login_nodes_from_the_dated_table():
+    from training.costs.prices import on_demand
     from training.planning.fixed import fixed_costs
-    from training.prices import on_demand
 
     head, login = on_demand("c6i.2xlarge", "us-east-1"), on_demand("c6i.xlarge", "us-east-1")
     (chosen, other) = fixed_costs(_settings())
@@ -225,7 +225,7 @@ def test_parallelcluster_s_fixed_cost_is_its_head_node_and_login_nodes_from_the_
 
 
 def test_pcs_s_fixed_cost_is_its_fees_by_size_and_its_login_node_and_says_which_fee_is_missing(monkeypatch):
-    from training import prices
+    from training.costs import prices
     from training.planning.fixed import fixed_costs
 
     (pcs, _) = fixed_costs(_settings(backend="pcs", pcs_size="MEDIUM"))
@@ -247,7 +247,7 @@ def test_plan_prices_both_back_ends_side_by_side_the_chosen_first(tmp_path, caps
                  "--json", str(out)]) == 0
     text = capsys.readouterr().out
     pcs_at, pc_at = text.index("  pcs (chosen): at least $0.17/h"), text.index("  parallelcluster: $0.34/h")
-    assert pcs_at < pc_at and "PCS controller fee (SMALL): not in training/prices.py PCS_FEES" in text
+    assert pcs_at < pc_at and "PCS controller fee (SMALL): not in training/costs/prices.py PCS_FEES" in text
     (row,) = json.loads(out.read_text())["rows"]
     assert row["fixed"]["parallelcluster"]["cost_usd"] == pytest.approx(0.34 * row["wall_h"], rel=1e-3)
     assert row["fixed"]["pcs"]["cost_usd"] is None and row["fixed"]["pcs"]["chosen"]

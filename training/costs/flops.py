@@ -1,5 +1,6 @@
 """Analytic FLOPs of one DINO training step, per image (standard library only: `bench step` states
-them, and the planner reads them without importing torch).
+them, and the planner and the comparison read them without importing torch). Of the package it reads
+only the ViT sizes (training/config/archs.py); the configuration it is given is typed, not imported.
 
   3 x (student forward on all crops)  [forward + backward = 3 x forward]
   + 1 x (teacher forward on the 2 global crops),
@@ -10,8 +11,12 @@ embedding 2 (N - 1) C p^2 d and the DINO head 2 (d h + h^2 + h b + b K) (h = 204
 
 from __future__ import annotations
 
-from training.config import Config
+from typing import TYPE_CHECKING
+
 from training.config.archs import ARCHS
+
+if TYPE_CHECKING:
+    from training.config import Config
 
 
 def vit_forward_flops(arch: str, patch: int, in_chans: int, side: int, token_sets: int = 1) -> float:

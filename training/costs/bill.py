@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from training.instances import LOCAL, instance_of_partition
-from training.prices import on_demand
+from training.costs.instances import LOCAL, instance_of_partition
+from training.costs.prices import on_demand
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,18 @@
 """The one table of GPU instance facts: the cluster's presets, slurm/env.sh's defaults, the scaling
 model, the planner and the bill all read it.
 
-    stacks/presets.py                 one Slurm queue per enabled preset (GPUs, vCPUs, EFA, NVMe)
+    stacks/shared/presets.py          one Slurm queue per enabled preset (GPUs, vCPUs, EFA, NVMe)
     slurm/env.sh                      defaults of DEFAULT_PRESET (tests/infra/test_presets_match_slurm.py)
-    training/benchmarks/scaling.py    GPUs per node, GPU memory, peaks and bus bandwidths
+    training/costs/scaling.py         GPUs per node, GPU memory, peaks and bus bandwidths
     training/planning/                the planner (`python -m training plan`)
-    training/bill.py                  the bill after a run (partition -> preset)
+    training/costs/bill.py            the bill after a run (partition -> preset)
 
-It sits on the ground floor of the training package: standard library only, importing nothing of
-the package, so that every room above it (and the nodes, where stacks/ is not installed) reads the
-same table without importing the rooms that read it (tests/training/test_structure.py). Adding a
-preset is one `InstanceFacts` entry here and its price in training/prices.py. Every fact names its
-source and the date it was read; a figure no source gives says "assumed" and why.
+It sits on the ground floor of the training package, in training/costs/: standard library only,
+importing nothing of the package, so that every room above it (and the nodes, where stacks/ is not
+installed) reads the same table without importing the rooms that read it
+(tests/training/test_structure.py). Adding a preset is one `InstanceFacts` entry here and its price
+in training/costs/prices.py. Every fact names its source and the date it was read; a figure no
+source gives says "assumed" and why.
 """
 
 from __future__ import annotations

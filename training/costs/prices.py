@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.instances import READ
+from training.costs.instances import READ
 
 
 @dataclass(frozen=True)
