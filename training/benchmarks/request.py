@@ -1,10 +1,9 @@
 """What a benchmark is asked to do: typed, validated requests, built from `bench`'s flags
-(`bench_request`), and the benchmark that answers each (`run_benchmark`).
+(`bench_request`); training/benchmarks/__init__.py runs the benchmark that answers each.
 
 The benchmark modules take these instead of the command line's namespace, so that library code
 reads only fields that exist, with their defaults in one place. Standard library only: the CLI
-builds and checks a request before it imports torch (`run_benchmark` imports the benchmark, and
-with it torch, only to run it). A bad value raises UserError naming the flag it came from (the
+builds and checks a request before it imports torch. A bad value raises UserError naming the flag it came from (the
 field names are the flags without their dashes, except `steps`: `--batches`); a flag given to a
 benchmark that does not take it is an error rather than silently ignored.
 """
@@ -12,15 +11,10 @@ benchmark that does not take it is an error rather than silently ignored.
 from __future__ import annotations
 
 import argparse
-import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from training.errors import UserError
-
-log = logging.getLogger(__name__)
 
 LOADER_ONLY = ("workers", "images", "size")
 """Flags that mean something to `bench loader` only; given to `bench step`, they are an error."""
@@ -239,39 +233,3 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
     if args.what == "pretrain":
         return pretrain_request(args)
     return step_request(args)
-
-
-def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
-    """Run the benchmark that answers `request` (importing it, and torch, only now); its JSON figures."""
-    if isinstance(request, ScreenBenchRequest):
-        from training.benchmarks.screen import markdown, run_screen_benchmark
-
-        result = run_screen_benchmark(config, request.config_path, list(request.overrides), ranks=request.ranks,
-                                      reuse=request.reuse, truth=request.truth)
-        log.info("bench screen:\n%s", markdown(result))
-        return result
-    if isinstance(request, IngestBenchRequest):
-        from training.benchmarks.ingest import run_ingest_benchmark
-
-        return run_ingest_benchmark(list(request.fields), cells=request.cells, crop=request.crop)
-    if isinstance(request, ScaleBenchRequest):
-        from training.benchmarks.scale import run_scale_benchmark
-
-        return run_scale_benchmark(list(request.sizes))
-    if isinstance(request, LoaderBenchRequest):
-        from training.benchmarks.loader import run_loader_benchmark
-
-        return run_loader_benchmark(config, request)
-    if isinstance(request, PretrainBenchRequest):
-        from training.benchmarks.pretrain import run_pretrain_benchmark
-
-        return run_pretrain_benchmark(config, request)
-    start = time.perf_counter()
-    import training.trainer  # noqa: F401  (what `pretrain` imports: torch, timm, models, loaders)
-    from training.benchmarks.step import run_step_benchmark
-
-    import_s = time.perf_counter() - start
-    result = run_step_benchmark(config, request)
-    result["import_s"] = round(import_s, 3)
-    result["startup_s"] = round(import_s + result["build_s"], 3)
-    return result

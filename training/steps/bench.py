@@ -16,8 +16,8 @@ of 10^5..10^7 cells costs, per process and per loader worker, against the JSON i
 (training/benchmarks/scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
 fields of view, and peak memory at two numbers of fields (training/benchmarks/ingest.py). `screen`:
 the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
-(training/benchmarks/screen.py). The flags become a typed request in training/benchmarks/request.py,
-which imports the benchmark, and with it torch, only to run it.
+(training/benchmarks/screen.py). The flags become a typed request in training/benchmarks/request.py;
+training/benchmarks/__init__.py imports the benchmark, and with it torch, only to run it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import json
 import logging
 from pathlib import Path
 
-from training.benchmarks.request import bench_request, run_benchmark
+from training.benchmarks import run_benchmark
+from training.benchmarks.request import bench_request
 
 log = logging.getLogger(__name__)
 
