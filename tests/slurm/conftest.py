@@ -27,7 +27,7 @@ def cluster() -> Cluster:
 @pytest.fixture(scope="session")
 def pipeline_workdir(tmp_path_factory) -> Path:
     """A synthetic dataset and run.yaml (the tiny run, output in run/) in a fresh folder."""
-    from training.data.synthetic import write_dataset
+    from training.data.synthetic.folders import write_dataset
 
     root = tmp_path_factory.mktemp("pipeline")
     write_dataset(root / "images", classes=4, per_class=40)

@@ -102,7 +102,7 @@ def test_dry_run_from_knn_evaluates_without_pretraining(tmp_path):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    from training.data.synthetic import write_dataset
+    from training.data.synthetic.folders import write_dataset
 
     root = tmp_path_factory.mktemp("combinations")
     write_dataset(root / "images", classes=4, per_class=20)

@@ -16,7 +16,7 @@ import torch
 from tiny import TINY_RUN, tiny_config
 
 from training.config import Config
-from training.data.synthetic import write_dataset
+from training.data.synthetic.folders import write_dataset
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 24

@@ -37,7 +37,7 @@ from training.data.folders.index import scan_images
 from training.data.folders.pack import pack_images
 from training.data.loaders import build_pretrain_loader
 from training.data.store.format import is_packed
-from training.data.synthetic import write_dataset
+from training.data.synthetic.folders import write_dataset
 from training.data.torch_loader import crops_on_device
 from training.errors import UserError
 

@@ -196,7 +196,7 @@ def prepare_rate(scratch: Path, images: int = 2000) -> dict:
     """`prepare` on synthetic TIFFs: images per CPU-second (user + system time of this process)."""
     from training.data.folders.index import scan_images
     from training.data.folders.pack import pack_images
-    from training.data.synthetic import write_dataset as write_tiffs
+    from training.data.synthetic.folders import write_dataset as write_tiffs
 
     source = scratch / "tiffs"
     write_tiffs(source, classes=4, per_class=images // 4, channels=SHAPE[0], size=SHAPE[1], seed=0)

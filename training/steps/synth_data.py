@@ -9,21 +9,17 @@ with --screen a synthetic screen (fields of view, label masks, a plate map and l
 highest channel data.channels selects, so that a config's own `synth-data` call produces data its
 other steps can read. `--corrupt` adds one of each kind of bad image (empty, truncated, garbage,
 wrong channels, blank, wrong shape). A screen names its channels as data.channel_names does, else
-Membrane, Cytoplasm, DNA, Marker, Marker2 (training/data/synthetic_screen.py lists what it writes).
+Membrane, Cytoplasm, DNA, Marker, Marker2 (training/data/synthetic/screen.py lists what it writes).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 from training.config import Config
 from training.errors import UserError
 from training.rundir import RunLayout
-
-log = logging.getLogger(__name__)
-
 
 CLASS_OPTIONS = {"classes": 5, "per_class": 200, "size": 50}
 """Defaults of the class-folder options, which a screen does not take (None in the parsed arguments
@@ -71,37 +67,17 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         raise UserError(f"{', '.join(given)} {'is a' if len(given) == 1 else 'are'} screen option"
                         f"{'' if len(given) == 1 else 's'}: add --screen, or leave {'it' if len(given) == 1 else 'them'} "
                         "out for class folders")
-    for name, default in CLASS_OPTIONS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return _write_class_folders(config, args, channels, seed)
+    from training.data.synthetic.folders import write_class_folders
 
-
-def _write_class_folders(config: Config, args: argparse.Namespace, channels: int, seed: int) -> int:
-    from training.data.synthetic import PHENOTYPES, write_corrupt_files, write_dataset
-
-    out = args.out or Path(config.data.source)
-    if not 1 <= args.classes <= len(PHENOTYPES):
-        raise UserError(f"--classes must be between 1 and {len(PHENOTYPES)}, got {args.classes}")
-    if args.per_class < 1 or args.size < 16 or channels < 1:
-        raise UserError("--per-class must be >= 1, --size >= 16 and --channels >= 1")
-    order = None
-    if args.channel_order:
-        order = tuple(int(c) for c in args.channel_order if c.isdigit())
-        if len(order) != len(args.channel_order) or sorted(order) != list(range(channels)):
-            raise UserError(f"--channel-order must list each of the {channels} channels once, as digits such as "
-                            f"{''.join(map(str, reversed(range(channels))))}; got {args.channel_order!r}")
-    write_dataset(out, args.classes, args.per_class, channels, args.size, seed,
-                  channel_axis="first" if args.channels_first else "last", channel_order=order)
-    if args.corrupt:
-        first = sorted(p for p in out.iterdir() if p.is_dir())[0]
-        written = write_corrupt_files(first, channels, args.size, seed)
-        log.info("wrote %d bad images into %s", len(written), first)
+    options = {name: default if getattr(args, name) is None else getattr(args, name)
+               for name, default in CLASS_OPTIONS.items()}
+    write_class_folders(args.out or Path(config.data.source), **options, channels=channels, seed=seed,
+                        channels_first=args.channels_first, corrupt=args.corrupt, channel_order=args.channel_order)
     return 0
 
 
 def _write_screen(config: Config, args: argparse.Namespace, channels: int, seed: int) -> int:
-    from training.data.synthetic_screen import ScreenSpec, channel_names_for, write_screen
+    from training.data.synthetic.screen import ScreenSpec, channel_names_for, write_screen
 
     given = [f"--{name.replace('_', '-')}" for name in CLASS_OPTIONS if getattr(args, name) is not None]
     given += [flag for flag, on in (("--channels-first", args.channels_first), ("--corrupt", args.corrupt),

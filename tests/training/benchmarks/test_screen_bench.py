@@ -14,7 +14,7 @@ import pytest
 from tiny import run_cli, tiny_config
 
 from training.benchmarks.screen import cell_phenotypes, oracle_entry, shares
-from training.data.synthetic_screen import ScreenSpec, write_screen
+from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.errors import UserError
 from training.rundir import RunLayout
 

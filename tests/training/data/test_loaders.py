@@ -14,7 +14,7 @@ from training.data.dataset import BadImageError
 from training.data.loaders import build_pretrain_loader
 from training.data.sampler import DistributedBatchSampler
 from training.data.split import load_split
-from training.data.synthetic import write_corrupt_files
+from training.data.synthetic.folders import write_corrupt_files
 from training.data.torch_loader import build_eval_loader
 from training.errors import UserError
 

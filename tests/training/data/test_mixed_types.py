@@ -11,7 +11,7 @@ import training.data.folders.pack as vote_module
 import training.data.store.write as packed_module
 from training.data.dataset import open_dataset
 from training.data.store.read import PackedImages
-from training.data.synthetic import write_tiff
+from training.data.synthetic.folders import write_tiff
 from training.rundir import RunLayout
 
 

@@ -16,7 +16,7 @@ from training.data.dataset import open_dataset, open_images, resolve_source
 from training.data.split import load_split, make_split
 from training.data.stats import load_mean_std, sample_for_stats
 from training.data.store.read import PackedImages
-from training.data.synthetic import CORRUPT_REASONS, write_corrupt_files, write_dataset, write_tiff
+from training.data.synthetic.folders import CORRUPT_REASONS, write_corrupt_files, write_dataset, write_tiff
 from training.data.tiff import read_image
 from training.errors import MissingInputError
 from training.rundir import RunLayout

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data.dataset import to_scaled_tensor
-from training.data.synthetic import generate
+from training.data.synthetic.folders import generate
 from training.eval.knn import knn_classify, split_reference_query
 
 CLASSES = 5

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from training.data.folders.index import scan_images
-from training.data.synthetic import write_corrupt_files, write_tiff
+from training.data.synthetic.folders import write_corrupt_files, write_tiff
 from training.data.tiff import BadImage, read_image
 from training.errors import UserError
 

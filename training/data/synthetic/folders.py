@@ -11,7 +11,7 @@ initialised network mostly measures how much of each channel is bright, which th
 scrambles, so a trained representation does clearly better than either baseline.
 
 `render_cells` draws cells at a given centre and scale with their extents (label masks): the
-synthetic screen (training/data/synthetic_screen.py) places them into larger fields of view.
+synthetic screen (training/data/synthetic/screen.py) places them into larger fields of view.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import tifffile
 from tqdm import tqdm
+
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -261,3 +263,26 @@ def write_corrupt_files(folder: Path, channels: int = 5, size: int = 50, seed: i
     tifffile.imwrite(folder / "corrupt_ndim.tif", rng.integers(0, 60000, (2, 3, size, size), dtype=np.uint16),
                      photometric="minisblack")
     return dict(CORRUPT_REASONS)
+
+
+def write_class_folders(out: Path, *, classes: int, per_class: int, channels: int, size: int, seed: int,
+                        channels_first: bool = False, corrupt: bool = False, channel_order: str | None = None) -> None:
+    """`synth-data`'s class folders, its options checked first (each error names the option):
+    `channel_order` as digits (31042 puts the marker first), `corrupt` adds one of each kind of bad
+    image to the first class folder."""
+    if not 1 <= classes <= len(PHENOTYPES):
+        raise UserError(f"--classes must be between 1 and {len(PHENOTYPES)}, got {classes}")
+    if per_class < 1 or size < 16 or channels < 1:
+        raise UserError("--per-class must be >= 1, --size >= 16 and --channels >= 1")
+    order = None
+    if channel_order:
+        order = tuple(int(c) for c in channel_order if c.isdigit())
+        if len(order) != len(channel_order) or sorted(order) != list(range(channels)):
+            raise UserError(f"--channel-order must list each of the {channels} channels once, as digits such as "
+                            f"{''.join(map(str, reversed(range(channels))))}; got {channel_order!r}")
+    write_dataset(out, classes, per_class, channels, size, seed,
+                  channel_axis="first" if channels_first else "last", channel_order=order)
+    if corrupt:
+        first = sorted(p for p in Path(out).iterdir() if p.is_dir())[0]
+        written = write_corrupt_files(first, channels, size, seed)
+        log.info("wrote %d bad images into %s", len(written), first)

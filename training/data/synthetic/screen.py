@@ -17,8 +17,8 @@ What it writes under --out (these names are the contract with `python -m trainin
                     and _Y (its mask's centroid, 0-based column and row), AreaShape_Area, Phenotype
     screen.json     the generating parameters: treatments and mixtures, batches and their effects
 
-Each cell is drawn by the class-folder generator's renderer (training/data/synthetic.py) at the
-scale of its 50 px images; cells of a FOV touch at most, never overlap. Treatments draw each cell's
+Each cell is drawn by the class-folder generator's renderer (training/data/synthetic/folders.py) at
+the scale of its 50 px images; cells of a FOV touch at most, never overlap. Treatments draw each cell's
 phenotype from their mixture: ten compounds, two per mechanism of action (Metadata_MOA), each
 compound with its mechanism's mixture, and DMSO, the control. Plates are imaged in batches: every
 batch has its own gain and background per channel (plates and wells add smaller ones), and favours
@@ -42,7 +42,7 @@ import numpy as np
 import tifffile
 
 from training.atomic import write_json_atomic, write_text_atomic
-from training.data.synthetic import CELL_RADIUS, PHENOTYPES, mix_channels, render_cells, write_tiff
+from training.data.synthetic.folders import CELL_RADIUS, PHENOTYPES, mix_channels, render_cells, write_tiff
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
