@@ -28,7 +28,7 @@ from training.rundir.artifacts import (
     read_metrics,
     read_timings,
 )
-from training.rundir.summary import comparison_bill, knn_headline
+from training.summary import comparison_bill, knn_headline
 
 PER_COMBINATION = "per_combination"
 """The "models" key of scDINO's way: one pretraining per channel combination. Each channel-adaptive

@@ -81,6 +81,22 @@ class PlanSettings:
         return Storage(self.fsx_capacity_gib, self.fsx_capacity_gib / 1024 * self.fsx_throughput_per_tib)
 
 
+def cdk_context(given: Path | None, overrides: list[str]) -> dict[str, Any]:
+    """The CDK context as `cdk` merges it: cdk.json's (`given`, else ./cdk.json, else the repository's),
+    then each `-c KEY=VALUE`; the deployment settings are read from it by stacks/ (in the step)."""
+    candidates = [given] if given else [Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json"]
+    path = next((candidate for candidate in candidates if candidate.is_file()), None)
+    if path is None:
+        raise UserError(f"cdk.json not found ({given or 'in this folder or the repository'}): give --cdk-json PATH")
+    context = json.loads(path.read_text()).get("context", {})
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"-c {item!r}: give KEY=VALUE, e.g. -c cluster.max_nodes=4")
+        context[key] = value
+    return context
+
+
 def read_json_file(path: Path | None, flag: str) -> dict[str, Any] | None:
     if path is None:
         return None

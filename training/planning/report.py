@@ -1,17 +1,55 @@
-"""The plan's rows (one per preset and node count) and the table `python -m training plan` prints."""
+"""The plan's rows (one per preset and node count: which presets and counts, from the step's flags),
+the table `python -m training plan` prints and the JSON it keeps."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import logging
+from pathlib import Path
+from typing import Any, Callable
 
+from training.atomic import write_json_atomic
 from training.config import Config
 from training.costs.instances import INSTANCES, LOCAL
 from training.costs.prices import on_demand
+from training.errors import UserError
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
 from training.rundir import RunLayout
+
+log = logging.getLogger(__name__)
+
+LOCAL_NODES = 2
+"""Nodes of the local Slurm cluster (scripts/local-slurm.sh)."""
+
+
+def preset_names(asked: list[str], enabled: tuple[str, ...]) -> list[str]:
+    """The presets `--preset` names (`all`: every preset of the instance table), else the enabled ones."""
+    names = [name for item in asked for name in (INSTANCES if item == "all" else [item])] or list(enabled)
+    for name in names:
+        if name != LOCAL and name not in INSTANCES:
+            raise UserError(f"--preset {name!r}: unknown; choose from {', '.join(INSTANCES)}, all or {LOCAL}")
+    return list(dict.fromkeys(names))
+
+
+def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:
+    """`--nodes`' counts; else the local cluster's nodes, or 1, 2, 4, ... up to cluster.max_nodes."""
+    if text:
+        try:
+            counts = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise UserError(f"--nodes {text!r}: give node counts such as 1,2,4") from None
+        if not counts or min(counts) < 1:
+            raise UserError(f"--nodes {text!r}: node counts must be 1 or more")
+        return counts
+    if local:
+        return [LOCAL_NODES]
+    counts, n = [], 1
+    while n < max_nodes:
+        counts.append(n)
+        n *= 2
+    return counts + [max_nodes]
 
 
 def _price_and_warnings(name: str, settings: inputs.PlanSettings, live) -> tuple:
@@ -98,3 +136,15 @@ def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
                          + (f"; price: ${price['usd_per_hour']}/h, {price['source']}, {price['date']}" if price else ""))
     lines += fixed_text(next((row["fixed"] for row in rows if row.get("fixed")), None))
     return "\n".join(lines)
+
+
+def plan_payload(rows: list[dict], settings: inputs.PlanSettings, seconds: float) -> dict[str, Any]:
+    """What `--json` and `--save` keep: the settings planned for, the rows and the planner's time."""
+    return {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows,
+            "seconds": round(seconds, 3)}
+
+
+def write_plan(payload: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, payload, indent=2)
+    log.info("wrote %s", path)

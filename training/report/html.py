@@ -35,7 +35,7 @@ from training.eval.tables import (
 from training.plots.figures import PlotEntry, read_manifest
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
-from training.rundir.summary import knn_headline
+from training.summary import knn_headline
 
 log = logging.getLogger(__name__)
 

@@ -16,19 +16,12 @@ count pretraining ran on beside the run's bill (training/costs/bill.py).
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import time
 from pathlib import Path
 
 from training.config import Config
 from training.errors import UserError
 from training.rundir import RunLayout
-
-log = logging.getLogger(__name__)
-
-LOCAL_NODES = 2
-"""Nodes of the local Slurm cluster (scripts/local-slurm.sh)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,29 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cdk-json", type=Path, help="the CDK app's cdk.json (default: ./cdk.json, else the repository's)")
 
 
-def _cdk_json(given: Path | None) -> Path:
-    for candidate in ([given] if given else [Path("cdk.json"), Path(__file__).resolve().parents[2] / "cdk.json"]):
-        if candidate.is_file():
-            return candidate
-    raise UserError(f"cdk.json not found ({given or 'in this folder or the repository'}): give --cdk-json PATH")
-
-
 def read_settings(args: argparse.Namespace):
     """The deployment settings, merged as app.py merges them; a bad value is one line naming it."""
-    from training.planning.inputs import PlanSettings
+    from training.planning.inputs import PlanSettings, cdk_context
 
     try:
         from stacks.settings import SettingsError, settings_from
     except ImportError:
         raise UserError("plan reads the deployment settings with stacks/ (the CDK app): run it from the "
                         "repository root") from None
-    path = _cdk_json(args.cdk_json)
-    context = json.loads(path.read_text()).get("context", {})
-    for item in args.context:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"-c {item!r}: give KEY=VALUE, e.g. -c cluster.max_nodes=4")
-        context[key] = value
+    context = cdk_context(args.cdk_json, args.context)
     try:
         settings = settings_from(context.get)
     except SettingsError as exc:
@@ -81,52 +61,19 @@ def read_settings(args: argparse.Namespace):
     return PlanSettings.of(settings)
 
 
-def node_counts(text: str | None, max_nodes: int, local: bool) -> list[int]:
-    if text:
-        try:
-            counts = [int(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise UserError(f"--nodes {text!r}: give node counts such as 1,2,4") from None
-        if not counts or min(counts) < 1:
-            raise UserError(f"--nodes {text!r}: node counts must be 1 or more")
-        return counts
-    if local:
-        return [LOCAL_NODES]
-    counts, n = [], 1
-    while n < max_nodes:
-        counts.append(n)
-        n *= 2
-    return counts + [max_nodes]
-
-
-def presets(asked: list[str], enabled: tuple[str, ...]) -> list[str]:
-    from training.costs.instances import INSTANCES, LOCAL
-
-    names = [name for item in asked for name in (INSTANCES if item == "all" else [item])] or list(enabled)
-    for name in names:
-        if name != LOCAL and name not in INSTANCES:
-            raise UserError(f"--preset {name!r}: unknown; choose from {', '.join(INSTANCES)}, all or {LOCAL}")
-    return list(dict.fromkeys(names))
-
-
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    from training.planning.report import plan_rows, plan_text
+    from training.planning.report import node_counts, plan_payload, plan_rows, plan_text, preset_names, write_plan
 
     settings = read_settings(args)
-    names = presets(args.preset, settings.presets)
+    names = preset_names(args.preset, settings.presets)
     rows = plan_rows(config, layout, settings, names, args,
                      lambda local: node_counts(args.nodes, settings.max_nodes, local))
     elapsed = time.perf_counter() - start
     print(plan_text(rows, settings))
     print(f"\nplanned {len(rows)} row(s) for {len(names)} preset(s) in {elapsed:.2f} s")
-    payload = {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows,
-               "seconds": round(elapsed, 3)}
+    payload = plan_payload(rows, settings, elapsed)
     for wanted, path in ((args.json_out, args.json_out), (args.save, layout.plan)):
         if wanted:
-            from training.atomic import write_json_atomic
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, payload, indent=2)
-            log.info("wrote %s", path)
+            write_plan(payload, path)
     return 0

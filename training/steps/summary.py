@@ -23,28 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
-    from training.rundir.summary import summary_text, write_summary
+    from training.summary import add_bill_to_comparison, summary_text, write_summary
 
     summary = write_summary(layout, jobs_file=args.jobs, wall_seconds=args.wall_seconds)
     if args.jobs and summary.get("bill"):
-        add_bill_to_outputs(layout)
+        add_bill_to_comparison(layout)
+        if layout.report.is_file():
+            from training.report.html import rewrite_report
+
+            rewrite_report(layout)
     print(summary_text(summary))
     return 0
-
-
-def add_bill_to_outputs(layout: RunLayout) -> None:
-    """The bill into comparison.json (its "bill") and a fresh report.html, where the run has them."""
-    import logging
-
-    from training.atomic import write_json_atomic
-    from training.report.html import rewrite_report
-    from training.rundir.artifacts import read_optional_json
-    from training.rundir.summary import comparison_bill
-
-    comparison = read_optional_json(layout.comparison_json)
-    if comparison is not None:
-        bill = comparison_bill(layout, comparison["combinations"])
-        write_json_atomic(layout.comparison_json, {**comparison, "bill": bill}, indent=2)
-        logging.getLogger(__name__).info("added the bill to %s", layout.comparison_json)
-    if layout.report.is_file():
-        rewrite_report(layout)

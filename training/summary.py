@@ -4,10 +4,12 @@
 
 Written by `make demo` at the end of the pipeline, and by anyone who wants one file to compare runs:
 kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
-time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end) and
-the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those jobs, beside the
-planner's prediction (training/costs/bill.py). The summary ends the pipeline: it also puts the
-bill into comparison.json and report.html where the run has them, which were written before it.
+time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end, from
+`scontrol`) and the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those
+jobs, beside the planner's prediction (training/costs/bill.py). The summary ends the pipeline: it
+also puts the bill into comparison.json (here) and report.html (training/report/, by the step), which
+were written before it. It reads the run directory (training/rundir/) and writes one file of it;
+the comparison (training/eval/compare.py) and the report read its headline and bill.
 """
 
 from __future__ import annotations
@@ -152,3 +154,12 @@ def comparison_bill(layout: RunLayout, combinations: list[str]) -> dict[str, Any
     """The bill of comparison.json, from the run's results.json (written by `summary`): None before it."""
     results = read_optional_json(layout.results) or {}
     return combination_bills(results.get("bill"), list(combinations))
+
+
+def add_bill_to_comparison(layout: RunLayout) -> None:
+    """The bill into comparison.json (its "bill"), where the run has one."""
+    comparison = read_optional_json(layout.comparison_json)
+    if comparison is not None:
+        bill = comparison_bill(layout, comparison["combinations"])
+        write_json_atomic(layout.comparison_json, {**comparison, "bill": bill}, indent=2)
+        log.info("added the bill to %s", layout.comparison_json)
