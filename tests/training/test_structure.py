@@ -6,6 +6,7 @@
   model and the bill) sits on the ground floor: standard library and each other only (the FLOP count
   also reads the ViT sizes), so that the planner reads it instead of the benchmarks; no room but the
   planner itself and the steps imports the planner;
+- rundir/ holds the run directory's names and readers only; the run summary is training/summary.py;
 - only training/rundir/layout.py spells a run file's name (code and shell scripts ask it);
 - the command line starts without torch, numpy or the step libraries.
 """
@@ -172,6 +173,16 @@ def test_the_planner_reads_the_costs_not_the_benchmarks():
     assert {name: sorted(d for d in deps if d.startswith("training.benchmarks")) for name, deps in planner.items()
             if any(d.startswith("training.benchmarks") for d in deps)} == {}
     assert any(d.startswith("training.costs") for deps in planner.values() for d in deps)
+
+
+RUN_DIRECTORY = {"__init__.py", "layout.py", "tags.py", "features.py", "artifacts.py", "integrity.py"}
+"""rundir/: the run's file names (layout, tags), their formats and readers (features, artifacts, integrity)."""
+
+
+def test_the_run_directory_holds_its_names_and_readers_only():
+    """What a step makes of the run's files lives in that step's library (results.json: training/summary.py)."""
+    rundir = PACKAGE / "rundir"
+    assert {p.name for p in rundir.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()} == RUN_DIRECTORY
 
 
 def test_only_the_planner_and_the_steps_import_the_planner():
