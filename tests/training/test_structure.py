@@ -290,3 +290,46 @@ def test_profiles_live_in_one_room():
     evaluation = PACKAGE / "eval"
     assert {"wells.py", "normalization.py", "export.py"} <= set(room_entries(evaluation / "profiles"))
     assert not {"export.py", "profiles.py", "profile_normalization.py", "screen.py"} & set(room_entries(evaluation))
+
+
+MAX_STEP_LOGIC_LINES = 40
+"""A step is a thin composition: arguments -> typed request -> library -> files."""
+
+
+def logic_lines(path: Path) -> int:
+    """Lines of code in the bodies of a module's functions and methods: docstrings, comments, blank
+    lines, imports and add_arguments (the flags a step declares) aside."""
+    import tokenize
+
+    text = path.read_text()
+    tree = ast.parse(text)
+    skipped = docstrings(tree)
+    aside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (isinstance(node, ast.Expr) and id(node.value) in skipped):
+            aside |= set(range(node.lineno, node.end_lineno + 1))
+    code = {line for token in tokenize.generate_tokens(io.StringIO(text).readline)
+            if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                                  tokenize.ENDMARKER)
+            for line in range(token.start[0], token.end[0] + 1)}
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.name != "add_arguments"]
+    bodies = {line for function in functions for statement in function.body
+              for line in range(statement.lineno, statement.end_lineno + 1)}
+    return len((bodies & code) - aside)
+
+
+def test_logic_lines_count_function_bodies_only(tmp_path):
+    source = ('"""Doc."""\nimport os\n\n\ndef add_arguments(parser):\n    parser.add_argument("--x")\n\n\n'
+              'def run(config, layout, args):\n    """Doc."""\n    # why\n    from a import b\n\n'
+              '    value = b(\n        args.x)\n    return 0\n')
+    path = tmp_path / "step.py"
+    path.write_text(source)
+    assert logic_lines(path) == 3
+
+
+@pytest.mark.parametrize("step", sorted(p.stem for p in (PACKAGE / "steps").glob("*.py") if p.stem != "__init__"))
+def test_every_step_is_a_thin_composition(step):
+    lines = logic_lines(PACKAGE / "steps" / f"{step}.py")
+    assert lines <= MAX_STEP_LOGIC_LINES, (f"steps/{step}.py has {lines} lines of logic: move the work into the "
+                                           "library it calls")
