@@ -7,7 +7,8 @@
   also reads the ViT sizes), so that the planner reads it instead of the benchmarks; no room but the
   planner itself and the steps imports the planner;
 - rundir/ holds the run directory's names and readers only; the run summary is training/summary.py;
-- only training/rundir/layout.py spells a run file's name (code and shell scripts ask it);
+- only training/rundir/layout.py spells a run file's name, or a run folder's as a path component
+  (code and shell scripts ask it);
 - the command line starts without torch, numpy or the step libraries.
 """
 
@@ -200,10 +201,28 @@ def test_the_cdk_app_reads_only_the_instance_table_of_the_package():
 
 
 def run_file_names() -> set[str]:
-    """File names of the run directory, from the layout itself (folders such as plots/ are words
-    used elsewhere too; files have an extension, the pre-emption marker is in capitals)."""
+    """File names of the run directory, from the layout itself (files have an extension, the
+    pre-emption marker is in capitals, the parts' folder beside packed/ is packed.parts)."""
     names = {path.name for path in RunLayout(Path("run")).named_paths().values()}
     return {n for n in names if "." in n or n.isupper()}
+
+
+def run_folder_names() -> set[str]:
+    """Folder names of the run directory (packed, knn, plots, ...), from the layout itself: words used
+    elsewhere too, so they count only where they are a component of a path (run_paths_spelled_in)."""
+    layout = RunLayout(Path("run"))
+    return {path.name for path in layout.named_paths().values()} - run_file_names() - {layout.root.name}
+
+
+def beside_folder_suffixes() -> set[str]:
+    """The suffixes of names the layout makes beside a run folder from its name (".parts" of packed.parts)."""
+    paths = RunLayout(Path("run")).named_paths().values()
+    return {path.name[len(other.name):] for path in paths for other in paths
+            if path.parent == other.parent and path.name.startswith(f"{other.name}.")}
+
+
+RUN_PATH_EXPRESSION = re.compile(r"layout|root|output_dir|packed|\brun\b")
+"""Code that names a run path: the layout, a run's root or output_dir, the packed dataset's folder."""
 
 
 def docstrings(tree: ast.AST) -> set[int]:
@@ -211,23 +230,71 @@ def docstrings(tree: ast.AST) -> set[int]:
     return {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
 
 
-def run_files_named_in(path: Path, names: set[str]) -> list[str]:
-    """String constants in code (not docstrings) that contain a run file's name."""
-    tree = ast.parse(path.read_text())
+def folder_as_component(folder: str, text: str, in_fstring: bool) -> bool:
+    """`folder` is a component of a path spelled in `text`: beside another component ("runs/demo/packed",
+    "knn/knn.json"), or, in a piece of an f-string, joined onto what comes before it (f"{root}/packed")."""
+    name = re.escape(folder)
+    if re.search(rf"[\w.*-]/{name}(?![\w.-])|(?<![\w.-]){name}/[\w.*]", text):
+        return True
+    return in_fstring and re.match(rf"/{name}(?![\w.-])", text) is not None
+
+
+def run_paths_spelled_in(source: str, where: str, files: set[str], folders: set[str]) -> list[str]:
+    """Where code (not docstrings) spells a run path instead of asking the layout: a string constant
+    holding a run file's name, or a run folder's name as a path component (folder_as_component), or
+    the suffix of a name made beside a run folder (".parts" of packed.parts); and a run folder's name
+    joined with `/` onto code that names a run path (layout.root / "knn", Path(output_dir) / "packed")."""
+    tree = ast.parse(source)
     skip = docstrings(tree)
+    in_fstrings = {id(piece) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for piece in node.values}
+    suffixes = beside_folder_suffixes()
     hits = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            hits += [f"{path.relative_to(REPO)}:{node.lineno}: {name}" for name in names if name in node.value]
+            found = {name for name in files if name in node.value} | ({node.value} & suffixes)
+            found |= {name for name in folders if folder_as_component(name, node.value, id(node) in in_fstrings)}
+            hits += [f"{where}:{node.lineno}: {name}" for name in sorted(found)]
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+              and node.right.value in folders and RUN_PATH_EXPRESSION.search(ast.unparse(node.left))):
+            hits.append(f"{where}:{node.lineno}: {node.right.value}")
     return hits
 
 
 def test_only_the_layout_names_run_files():
-    names = run_file_names()
-    assert {"knn.json", "results.json", "labels.json", "PREEMPTED", "manifest.json"} <= names
+    files, folders = run_file_names(), run_folder_names()
+    assert {"knn.json", "results.json", "labels.json", "PREEMPTED", "manifest.json", "packed.parts"} <= files
+    assert {"packed", "checkpoints", "knn", "plots", "features"} <= folders
     hits = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != PATH_OWNER
-            for hit in run_files_named_in(path, names)]
+            for hit in run_paths_spelled_in(path.read_text(), str(path.relative_to(REPO)), files, folders)]
     assert hits == []
+
+
+PLANTED = '''
+def offenders(layout, config, root, name):
+    knn = Path(config.run.output_dir) / "knn"
+    checkpoints = layout.root / "checkpoints"
+    packed = "runs/demo/packed"
+    plots = f"{root}/plots"
+    index = f"{layout.root}/packed/{name}"
+    parts = layout.packed.with_name(layout.packed.name + ".parts")
+    results = root / "results.json"
+'''
+"""One run path spelled on each line from the third: without a dot or capitals (but the last two)."""
+
+INNOCENT = '''
+def innocent(scratch, layout, tag):
+    """Writes runs/demo/packed and knn/knn.json (a docstring may say so)."""
+    log.info("linear probe on features/%s", tag)
+    return scratch / "packed", layout.knn_json, "checkpoints are kept", "plots", "a/b/features_x"
+'''
+"""Run folders' names as words, a scratch folder of the same name, the layout asked."""
+
+
+def test_the_run_path_check_finds_planted_offenders():
+    files, folders = run_file_names(), run_folder_names()
+    hits = run_paths_spelled_in(PLANTED, "planted.py", files, folders)
+    assert sorted(int(hit.split(":")[1]) for hit in hits) == list(range(3, 10))
+    assert run_paths_spelled_in(INNOCENT, "innocent.py", files, folders) == []
 
 
 def shell_code_lines(path: Path) -> list[str]:

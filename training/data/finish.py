@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.config import Config
-from training.data.store.parts import part_remedy, parts_root
+from training.data.store.parts import part_remedy
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def merge_and_split(config: Config, layout: RunLayout, folders: list[Path], *, s
     images = open_images(config.replace({"data.loader": "packed"}))
     split = split_for(config, images)
     save_split(config, split, images)
-    shutil.rmtree(parts_root(layout), ignore_errors=True)
+    shutil.rmtree(layout.parts, ignore_errors=True)
     return split
 
 

@@ -24,7 +24,6 @@ from tiny import run_cli, tiny_config
 
 from training.config import ConfigError
 from training.data.ingest.cellprofiler import PART_FILE
-from training.data.store.parts import part_dir
 from training.data.store.read import PackedImages
 from training.eval.cellprofiler import MAD_SCALE, robust_scale, standardise
 from training.rundir import RunLayout, tags
@@ -289,7 +288,7 @@ def test_a_part_without_measurements_or_with_damaged_ones_is_named_at_the_merge(
     assert run_cli(config.replace({"ingest.cellprofiler": False}), "ingest", "--part", "0", "--parts", "2") == 0
     assert run_cli(config, "ingest", "--part", "1", "--parts", "2") == 0
     assert run_cli(config, "ingest", "--merge", "--parts", "2") == 2
-    first = part_dir(RunLayout.from_config(config), 0, 2)
+    first = RunLayout.from_config(config).part(0, 2)
     assert one_line_error(capsys) == (f"error: {first} was cut without ingest.cellprofiler: run its task again with "
                                       "it set (--part K --parts N), then merge")
     assert run_cli(config, "ingest", "--part", "0", "--parts", "2") == 0  # another identity: cut again

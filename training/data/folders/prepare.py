@@ -47,11 +47,11 @@ def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> N
     images is there."""
     from training.data.folders.index import scan_images
     from training.data.folders.pack import pack_part
-    from training.data.store.parts import finished_part, part_dir, part_rows
+    from training.data.store.parts import finished_part, part_rows
 
     source = Path(config.data.source)
     index = scan_images(source, config.data.folder_depth_for_labels)
-    rows, folder = part_rows(len(index), part, parts), part_dir(layout, part, parts)
+    rows, folder = part_rows(len(index), part, parts), layout.part(part, parts)
     identity = {"source": str(source.resolve()), "n_images": len(index), "rows": [rows.start, rows.stop],
                 "first": index.paths[rows.start] if len(rows) else None}
     if finished_part(folder, identity, "prepare") is not None:
@@ -67,10 +67,10 @@ def finish(config: Config, layout: RunLayout, parts: int) -> None:
     """Merge the parts into <packed>, then write the bad-image report and the split."""
     from training.data.dataset import write_bad_report
     from training.data.finish import merge_and_split
-    from training.data.store.parts import part_dir, part_remedy, read_part
+    from training.data.store.parts import part_remedy, read_part
     from training.data.tiff import BadImage
 
-    folders = [part_dir(layout, k, parts) for k in range(parts)]
+    folders = [layout.part(k, parts) for k in range(parts)]
     infos = [read_part(folder, part_remedy("prepare", folder)) for folder in folders]
     bad = [BadImage(b["path"], b["reason"]) for info in infos if info for b in info.get("bad", [])]
     n_cells = sum(info["n_cells"] for info in infos if info)

@@ -16,14 +16,7 @@ from training.data.ingest.cellprofiler import merge_measurements
 from training.data.ingest.checks import check_columns, check_crop_size, check_settings, propose, require_crop_size
 from training.data.ingest.part import describe, ingest_part, part_identity, summarise
 from training.data.ingest.table import LoadTable
-from training.data.store.parts import (
-    check_part_arguments,
-    finished_part,
-    part_dir,
-    part_remedy,
-    part_rows,
-    read_part,
-)
+from training.data.store.parts import check_part_arguments, finished_part, part_remedy, part_rows, read_part
 from training.data.tiff import BadImage
 from training.errors import UserError
 from training.rundir import RunLayout
@@ -55,7 +48,7 @@ def ingest(config: Config, layout: RunLayout, *, part: int | None, parts: int, m
 
 def cut_one_part(config: Config, layout: RunLayout, load: LoadTable, part: int, parts: int) -> None:
     """Cut slice `part` of `parts` of the table's rows, unless a finished part of the same inputs is there."""
-    rows, folder = part_rows(len(load), part, parts), part_dir(layout, part, parts)
+    rows, folder = part_rows(len(load), part, parts), layout.part(part, parts)
     identity = part_identity(config, load, rows)
     if finished_part(folder, identity, "ingest") is not None:
         log.info("part %d of %d (rows %d..%d) is already cut in %s: kept", part + 1, parts, rows.start + 1,
@@ -69,7 +62,7 @@ def cut_one_part(config: Config, layout: RunLayout, load: LoadTable, part: int, 
 
 def finish(config: Config, layout: RunLayout, parts: int) -> None:
     """Add up the parts' counts into the report, then merge them into <packed> and write the split."""
-    folders = [part_dir(layout, k, parts) for k in range(parts)]
+    folders = [layout.part(k, parts) for k in range(parts)]
     infos = [read_part(folder, part_remedy("ingest", folder)) for folder in folders]
     unfinished = [str(f) for f, info in zip(folders, infos) if info is None]
     if unfinished:

@@ -1,7 +1,8 @@
 """A packed dataset written in parts, one per task of a Slurm array, then merged: what `prepare`
 and `ingest` share.
 
-    <packed>.parts/part-00003-of-00008/    part 3 of 8 (training/data/store/write.py PartWriter)
+    <packed>.parts/part-00003-of-00008/    part 3 of 8 (training/data/store/write.py PartWriter), where
+                                           the run's layout puts it (RunLayout.part)
 
 Task K of N works on slice K of its inputs (`part_rows`). A finished part records the inputs it was
 made from (its identity); a task that finds a finished part of the same identity keeps it, which
@@ -11,31 +12,20 @@ makes an interrupted array resumable; training/data/store/merge.py joins the par
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 from training.data.store.format import PART_FILE
 from training.errors import DamagedFileError, UserError
-from training.rundir import RunLayout
 from training.rundir.integrity import check_crc32, check_present, check_size, parse_json, require_keys, rerun
+from training.rundir.layout import part_number
 
 log = logging.getLogger(__name__)
-
-PART_NAME = re.compile(r"part-(\d+)-of-(\d+)")
 
 
 def check_part_arguments(part: int | None, parts: int) -> None:
     if parts < 1 or (part is not None and not 0 <= part < parts):
         raise UserError(f"--part must be in 0..{parts - 1} and --parts >= 1 (got --part {part} --parts {parts})")
-
-
-def parts_root(layout: RunLayout) -> Path:
-    return layout.packed.with_name(layout.packed.name + ".parts")
-
-
-def part_dir(layout: RunLayout, part: int, parts: int) -> Path:
-    return parts_root(layout) / f"part-{part:05d}-of-{parts:05d}"
 
 
 def part_rows(total: int, part: int, parts: int) -> range:
@@ -46,10 +36,10 @@ def part_rows(total: int, part: int, parts: int) -> range:
 def part_remedy(step: str, folder: Path) -> str:
     """What makes a damaged part again: its task (`step --part K --parts N`, which cuts or packs a
     damaged part again rather than keeping it), then the merge; for a one-part run the step itself."""
-    match = PART_NAME.fullmatch(Path(folder).name)
-    if match is None or int(match.group(2)) == 1:
+    numbered = part_number(folder)
+    if numbered is None or numbered[1] == 1:
         return f"rerun `python -m training {step}`"
-    part, parts = int(match.group(1)), int(match.group(2))
+    part, parts = numbered
     return (f"rerun `python -m training {step} --part {part} --parts {parts}` (it makes this part again), then "
             f"`python -m training {step} --merge --parts {parts}`")
 
