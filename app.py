@@ -14,7 +14,7 @@ import sys
 import aws_cdk as cdk
 
 from stacks.app_builder import build_app
-from stacks.settings import Settings, SettingsError, settings_from
+from stacks.shared.settings import Settings, SettingsError, settings_from
 
 
 def settings_from_context(app: cdk.App) -> Settings:

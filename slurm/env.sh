@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Site settings sourced by every slurm/*.slurm script and by submit_pipeline.sh.
-# Defaults match the cluster the CDK app creates (stacks/presets.py, DEFAULT_PRESET g4dn.12xlarge;
+# Defaults match the cluster the CDK app creates (stacks/shared/presets.py, DEFAULT_PRESET g4dn.12xlarge;
 # a test keeps the two in step). Every value can be overridden from the environment, which sbatch
 # passes into the job: e.g. `SCDINO_PARTITION=gpu-p4d24xl sbatch ...`. The local cluster's
 # overrides are in .local-slurm/scdino-env.sh (written by scripts/local-slurm.sh start).

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 
-from stacks.cluster_stack import ClusterStack
-from stacks.image_stack import ImageStack
-from stacks.nag import enable_checks
-from stacks.network_stack import NetworkStack
-from stacks.pcs_stack import PcsClusterStack
-from stacks.settings import Settings
-from stacks.storage_stack import StorageStack
+from stacks.parallelcluster.stack import ClusterStack
+from stacks.pcs.stack import PcsClusterStack
+from stacks.shared.image_stack import ImageStack
+from stacks.shared.nag import enable_checks
+from stacks.shared.network_stack import NetworkStack
+from stacks.shared.settings import Settings
+from stacks.shared.storage_stack import StorageStack
 
 
 @dataclass(frozen=True)

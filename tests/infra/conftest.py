@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.synth_helpers import Synth, run_pcluster, synthesize
-from stacks.presets import PRESETS
+from stacks.shared.presets import PRESETS
 
 
 @pytest.fixture(scope="session")

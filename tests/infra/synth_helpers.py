@@ -36,7 +36,7 @@ def synthesize(outdir: Path, *overrides: dict[str, Any]) -> Synth:
     from aws_cdk.assertions import Template
 
     from stacks.app_builder import build_app
-    from stacks.settings import build_settings
+    from stacks.shared.settings import build_settings
 
     context = cdk_json_context()
     app = cdk.App(context=context, outdir=str(outdir))

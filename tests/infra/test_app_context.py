@@ -8,7 +8,7 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 
-from stacks.settings import SettingsError
+from stacks.shared.settings import SettingsError
 
 pytestmark = pytest.mark.slow
 

@@ -463,7 +463,7 @@ def test_a_pcs_node_refuses_an_unknown_node_type(node):
 
 
 def test_the_pcs_node_script_s_places_are_the_cluster_layout():
-    from stacks.presets import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, SCRATCH_DIR
+    from stacks.shared.constants import APPS_MOUNT_DIR, BUNDLE_DIR, FSX_MOUNT_DIR, SCRATCH_DIR
 
     text = PCS_NODE.read_text()
     for variable, path in (("FSX_DIR", FSX_MOUNT_DIR), ("APPS_DIR", APPS_MOUNT_DIR), ("SCRATCH_DIR", SCRATCH_DIR)):

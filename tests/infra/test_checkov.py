@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from infra.synth_helpers import REPO_ROOT, Synth, resources
-from stacks.common import CLOUDWATCH_LOGS_KEY_ACTIONS
+from stacks.shared.common import CLOUDWATCH_LOGS_KEY_ACTIONS
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from infra.cloudwatch_agent_keys import check_agent_config
 from infra.synth_helpers import REPO_ROOT
-from stacks.monitoring import GPU_MEASUREMENTS
+from stacks.shared.monitoring import GPU_MEASUREMENTS
 
 TEMPLATE = REPO_ROOT / "bootstrap" / "cloudwatch-agent.json"
 PLACEHOLDERS = {"@GPU_NAMESPACE@", "@LOG_GROUP@", "@EMF_LOG@"}

@@ -10,13 +10,13 @@ import re
 import pytest
 
 from infra.synth_helpers import cluster_config, run_pcluster
-from stacks.cluster_config import ClusterRefs, build_cluster_config
-from stacks.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
-from stacks.settings import SUPPORTED_OSES, build_settings
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
+from stacks.shared.settings import SUPPORTED_OSES, build_settings
 
 pytestmark = pytest.mark.slow
 
-# From the EC2 user guide's list of EFA-capable instance types (independent of stacks/presets.py).
+# From the EC2 user guide's list of EFA-capable instance types (independent of stacks/shared/presets.py).
 EFA_CAPABLE = {"g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "g5.8xlarge", "g5.12xlarge",
                "g5.16xlarge", "g5.24xlarge", "g5.48xlarge", "g6e.8xlarge", "g6e.12xlarge", "g6e.16xlarge",
                "g6e.24xlarge", "g6e.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge",
@@ -158,7 +158,7 @@ def test_monitoring_logs_and_dashboard_enabled(configs):
 
 
 def test_builder_is_pure_and_deterministic():
-    import stacks.cluster_config as module
+    import stacks.parallelcluster.config as module
 
     settings = build_settings()
     assert build_cluster_config(settings, REFS) == build_cluster_config(settings, REFS)

@@ -178,7 +178,7 @@ def test_login_nodes_read_the_deploy_bucket_through_its_read_policy(demo_synth):
     bucket = config["HeadNode"]["Iam"]["S3Access"][0]["BucketName"]["Ref"]
     (pool,) = config["LoginNodes"]["Pools"]
     assert "S3Access" not in pool["Iam"]
-    # The compute nodes' policies but the CloudWatch agent's (stacks/monitoring.py), plus one: the
+    # The compute nodes' policies but the CloudWatch agent's (stacks/shared/monitoring.py), plus one: the
     # deploy bucket's read policy.
     compute = [entry for entry in config["Scheduling"]["SlurmQueues"][0]["Iam"]["AdditionalIamPolicies"]
                if not str(entry["Policy"]).endswith(":iam::aws:policy/CloudWatchAgentServerPolicy")]

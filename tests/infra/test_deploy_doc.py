@@ -12,8 +12,8 @@ from functools import cache
 import pytest
 
 from infra.synth_helpers import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
-from stacks.node_bundle import BUNDLE_CONTENTS
-from stacks.presets import BUNDLE_DIR
+from stacks.shared.constants import BUNDLE_DIR
+from stacks.shared.node_bundle import BUNDLE_CONTENTS
 
 pytestmark = pytest.mark.slow
 

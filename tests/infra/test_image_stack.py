@@ -129,7 +129,7 @@ ROOT_DEVICES = {"alinux2023": "/dev/xvda", "ubuntu2204": "/dev/sda1", "rhel9": "
 
 
 def test_packer_launches_with_the_root_device_of_each_os():
-    from stacks.settings import SUPPORTED_OSES
+    from stacks.shared.settings import SUPPORTED_OSES
 
     template = (REPO_ROOT / "ami" / "gpu-image.pkr.hcl").read_text()
     block = re.search(r"root_devices = \{\n(.*?)\n  \}", template, re.S)[1]
@@ -152,7 +152,7 @@ def _packer_builds() -> set[str]:
 
 
 def test_each_back_end_builds_its_own_image_of_the_template(synth, pcs_synth):
-    from stacks.image_stack import PACKER_BUILDS
+    from stacks.shared.image_stack import PACKER_BUILDS
 
     assert set(PACKER_BUILDS.values()) == _packer_builds() and len(_packer_builds()) == 2
     for result, backend in ((synth, "parallelcluster"), (pcs_synth, "pcs")):

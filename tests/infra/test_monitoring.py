@@ -10,7 +10,7 @@ import re
 import pytest
 
 from infra.synth_helpers import cluster_config, one, resources
-from stacks.monitoring import GPU_MEASUREMENTS, TRAINING_METRICS
+from stacks.shared.monitoring import GPU_MEASUREMENTS, TRAINING_METRICS
 from training.metrics import EMF_DIMENSIONS, EMF_FIELDS
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
 
-from stacks.nag import acknowledge, enable_checks
+from stacks.shared.nag import acknowledge, enable_checks
 
 pytestmark = pytest.mark.slow
 

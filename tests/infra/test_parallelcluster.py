@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra.synth_helpers import cluster_config, exported, run_pcluster
-from stacks.cluster_config import ClusterRefs, build_cluster_config
-from stacks.presets import PRESETS
-from stacks.settings import (
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.shared.presets import PRESETS
+from stacks.shared.settings import (
     CLUSTER_NAME_MAX_ACCOUNTING,
     REFUSED_OSES,
     SUPPORTED_OSES,
@@ -207,14 +207,14 @@ def test_the_tag_validator_really_rejects_an_ami_without_build_status(image_vali
 
 
 def test_packer_base_version_is_the_cluster_version():
-    from stacks.settings import PCLUSTER_VERSION
+    from stacks.shared.settings import PCLUSTER_VERSION
 
     assert _packer_default("pcluster_version") == PCLUSTER_VERSION
 
 
 def test_the_checking_code_is_the_deployed_version(pcluster_constants):
     """The version whose code validates the configuration is the one the provider template deploys."""
-    from stacks.settings import PCLUSTER_VERSION
+    from stacks.shared.settings import PCLUSTER_VERSION
 
     (pinned,) = re.findall(r"^aws-parallelcluster==(\S+)$", (REPO_ROOT / "requirements-pcluster.txt").read_text(),
                            flags=re.M)

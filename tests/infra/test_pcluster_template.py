@@ -40,9 +40,10 @@ from infra.pcluster_stack import (
     user_data,
 )
 from infra.synth_helpers import cdk_json_context
-from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY, ClusterRefs, build_cluster_config
-from stacks.presets import BUNDLE_DIR, FSX_MOUNT_DIR, PRESETS
-from stacks.settings import SUPPORTED_OSES, Settings, build_settings
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_DIR, BUNDLE_POINTER_KEY, FSX_MOUNT_DIR
+from stacks.shared.presets import PRESETS
+from stacks.shared.settings import SUPPORTED_OSES, Settings, build_settings
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,12 @@ import pytest
 from aws_cdk.assertions import Template
 
 from infra.synth_helpers import exported, one, resources, synthesize
-from stacks.cluster_config import ClusterRefs, build_cluster_config
-from stacks.pcs_config import MIME_BOUNDARY, NodeGroupSpec, pcs_node_groups
-from stacks.pcs_nodes import NODE_GROUP_TAG, NodeLaunchTemplate
-from stacks.pcs_stack import NODE_SCRIPT
-from stacks.presets import PRESETS, SLURM_DEFAULTS
-from stacks.settings import SettingsError, build_settings
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.pcs.config import MIME_BOUNDARY, NodeGroupSpec, pcs_node_groups
+from stacks.pcs.nodes import NODE_GROUP_TAG, NodeLaunchTemplate
+from stacks.pcs.stack import NODE_SCRIPT
+from stacks.shared.presets import PRESETS, SLURM_DEFAULTS
+from stacks.shared.settings import SettingsError, build_settings
 
 pytestmark = pytest.mark.slow
 

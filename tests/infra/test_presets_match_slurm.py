@@ -1,4 +1,4 @@
-"""slurm/env.sh defaults must describe the cluster the CDK app creates (stacks/presets.py)."""
+"""slurm/env.sh defaults must describe the cluster the CDK app creates (stacks/shared/presets.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stacks.presets import (
-    BUNDLE_DIR,
-    DEFAULT_PRESET,
-    FSX_MOUNT_DIR,
-    IMAGE_VENV,
-    NCCL_TESTS_BIN,
-    PRESETS,
-    SCRATCH_DIR,
-    SLURM_DEFAULTS,
-)
+from stacks.shared.constants import BUNDLE_DIR, FSX_MOUNT_DIR, IMAGE_VENV, NCCL_TESTS_BIN, SCRATCH_DIR
+from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +64,7 @@ def _sbatch_options() -> list[tuple[str, str, str]]:
 
 def test_sbatch_defaults_can_be_scheduled_on_the_default_cluster():
     """A request the default cluster cannot satisfy would pend forever (the seeds' queue-size bug)."""
-    from stacks.settings import build_settings
+    from stacks.shared.settings import build_settings
 
     cluster = build_settings().cluster
     preset = PRESETS[DEFAULT_PRESET]
@@ -142,8 +134,8 @@ def test_the_image_records_the_requirement_files_bootstrap_compares():
     assert len(uploads) == 2  # one per build: ParallelCluster's image and the PCS image
     for uploaded in uploads:
         assert re.findall(r'/\.\./([^"]+)"', uploaded) == node_files
-    from stacks.image_stack import BUILD_SOURCES
-    from stacks.node_bundle import BUNDLE_CONTENTS
+    from stacks.shared.image_stack import BUILD_SOURCES
+    from stacks.shared.node_bundle import BUNDLE_CONTENTS
 
     for shipped in (BUILD_SOURCES, BUNDLE_CONTENTS):
         assert [name for name in shipped if name.startswith("requirements")] == node_files

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stacks.settings import Settings, SettingsError, build_settings, load_settings_file, setting_keys
+from stacks.shared.settings import Settings, SettingsError, build_settings, load_settings_file, setting_keys
 
 
 def test_defaults_build_a_small_cluster():

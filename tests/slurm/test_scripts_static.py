@@ -1,5 +1,5 @@
 """The sbatch scripts' conventions, checked without a cluster: shellcheck, commented #SBATCH lines,
-section order, and site defaults that match what the CDK app deploys (stacks/presets.py)."""
+section order, and site defaults that match what the CDK app deploys (stacks/shared/presets.py)."""
 
 from __future__ import annotations
 
@@ -56,11 +56,11 @@ def test_partition_lines_match_the_site_default(script):
 
 
 def test_env_sh_defaults_match_the_cdk_cluster():
-    from stacks.presets import SLURM_DEFAULTS
+    from stacks.shared.presets import SLURM_DEFAULTS
 
     defaults = env_sh_defaults()
     for name, value in SLURM_DEFAULTS.items():
-        assert defaults[name] == value, f"slurm/env.sh {name}={defaults[name]}, stacks/presets.py says {value}"
+        assert defaults[name] == value, f"slurm/env.sh {name}={defaults[name]}, stacks/shared/presets.py says {value}"
     assert defaults["SCDINO_HOME"] == "/apps/scdino"
     assert defaults["SCDINO_VENV"] == "/apps/scdino/.venv"
     assert defaults["SCDINO_FSX"] == "/fsx" and defaults["SCDINO_SCRATCH"] == "/scratch"

@@ -40,7 +40,7 @@ def test_every_preset_has_a_dated_us_east_1_price():
 
 
 def test_the_scaling_model_and_the_cluster_read_the_same_table():
-    from stacks.presets import PRESETS
+    from stacks.shared.presets import PRESETS
 
     assert set(NETWORK) == set(PRESETS) == set(INSTANCES)
     for name, facts in INSTANCES.items():
@@ -60,7 +60,7 @@ def test_every_price_in_the_table_has_a_source_and_a_date_and_the_default_head_a
     entries = [price for table in (prices.ON_DEMAND, prices.PCS_FEES) for region in table.values()
                for price in region.values()]
     assert entries and all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.date) and len(p.source) > 30 for p in entries)
-    from stacks.settings import ClusterSettings
+    from stacks.shared.settings import ClusterSettings
 
     defaults = ClusterSettings()
     for instance_type in (defaults.head_node_instance_type, defaults.login_node_instance_type):

@@ -193,7 +193,7 @@ def test_only_the_planner_and_the_steps_import_the_planner():
 
 
 def test_the_cdk_app_reads_only_the_instance_table_of_the_package():
-    stacks = sorted((REPO / "stacks").glob("*.py"))
+    stacks = sorted((REPO / "stacks").rglob("*.py"))
     assert stacks
     modules = package_modules()
     used = {module for path in stacks for module in imported_modules(path, modules)}

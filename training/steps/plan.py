@@ -49,7 +49,7 @@ def read_settings(args: argparse.Namespace):
     from training.planning.inputs import PlanSettings, cdk_context
 
     try:
-        from stacks.settings import SettingsError, settings_from
+        from stacks.shared.settings import SettingsError, settings_from
     except ImportError:
         raise UserError("plan reads the deployment settings with stacks/ (the CDK app): run it from the "
                         "repository root") from None

@@ -7,10 +7,10 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from stacks.cluster_config import SSM_POLICY
-from stacks.monitoring import Monitoring
-from stacks.nag import acknowledge
-from stacks.pcs_config import NodeGroupSpec
+from stacks.pcs.config import NodeGroupSpec
+from stacks.shared.constants import SSM_POLICY
+from stacks.shared.monitoring import Monitoring
+from stacks.shared.nag import acknowledge
 
 PCS_ROLE_PATH = "/aws-pcs/"
 """PCS passes only roles whose name starts with AWSPCS or whose path is /aws-pcs/; the path lets

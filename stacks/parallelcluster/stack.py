@@ -6,12 +6,12 @@ import aws_cdk as cdk
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.cluster_config import ClusterRefs, build_cluster_config
-from stacks.common import logs_key
-from stacks.egress import NatEgress
-from stacks.monitoring import Monitoring
-from stacks.node_bundle import NodeBundle
-from stacks.settings import PCLUSTER_VERSION, Settings
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.shared.common import logs_key
+from stacks.shared.egress import NatEgress
+from stacks.shared.monitoring import Monitoring
+from stacks.shared.node_bundle import NodeBundle
+from stacks.shared.settings import PCLUSTER_VERSION, Settings
 
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
                          "/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")

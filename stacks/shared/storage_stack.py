@@ -10,9 +10,9 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.nag import acknowledge, skip_checkov, skip_checkov_on_cdk_handler
-from stacks.presets import FSX_MOUNT_DIR
-from stacks.settings import StorageSettings
+from stacks.shared.constants import FSX_MOUNT_DIR
+from stacks.shared.nag import acknowledge, skip_checkov, skip_checkov_on_cdk_handler
+from stacks.shared.settings import StorageSettings
 
 _EVENTS = ["NEW", "CHANGED", "DELETED"]
 DATA_BUCKET_LOG_PREFIX = "data-bucket/"

@@ -7,9 +7,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.common import logs_key, retention
-from stacks.nag import skip_checkov_on_cdk_handler
-from stacks.settings import NetworkSettings
+from stacks.shared.common import logs_key, retention
+from stacks.shared.nag import skip_checkov_on_cdk_handler
+from stacks.shared.settings import NetworkSettings
 
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
@@ -23,7 +23,7 @@ class NetworkStack(cdk.Stack):
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
             availability_zones=[settings.availability_zone],
-            # No NAT here: the cluster stack adds it (stacks/egress.py), so it lives only as long as
+            # No NAT here: the cluster stack adds it (stacks/shared/egress.py), so it lives only as long as
             # the cluster; until then the private subnet reaches AWS through the gateway endpoints.
             nat_gateways=0,
             subnet_configuration=[

@@ -13,14 +13,14 @@ from aws_cdk import aws_pcs as pcs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY
-from stacks.common import logs_key
-from stacks.egress import NatEgress
-from stacks.monitoring import Monitoring
-from stacks.node_bundle import BOOTSTRAP_DIR, NodeBundle
-from stacks.pcs_config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
-from stacks.pcs_nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
-from stacks.settings import PCS_SLURM_VERSION, Settings
+from stacks.pcs.config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
+from stacks.pcs.nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
+from stacks.shared.common import logs_key
+from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY
+from stacks.shared.egress import NatEgress
+from stacks.shared.monitoring import Monitoring
+from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
+from stacks.shared.settings import PCS_SLURM_VERSION, Settings
 
 NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
 """The node preparation the user data runs (it ends with the same bootstrap as ParallelCluster's nodes)."""

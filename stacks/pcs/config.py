@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stacks.cluster_config import CPU_SPOT_QUEUE
-from stacks.presets import PRESETS, GpuPreset
-from stacks.settings import Settings
+from stacks.shared.constants import CPU_SPOT_QUEUE
+from stacks.shared.presets import PRESETS, GpuPreset
+from stacks.shared.settings import Settings
 
 LOGIN_GROUP = "login"
 COMPUTE_NODE = "ComputeFleet"

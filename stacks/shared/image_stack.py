@@ -13,11 +13,11 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.common import allow_cloudwatch_logs
-from stacks.nag import acknowledge
-from stacks.settings import PCLUSTER_VERSION, PCS_SLURM_VERSION, ImageSettings
+from stacks.shared.common import allow_cloudwatch_logs
+from stacks.shared.nag import acknowledge
+from stacks.shared.settings import PCLUSTER_VERSION, PCS_SLURM_VERSION, ImageSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # The build reads ami/ and the pinned requirements the image's Python environment is built from.
 BUILD_SOURCES = ["ami", "requirements.txt", "requirements-dali.txt"]
 BUILD_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUILD_SOURCES], *[f"!{item}/**" for item in BUILD_SOURCES]]

@@ -23,12 +23,12 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from stacks.cluster_config import BOOTSTRAP_SCRIPT_KEY, BUNDLE_KEY_PREFIX, BUNDLE_POINTER_KEY
-from stacks.common import retention
-from stacks.nag import acknowledge, skip_checkov_on_cdk_handler
-from stacks.storage_stack import DEPLOY_BUCKET_LOG_PREFIX
+from stacks.shared.common import retention
+from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_KEY_PREFIX, BUNDLE_POINTER_KEY
+from stacks.shared.nag import acknowledge, skip_checkov_on_cdk_handler
+from stacks.shared.storage_stack import DEPLOY_BUCKET_LOG_PREFIX
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
 # What the nodes install: the code, the Slurm scripts and the pinned requirements; everything else
 # in the repository (virtualenvs, node_modules, tests, infra code) stays out of the bundle.

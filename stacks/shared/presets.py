@@ -64,13 +64,3 @@ SLURM_DEFAULTS: dict[str, str] = {
     "SCDINO_GPUS_PER_NODE": str(PRESETS[DEFAULT_PRESET].gpus_per_node),
     "SCDINO_CPUS_PER_GPU": str(PRESETS[DEFAULT_PRESET].cpus_per_gpu),
 }
-
-# Mount points shared by the cluster config, the bootstrap script and the Slurm scripts.
-FSX_MOUNT_DIR = "/fsx"
-APPS_MOUNT_DIR = "/apps"
-SCRATCH_DIR = "/scratch"
-BUNDLE_DIR = "/apps/scdino"
-
-# Paths the GPU image (ami/scripts) creates and the bootstrap and Slurm scripts use.
-IMAGE_VENV = "/opt/scdino-venv"
-NCCL_TESTS_BIN = "/opt/nccl-tests/bin/all_reduce_perf"

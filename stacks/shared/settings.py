@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from stacks.presets import PRESETS
+from stacks.shared.presets import PRESETS
 
 PCLUSTER_VERSION = "3.16.1"
 """The ParallelCluster release deployed (provider template, base AMI, AMI tags) and whose own code checks the

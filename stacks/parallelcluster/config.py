@@ -10,29 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stacks.presets import (
+from stacks.shared.constants import (
     APPS_MOUNT_DIR,
+    BOOTSTRAP_SCRIPT_KEY,
     BUNDLE_DIR,
+    BUNDLE_POINTER_KEY,
+    CLOUDWATCH_AGENT_POLICY,
+    CPU_SPOT_QUEUE,
     FSX_MOUNT_DIR,
-    PRESETS,
     SCRATCH_DIR,
-    GpuPreset,
+    SSM_POLICY,
 )
-from stacks.settings import Settings
+from stacks.shared.presets import PRESETS, GpuPreset
+from stacks.shared.settings import Settings
 from training.costs.instances import compute_resource_name
-
-# Fixed keys in the cluster's deploy bucket. The node actions name only these, so the rendered
-# configuration stays the same when training/ or slurm/ change (ParallelCluster refuses a change
-# of the head node's OnNodeConfigured); the pointer file names the bundle to install.
-BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
-BUNDLE_POINTER_KEY = "bootstrap/current.json"
-BUNDLE_KEY_PREFIX = "bundles/"
-SSM_POLICY = "AmazonSSMManagedInstanceCore"
-"""AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
-CLOUDWATCH_AGENT_POLICY = "CloudWatchAgentServerPolicy"
-"""AWS managed policy the CloudWatch agent needs to put GPU metrics and the training's log lines (compute
-nodes, stacks/monitoring.py); ParallelCluster's provider may attach it."""
-CPU_SPOT_QUEUE = "cpu-spot"
 
 
 @dataclass(frozen=True)

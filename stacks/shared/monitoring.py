@@ -29,7 +29,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from stacks.common import retention
+from stacks.shared.common import retention
 
 GPU_MEASUREMENTS = ("utilization_gpu", "memory_used", "power_draw", "temperature_gpu")
 """The agent's nvidia_gpu measurements the dashboard and alarms read (metric `nvidia_smi_<name>`)."""
