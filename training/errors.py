@@ -25,7 +25,7 @@ class DamagedFileError(UserError):
         self.path, self.problem, self.remedy = path, problem, remedy
 
     def __reduce__(self):
-        # sent between processes as itself (a DataLoader worker's, training/data/torch_loader.py)
+        # sent between processes as itself (a DataLoader worker's, training/data/loading/torch_loader.py)
         return DamagedFileError, (self.path, self.problem, self.remedy)
 
 

@@ -64,7 +64,7 @@ import torch
 from training.atomic import write_text_atomic
 from training.checkpointing import CheckpointManager, capture_rng, restore_rng
 from training.config import Config
-from training.data.loaders import crops_on_device
+from training.data.loading.loaders import crops_on_device
 from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_temperature_schedule
 from training.dino.collapse import Collapse, CollapseDetector, CollapseRule
 from training.dino.loss import TEACHER_STATISTICS
@@ -147,7 +147,7 @@ class StopSignals:
 
 
 def default_loader_factory(config: Config, ctx: DistContext) -> tuple[Any, Any]:
-    from training.data.loaders import build_pretrain_loader
+    from training.data.loading.loaders import build_pretrain_loader
     from training.data.stats import load_mean_std
 
     mean, std = load_mean_std(config)

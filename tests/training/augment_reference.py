@@ -1,10 +1,10 @@
-"""Test oracles for training/data/augment.py: the blur written as a dense matrix, the obvious way."""
+"""Test oracles for training/data/loading/augment.py: the blur written as a dense matrix, the obvious way."""
 
 from __future__ import annotations
 
 import torch
 
-from training.data.augment import BLUR_KERNEL
+from training.data.loading.augment import BLUR_KERNEL
 
 
 def blur_matrices(sigma: torch.Tensor, size: int) -> torch.Tensor:

@@ -121,7 +121,7 @@ def test_the_device_multicrop_never_waits_for_the_gpu():
     copies it through pinned memory and launches the products without one host synchronisation,
     so the next batch's crops queue behind the running step instead of stalling it."""
     from training.config import Config
-    from training.data.torch_loader import RawTransform
+    from training.data.loading.torch_loader import RawTransform
 
     config = Config().replace({"data.channels": "01234"})
     transform = RawTransform(config, [0.5] * 5, [0.2] * 5)

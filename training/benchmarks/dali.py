@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def benchmark_dali(config: Config, *, mean: Sequence[float], std: Sequence[float], batches: int,
                    warmup: int = 1, device: str | None = None) -> dict:
     """Figures for the DALI loader on config's packed dataset (rank 0 of 1); `dali_skipped` without DALI."""
-    from training.data.dali import build_dali_pretrain_loader, require_dali
+    from training.data.loading.dali import build_dali_pretrain_loader, require_dali
 
     try:
         dali = require_dali()

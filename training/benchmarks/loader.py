@@ -6,7 +6,7 @@ The baseline does what scDINO's `main_dino.py` does per image: `tifffile.imread`
 (float64), channel selection, per-channel min-max in NumPy, then torchvision's per-sample
 DataAugmentationDINO (multi-channel branch) and default collation. The packed loader reads the
 same images from the memory-mapped array and builds the same multi-crop for a whole batch, in
-worker threads writing into reused buffers (training.data.torch_loader.RingLoader); the third figure
+worker threads writing into reused buffers (training.data.loading.torch_loader.RingLoader); the third figure
 hands out raw batches and runs the multi-crop where training would (the GPU when one exists,
 else the CPU, in the consuming thread). All run with the same number of workers (processes for
 the baseline, threads for ours); images/s counts source images. `--size G/L` sets the crop sides
@@ -35,10 +35,10 @@ from training.benchmarks.request import LoaderBenchRequest
 from training.config import Config
 from training.data.folders.index import scan_images
 from training.data.folders.pack import pack_images
-from training.data.loaders import build_pretrain_loader
+from training.data.loading.loaders import build_pretrain_loader
+from training.data.loading.torch_loader import crops_on_device
 from training.data.store.format import is_packed
 from training.data.synthetic.folders import write_dataset
-from training.data.torch_loader import crops_on_device
 from training.errors import UserError
 
 log = logging.getLogger(__name__)

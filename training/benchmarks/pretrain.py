@@ -87,7 +87,7 @@ def _packed_loader_factory(config: Config, request: PretrainBenchRequest, scratc
     from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, _tiff_source
     from training.data.folders.index import scan_images
     from training.data.folders.pack import pack_images
-    from training.data.loaders import build_pretrain_loader
+    from training.data.loading.loaders import build_pretrain_loader
 
     images = request.images or (request.warmup + request.steps + 1) * config.optim.batch_size_per_gpu
     source = _tiff_source(config.replace({"data.source": str(scratch / "none")}), images, scratch)

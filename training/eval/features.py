@@ -13,8 +13,8 @@ import logging
 
 from training.config import Config
 from training.data.dataset import open_images
+from training.data.loading.torch_loader import build_eval_loader
 from training.data.stats import load_mean_std
-from training.data.torch_loader import build_eval_loader
 from training.diskspace import DiskFullError, room_problem
 from training.distributed import DistContext, broadcast_object
 from training.errors import UserError

@@ -29,8 +29,8 @@ from tqdm import tqdm
 from training.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.config import Config, EvalConfig
 from training.data.dataset import open_images
-from training.data.sampler import DistributedBatchSampler
-from training.data.torch_loader import (
+from training.data.loading.sampler import DistributedBatchSampler
+from training.data.loading.torch_loader import (
     BatchDataset,
     CheckedLoader,
     EvalTransform,

@@ -175,8 +175,8 @@ def _one_image_per_class(labels: dict[str, Any], seed: int, per_class: int) -> l
 
 def attention_plots(config: Config, labels: dict[str, Any], checkpoint: Path, out: Path) -> list[PlotEntry]:
     """Attention maps of the final teacher for one held-out image per class."""
-    from training.data.augment import normalise
     from training.data.dataset import open_dataset
+    from training.data.loading.augment import normalise
     from training.data.stats import load_mean_std
     from training.models.pretrained import load_backbone
 

@@ -13,8 +13,8 @@ from torchvision.transforms import InterpolationMode
 
 from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
 from training.config import Config, DinoConfig
-from training.data.augment import BatchMultiCrop, crop_resize, resize_full, sample_crop_boxes
 from training.data.dataset import open_dataset
+from training.data.loading.augment import BatchMultiCrop, crop_resize, resize_full, sample_crop_boxes
 
 
 def test_crop_resize_and_flips_match_torchvision():

@@ -11,15 +11,15 @@ from packing import write_packed
 
 from training.cli import main
 from training.config import dump_config
-from training.data.augment import BatchMultiCrop
 from training.data.dataset import minmax_scale
+from training.data.loading.augment import BatchMultiCrop
 from training.data.store.read import PackedImages
 from training.distributed import DistContext, DistEnv
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -r requirements-dali.txt)")
 
 from training.benchmarks.dali import benchmark_dali  # noqa: E402
-from training.data.dali import build_dali_pretrain_loader, require_dali  # noqa: E402
+from training.data.loading.dali import build_dali_pretrain_loader, require_dali
 from training.errors import UserError  # noqa: E402
 from training.trainer import train  # noqa: E402
 
@@ -151,8 +151,8 @@ def test_gpu_mode_gives_the_same_batches_on_the_device(indexed_config):
 
 
 def test_config_selects_the_dali_loader(indexed_config):
-    from training.data.dali import DaliPretrainLoader
-    from training.data.loaders import build_pretrain_loader
+    from training.data.loading.dali import DaliPretrainLoader
+    from training.data.loading.loaders import build_pretrain_loader
 
     loader, sampler = build_pretrain_loader(indexed_config, rank=0, world_size=1, mean=MEAN, std=STD)
     assert isinstance(loader, DaliPretrainLoader)

@@ -11,11 +11,11 @@ import torch
 from training.cli import main
 from training.config import dump_config
 from training.data.dataset import BadImageError
-from training.data.loaders import build_pretrain_loader
-from training.data.sampler import DistributedBatchSampler
+from training.data.loading.loaders import build_pretrain_loader
+from training.data.loading.sampler import DistributedBatchSampler
+from training.data.loading.torch_loader import build_eval_loader
 from training.data.split import load_split
 from training.data.synthetic.folders import write_corrupt_files
-from training.data.torch_loader import build_eval_loader
 from training.errors import UserError
 
 MEAN, STD = [0.3] * 5, [0.2] * 5
@@ -120,7 +120,7 @@ def test_balanced_batches_hold_each_group_alike_on_every_rank():
     """data.balance_column: every batch of every rank has batch/groups cells of each group; the ranks
     share out the larger group's cells without overlap, the smaller group's repeat to keep pace; a
     new epoch reshuffles."""
-    from training.data.sampler import DistributedBatchSampler
+    from training.data.loading.sampler import DistributedBatchSampler
 
     indices = np.arange(100, 170)
     groups = np.where(indices < 140, "B1", "B2")  # 40 and 30 cells
@@ -145,7 +145,7 @@ def test_balancing_takes_the_table_column_and_refuses_a_single_value(tmp_path):
     from packing import write_packed
     from tiny import tiny_config
 
-    from training.data.sampler import balance_groups
+    from training.data.loading.sampler import balance_groups
 
     images = [np.full((1, 4, 4), i, np.uint16) for i in range(6)]
     write_packed(tmp_path / "packed", images, ["c"] * 6,

@@ -8,8 +8,8 @@ import torch
 from torch.nn import functional as F
 
 from training.config import Config, ConfigError, DinoConfig
-from training.data.augment import PER_IMAGE_EPS, BatchMultiCrop, pad_to_batch, per_image_stats, resize_full
-from training.data.torch_loader import EvalTransform
+from training.data.loading.augment import PER_IMAGE_EPS, BatchMultiCrop, pad_to_batch, per_image_stats, resize_full
+from training.data.loading.torch_loader import EvalTransform
 
 PLAIN = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=3, photometric_augment=False)
 SCDINO = DinoConfig(global_crop_size=24, local_crop_size=12, local_crops_number=3)

@@ -14,9 +14,9 @@ from augment_reference import blur_matrices
 
 from training.cli import main
 from training.config import dump_config
-from training.data.augment import BatchMultiCrop, banded_row_product, resize_matrices
-from training.data.loaders import build_pretrain_loader
-from training.data.torch_loader import RawBatch, crops_on_device
+from training.data.loading.augment import BatchMultiCrop, banded_row_product, resize_matrices
+from training.data.loading.loaders import build_pretrain_loader
+from training.data.loading.torch_loader import RawBatch, crops_on_device
 from training.dino.step import forward_loss
 from training.distributed import DistContext, DistEnv
 from training.trainer import build_state, train

@@ -130,8 +130,8 @@ def test_training_images_follow_per_image_normalisation(source, single):
     from torch.nn import functional as F
 
     from training.config import load_config
-    from training.data.augment import resize_full
     from training.data.dataset import open_images, to_scaled_tensor
+    from training.data.loading.augment import resize_full
     from training.distributed import DistContext, DistEnv
     from training.eval.finetune import build_train_loader, finetune_inputs
 

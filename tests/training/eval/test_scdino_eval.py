@@ -24,8 +24,8 @@ from torchvision.transforms import functional as TF
 
 from training.cli import main
 from training.config import Config, ModelConfig
-from training.data.augment import resize_shorter_side
-from training.data.torch_loader import EvalTransform, eval_batch_size
+from training.data.loading.augment import resize_shorter_side
+from training.data.loading.torch_loader import EvalTransform, eval_batch_size
 from training.errors import UserError
 from training.eval.feature_plan import final_checkpoint, folder_tags
 from training.models import build_backbone, build_model

@@ -36,7 +36,7 @@ def _rows(tmp_path, capsys, *args: str) -> list[dict]:
 def test_steps_per_epoch_is_what_the_sampler_draws(tmp_path, images, ranks, batch):
     import numpy as np
 
-    from training.data.sampler import DistributedBatchSampler
+    from training.data.loading.sampler import DistributedBatchSampler
 
     work = inputs.workload(_config(tmp_path, f"optim.batch_size_per_gpu={batch}", "data.holdout_fraction=0"),
                            RunLayout(tmp_path / "run"), images)

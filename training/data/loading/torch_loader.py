@@ -1,10 +1,10 @@
 """The torch data path: pretraining batches (multi-crop) and evaluation batches (resized whole images).
 
-`training.data.loaders.build_pretrain_loader` chooses between this and DALI (training/data/dali.py).
+`training.data.loading.loaders.build_pretrain_loader` chooses between this and DALI (training/data/loading/dali.py).
 
 Each DataLoader item is a whole batch: the sampler yields `(batch_seed, indices)`, a worker reads
 those images (one fancy-indexing copy from the packed memory map, or one TIFF each), min-max
-scales them and augments the batch at once (training.data.augment). Crops depend only on the
+scales them and augments the batch at once (training.data.loading.augment). Crops depend only on the
 batch seed, so they are the same whatever the number of workers or a resume.
 
 Pretraining batches come from a `RingLoader`: worker threads (torch's kernels release the GIL)
@@ -33,7 +33,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.config import Config
-from training.data.augment import (
+from training.data.dataset import BadImageError, minmax_scale, open_images
+from training.data.loading.augment import (
     BatchMultiCrop,
     CropBuffers,
     ViewPlan,
@@ -43,8 +44,7 @@ from training.data.augment import (
     resize_shorter_side,
     to_device,
 )
-from training.data.dataset import BadImageError, minmax_scale, open_images
-from training.data.sampler import DistributedBatchSampler, check_stats
+from training.data.loading.sampler import DistributedBatchSampler, check_stats
 from training.data.store.read import PackedImages
 from training.data.tiff import BadImage
 from training.errors import UserError

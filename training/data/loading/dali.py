@@ -9,7 +9,7 @@ per-channel min-max scaling (`fn.reductions` + broadcasting arithmetic), `fn.ran
 `fn.gaussian_blur` and `fn.crop_mirror_normalize` (mean/std, HWC -> CHW, and the horizontal flip:
 flips commute with the per-pixel ops and the symmetric blur in between).
 
-Per view, as scDINO and training.data.augment.BatchMultiCrop: RandomResizedCrop with the
+Per view, as scDINO and training.data.loading.augment.BatchMultiCrop: RandomResizedCrop with the
 configured area range and aspect ratio 3/4..4/3 -> flips p=0.5 -> per-channel brightness p=0.8,
 factor U(0.5, 1.25) -> Gaussian blur (kernel 5, sigma U(0.1, 1.5); p 1.0 global 1, 0.1 global 2,
 0.5 local) -> solarisation (global 2, p=0.2, x > 0.5 becomes 1 - x) -> normalisation. The clamp to
@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from training.config import Config
-from training.data.augment import (
+from training.data.dataset import open_images
+from training.data.loading.augment import (
     BLUR_KERNEL,
     BLUR_SIGMA,
     BRIGHTNESS_RANGE,
@@ -44,8 +45,7 @@ from training.data.augment import (
     ViewSpec,
     scdino_views,
 )
-from training.data.dataset import open_images
-from training.data.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
+from training.data.loading.sampler import DistributedBatchSampler, check_stats, pretrain_sampler
 from training.data.split import load_split
 from training.data.store.read import PackedImages
 from training.errors import UserError

@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 from training.config import Config
 from training.data.dataset import open_images
-from training.data.sampler import DistributedBatchSampler, pretrain_sampler
+from training.data.loading.sampler import DistributedBatchSampler, pretrain_sampler
+from training.data.loading.torch_loader import crops_on_device, torch_pretrain_loader
 from training.data.split import load_split
-from training.data.torch_loader import crops_on_device, torch_pretrain_loader
 
 __all__ = ["build_pretrain_loader", "crops_on_device"]
 
@@ -24,7 +24,7 @@ def build_pretrain_loader(config: Config, *, rank: int, world_size: int, mean: S
     """(loader, sampler) of this rank's training batches; `device` only matters for DALI.
     Each path checks mean/std against the channels itself (check_stats)."""
     if config.data.loader == "dali":
-        from training.data.dali import build_dali_pretrain_loader  # an optional extra: imported when chosen
+        from training.data.loading.dali import build_dali_pretrain_loader
 
         return build_dali_pretrain_loader(config, rank=rank, world_size=world_size, mean=mean, std=std,
                                           device=device)
