@@ -7,7 +7,6 @@ Only app.py gathers those sources; everything else receives a `Settings`.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 import typing
@@ -18,6 +17,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from stacks.shared.presets import PRESETS
+from training.config.dotted import CONTEXT, ConversionError, dotted_keys, flatten_dotted, set_dotted
 
 PCLUSTER_VERSION = "3.16.1"
 """The ParallelCluster release deployed (provider template, base AMI, AMI tags) and whose own code checks the
@@ -370,73 +370,27 @@ class Settings:
         return f"/{self.prefix}/ami/gpu" + ("-pcs" if self.backend == "pcs" else "")
 
 
-def setting_keys(cls: type = Settings, prefix: str = "") -> list[str]:
+def setting_keys(cls: type = Settings) -> list[str]:
     """Every dotted key a user may set, e.g. `cluster.max_nodes`."""
-    keys: list[str] = []
-    hints = typing.get_type_hints(cls)
-    for item in dataclasses.fields(cls):
-        hint = hints[item.name]
-        if dataclasses.is_dataclass(hint):
-            keys.extend(setting_keys(hint, f"{prefix}{item.name}."))
-        else:
-            keys.append(prefix + item.name)
-    return keys
-
-
-def _coerce(key: str, hint: Any, value: Any) -> Any:
-    """Turn a context/YAML value into the field's type (`-c` values always arrive as strings)."""
-    if hint is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        try:
-            _check(not isinstance(value, bool), key, f"expected an integer, got {value!r}")
-            return int(str(value), 10)
-        except ValueError:
-            _fail(key, f"expected an integer, got {value!r}")
-    if typing.get_origin(hint) is tuple:
-        items = value.split(",") if isinstance(value, str) else value
-        _check(isinstance(items, (list, tuple)), key, f"expected a list or comma-separated string, got {value!r}")
-        return tuple(str(item).strip() for item in items if str(item).strip())
-    _check(isinstance(value, (str, int, float)), key, f"expected a string, got {value!r}")
-    return str(value)
-
-
-def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for item in dataclasses.fields(cls):
-        key, hint = prefix + item.name, hints[item.name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[item.name] = _build(hint, values, key + ".")
-        elif key in values:
-            kwargs[item.name] = _coerce(key, hint, values[key])
-    return cls(**kwargs)
-
-
-def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'cluster': {'max_nodes': 4}} -> {'cluster.max_nodes': 4}; dotted keys pass through."""
-    flat: dict[str, Any] = {}
-    for name, value in nested.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, key + "."))
-        else:
-            flat[key] = value
-    return flat
+    return dotted_keys(cls)
 
 
 def build_settings(*layers: Mapping[str, Any]) -> Settings:
-    """Merge layers (later wins; nested or dotted keys) into validated `Settings`."""
+    """Merge layers (later wins; nested or dotted keys) into validated `Settings`; values are converted
+    as CDK context arrives (`-c` values always as strings)."""
     merged: dict[str, Any] = {}
     known = set(setting_keys())
     for layer in layers:
-        for key, value in flatten(layer).items():
+        for key, value in flatten_dotted(layer).items():
             _check(key in known, key, f"unknown setting; known settings: {', '.join(sorted(known))}")
             merged[key] = value
-    return _build(Settings, merged, "")
+    tree: dict[str, Any] = {}
+    for key, value in merged.items():
+        set_dotted(tree, key, value, Settings)
+    try:
+        return CONTEXT.build(Settings, tree)
+    except ConversionError as error:
+        _fail(error.key, f"expected {error.expected}, got {error.value!r}")
 
 
 def load_settings_file(path: str) -> dict[str, Any]:

@@ -7,6 +7,9 @@
   also reads the ViT sizes), so that the planner reads it instead of the benchmarks; no room but the
   planner itself and the steps imports the planner;
 - rundir/ holds the run directory's names and readers only; the run summary is training/summary.py;
+- stacks/ (the CDK app, every sub-package) reads nothing of the package but the instance table and the
+  dotted-key conversion its settings share with the run configuration (training/config/dotted.py,
+  standard library only);
 - only training/rundir/layout.py spells a run file's name, or a run folder's as a path component
   (code and shell scripts ask it);
 - the command line starts without torch, numpy or the step libraries.
@@ -192,12 +195,30 @@ def test_only_the_planner_and_the_steps_import_the_planner():
     assert {name for name in readers if not name.startswith(("training.planning", "training.steps"))} == set()
 
 
-def test_the_cdk_app_reads_only_the_instance_table_of_the_package():
+CDK_APP_READS = {"training.costs.instances", "training.config.dotted"}
+"""All the CDK app reads of the package: the instance table and the dotted-key conversion."""
+
+
+def test_the_cdk_app_reads_only_the_instance_table_and_the_dotted_key_conversion():
     stacks = sorted((REPO / "stacks").rglob("*.py"))
     assert stacks
     modules = package_modules()
     used = {module for path in stacks for module in imported_modules(path, modules)}
-    assert used == {"training.costs.instances"}
+    assert used == CDK_APP_READS
+
+
+def test_the_dotted_key_conversion_needs_only_the_standard_library():
+    """The CDK app imports it (through training/config/__init__.py, which loads no torch or numpy either)."""
+    path = package_modules()["training.config.dotted"]
+    tree = ast.parse(path.read_text())
+    top = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    top |= {node.module.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    assert top - set(sys.stdlib_module_names) == set()
+    loaded = subprocess.run([sys.executable, "-c", "import sys, training.config.dotted; "
+                             "print(sorted({'torch', 'numpy'} & set(sys.modules)))"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
 
 
 def run_file_names() -> set[str]:

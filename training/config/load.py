@@ -3,7 +3,7 @@
     python -m training <step> --config configs/demo.yaml --set optim.epochs=2
 
 The layers, later ones winning key by key:
-  1. the schema's defaults (training/config/schema.py);
+  1. the schema's defaults (training/config/schema.py and its sections' modules);
   2. the YAML file, converted first when it is one of scDINO's pipeline YAMLs (training/config/scdino.py);
   3. `--set section.key=value` overrides, each value read as YAML except for string keys.
 The merged tree is built into a `Config` in one pass, so an error names the key as the user wrote it.
@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from training.atomic import write_text_atomic
+from training.config.errors import ConfigError
 from training.config.scdino import convert_if_scdino
-from training.config.schema import Config, ConfigError, from_dict, hint_of, set_dotted
+from training.config.schema import Config, from_dict, hint_of, set_dotted
 
 
 def read_yaml(text: str) -> Any:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from training.config.schema import flatten_dotted
+from training.config.dotted import flatten_dotted
 from training.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -1,23 +1,30 @@
-"""The run configuration's schema: a tree of typed, validated dataclasses, and how a plain tree
+"""The run configuration's schema: a tree of typed, validated dataclasses (the root `Config`, the run
+and training sections here; `data:`, `eval:` and `ingest:` in their own modules), and how a plain tree
 becomes one (`from_dict`).
 
 Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the dotted key
-and what is allowed. Loading files and `--set` overrides is training/config/load.py.
+and what is allowed; the conversion itself is training/config/dotted.py, shared with the CDK app's
+settings. Loading files and `--set` overrides is training/config/load.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
-from training.errors import UserError
+from training.config.data import DataConfig
+from training.config.dotted import Conversion, DottedKeyError, flatten_dotted
+from training.config.dotted import hint_of as _hint_of
+from training.config.dotted import set_dotted as _set_dotted
+from training.config.errors import ConfigError
+from training.config.eval import EvalConfig
+from training.config.ingest import IngestConfig
 
-
-class ConfigError(UserError, ValueError):
-    """A configuration value is missing, unknown or invalid; the message names the key."""
+__all__ = [
+    "Config", "ConfigError", "DataConfig", "DinoConfig", "EvalConfig", "IngestConfig", "ModelConfig", "OptimConfig",
+    "RunConfig", "TrainConfig", "flatten_dotted", "from_dict", "hint_of", "set_dotted",
+]
 
 
 @dataclass(frozen=True)
@@ -42,163 +49,6 @@ class RunConfig:
     share the packed data, split and mean/std of <output_dir> (training/rundir/layout.py). Empty:
     not a channel-adaptive model's step."""
 
-
-@dataclass(frozen=True)
-class DataConfig:
-    source: str = "runs/demo/data/images"
-    """Folder of TIFF images in class folders (scDINO layout), or a packed dataset folder."""
-    packed_dir: str = ""
-    """Where `prepare` writes the packed dataset; empty means <output_dir>/packed."""
-    channels: str = "01234"
-    """Channels to use, as digits in scDINO's style: "01234" all five, "2" only the third."""
-    channel_names: tuple[str, ...] = ()
-    """Names of the selected channels for plots; empty means ch0, ch1, ..."""
-    channel_combinations: tuple[str, ...] = ()
-    """Channel subsets to compare, scDINO's selected_channel_combination_per_run, e.g. ["01234", "0",
-    "1"]: slurm/submit_pipeline.sh runs one pretraining and downstream chain per entry and then
-    `compare`, to show what each channel contributes. Empty: one run on data.channels."""
-    compare_channel_adaptive: bool = False
-    """Besides one model per entry of data.channel_combinations, train ONE channel-adaptive model of
-    each kind in data.channel_adaptive_kinds (on every channel of data.channels) and evaluate it on
-    each combination without retraining: `compare` then puts the ways side by side, each with its
-    training compute, which answers whether one model serves every combination as well as scDINO's
-    per-combination models and at what cost. Needs data.channel_combinations, each a subset of
-    data.channels. With eval.knn_whiten a bag of channels' concatenated features are no longer
-    diluted by their uninformative channels in the kNN (docs/performance.md)."""
-    channel_adaptive_kinds: tuple[str, ...] = ("bag_of_channels",)
-    """The model.kind of each channel-adaptive model data.compare_channel_adaptive trains:
-    "bag_of_channels" (kept: with eval.knn_whiten, level with or ahead of the per-combination models
-    on the synthetic sets for a third of their compute) and/or "channel_vit" (collapses there;
-    docs/performance.md)."""
-    folder_depth_for_labels: int = 0
-    """Which parent folder names the class: 0 is the image's own folder, 1 its parent, ..."""
-    channel_axis: Literal["auto", "first", "last"] = "auto"
-    """Where channels lie in the TIFF array; auto takes the smallest axis."""
-    on_bad_image: Literal["skip", "fail"] = "skip"
-    """Corrupt, empty or wrong-shape images: skip (counted and reported) or stop the step."""
-    holdout_fraction: float = 0.2
-    """Fraction held out from pretraining for features, kNN and the linear probe (scDINO: 0.2)."""
-    split_method: Literal["stratified", "scdino"] = "stratified"
-    """How the hold-out set is drawn. "stratified" (default for new runs): round(fraction x n) images
-    of each class, so small datasets keep every class on both sides. "scdino": scDINO's split, a
-    seeded NumPy shuffle of every image file as torchvision's ImageFolder lists them, the first
-    floor(fraction x n) held out; set when an scDINO YAML is converted, so that an scDINO-trained
-    checkpoint is evaluated on the images it did not train on."""
-    mean_std_fraction: float = 0.2
-    """Fraction of training images used to estimate the per-channel mean and std."""
-    mean_std_max_images: int = 100_000
-    """At most this many of them (0: no cap). A screen of 10^7 cells would otherwise read 2 x 10^6
-    cells one at a time; 10^5 cells of a few thousand pixels each fix a channel's mean and std to well
-    under a per cent, and datasets of up to 500,000 training images are unaffected."""
-    normalization: Literal["dataset", "per_image"] = "dataset"
-    """How pixels are standardised for the encoder, after the per-image min-max scaling every loader
-    does. "dataset" (scDINO): minus the dataset's per-channel mean, over its std (mean_std.json).
-    "per_image": each channel of each image z-scored with its own mean and std, taken over the whole
-    image before cropping (CHAMMI-75's channel-adaptive DINO recipe), so that a stain whose level and
-    spread vary from image to image meets the encoder on one scale. Pretraining, features, the
-    linear probe, fine-tuning and the attention plots all follow it; the DALI loader does not
-    support "per_image"."""
-    mean_std_file: str = ""
-    """A JSON file {"mean": [...], "std": [...]} with one value per image channel (scDINO's
-    mean_and_std_of_dataset.txt) used instead of <run>/mean_std.json; empty means the run's own."""
-    num_workers: int = 2
-    """DataLoader worker processes per rank."""
-    loader: Literal["auto", "tiff", "packed", "dali"] = "auto"
-    """Which loader feeds training; auto uses the packed dataset when one exists."""
-    gpu_augment: bool = False
-    """Run multi-crop augmentation on the GPU as batched tensor operations."""
-    label_column: str = ""
-    """The per-cell table's column (packed/cells.arrow) that gives each cell's class for the split,
-    kNN, the linear probe and the plots, with or without the Metadata_ prefix (e.g. Treatment for
-    Metadata_Treatment). Empty: the class folder (Metadata_Class) of a dataset packed from class
-    folders, else one class for every cell. Cells without a value are left out of the evaluation."""
-    batch_column: str = ""
-    """The column naming each cell's imaging batch (e.g. Metadata_Batch or Metadata_Plate). Set, kNN
-    also reports "not same batch" accuracy (a query never votes with a cell of its own batch), as
-    imaging batches otherwise make any representation look better than it is. Empty: no batches."""
-    balance_column: str = ""
-    """A per-cell column (e.g. Metadata_Batch) whose values every pretraining batch holds alike: the
-    sampler lets them take turns, so that no step sees one imaging batch more than another. Empty:
-    uniform shuffling, as scDINO."""
-    control_column: str = ""
-    """The column that marks control cells (e.g. Metadata_Treatment), for profiles normalised on the
-    controls (`export`); empty: no controls."""
-    control_value: str = ""
-    """The value of control_column that marks a control (e.g. DMSO)."""
-
-    def __post_init__(self) -> None:
-        if not self.channels or not self.channels.isdigit():
-            raise ConfigError(f"data.channels must be digits such as '01234', got {self.channels!r}")
-        if len(set(self.channels)) != len(self.channels):
-            raise ConfigError(f"data.channels repeats a channel: {self.channels!r}")
-        _check_fraction("data.holdout_fraction", self.holdout_fraction, allow_zero=True)
-        _check_fraction("data.mean_std_fraction", self.mean_std_fraction, allow_zero=False)
-        if isinstance(self.mean_std_max_images, bool) or not isinstance(self.mean_std_max_images, int) \
-                or self.mean_std_max_images < 0:
-            raise ConfigError(f"data.mean_std_max_images must be a whole number of images, 0 for no cap, "
-                              f"got {self.mean_std_max_images!r}")
-        if self.channel_names and len(self.channel_names) != len(self.channels):
-            raise ConfigError(
-                f"data.channel_names has {len(self.channel_names)} names for "
-                f"{len(self.channels)} channels ({self.channels!r})"
-            )
-        if self.num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
-        if bool(self.control_column) != bool(self.control_value):
-            raise ConfigError("data.control_column and data.control_value go together (e.g. control_column: "
-                              f"Metadata_Treatment, control_value: DMSO); got {self.control_column!r} and "
-                              f"{self.control_value!r}")
-        if self.per_image_normalization and self.loader == "dali":
-            raise ConfigError("data.normalization=per_image is not supported by data.loader=dali (its crops are "
-                              "normalised with one mean and std per channel): use data.loader=packed or auto")
-        self._check_combinations()
-
-    def _check_combinations(self) -> None:
-        """Each combination is a channel selection like data.channels, and each is run once."""
-        for combination in self.channel_combinations:
-            if not combination.isdigit() or len(set(combination)) != len(combination):
-                raise ConfigError("data.channel_combinations entries must be digits without repeats, such as "
-                                  f"'01234' or '2', got {combination!r}")
-        if len(set(self.channel_combinations)) != len(self.channel_combinations):
-            raise ConfigError(f"data.channel_combinations lists a combination twice: {list(self.channel_combinations)}")
-        adaptive_kinds = ("bag_of_channels", "channel_vit")
-        if not set(self.channel_adaptive_kinds) <= set(adaptive_kinds) or not self.channel_adaptive_kinds or \
-                len(set(self.channel_adaptive_kinds)) != len(self.channel_adaptive_kinds):
-            raise ConfigError(f"data.channel_adaptive_kinds must list distinct kinds among {', '.join(adaptive_kinds)}, "
-                              f"got {list(self.channel_adaptive_kinds)}")
-        if self.compare_channel_adaptive and not self.channel_combinations:
-            raise ConfigError("data.compare_channel_adaptive needs data.channel_combinations: the channel-adaptive "
-                              "model is evaluated on each of them (e.g. --set data.channel_combinations=01234,0,3)")
-
-    def check_channel_adaptive(self) -> None:
-        """The channel-adaptive model trains on data.channels, so it can be evaluated only on subsets
-        of them (checked on the whole run's config: a combination's step has its channels as data.channels)."""
-        if not self.compare_channel_adaptive:
-            return
-        outside = [c for c in self.channel_combinations if not set(c) <= set(self.channels)]
-        if outside:
-            raise ConfigError(f"data.compare_channel_adaptive: the channel-adaptive model trains on data.channels="
-                              f"{self.channels!r}, so it cannot be evaluated on {', '.join(map(repr, outside))} "
-                              "(data.channel_combinations): add those channels to data.channels or drop the combinations")
-
-    def for_combination(self, combination: str) -> "DataConfig":
-        """This data config training on `combination`: its channels, named as data.channel_names
-        names them (ch<digit> for a channel outside data.channels)."""
-        names = dict(zip(self.channels, self.channel_names))
-        chosen = tuple(names.get(c, f"ch{c}") for c in combination) if self.channel_names else ()
-        return dataclasses.replace(self, channels=combination, channel_names=chosen)
-
-    @property
-    def channel_indices(self) -> tuple[int, ...]:
-        return tuple(int(c) for c in self.channels)
-
-    @property
-    def in_chans(self) -> int:
-        return len(self.channels)
-
-    @property
-    def per_image_normalization(self) -> bool:
-        return self.normalization == "per_image"
 
 
 @dataclass(frozen=True)
@@ -428,222 +278,6 @@ class TrainConfig:
                               f"got {self.collapse_patience_steps}")
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    knn_k: tuple[int, ...] = (5, 10, 50, 100, 200, 500)
-    """Neighbour counts of the global kNN (scDINO)."""
-    knn_temperature: float = 0.1
-    """Temperature T of the weighted vote exp(sim / T)."""
-    knn_train_fraction: float = 0.8
-    """Seeded split of the held-out set into kNN reference and query images."""
-    knn_whiten: bool = False
-    """Whiten the features before the kNN (training/eval/knn.py `whiten`: the reference rows'
-    Ledoit-Wolf covariance, no labels). Off: scDINO's kNN. On, every feature tag of the run is
-    whitened alike; on the synthetic sets it raised kNN top-1 in 34 of 36 cases measured, a bag of
-    channels' concatenated features the most (docs/performance.md)."""
-    batch_size: int = 64
-    """Images per forward pass when extracting features."""
-    image_size: int = 224
-    """Side the held-out images are resized to for feature extraction."""
-    resize: Literal["square_bicubic", "shorter_side_bilinear", "none"] = "square_bicubic"
-    """How: "square_bicubic" to image_size x image_size (every image batches with every other);
-    "shorter_side_bilinear" is scDINO's Resize(image_size): the shorter side to image_size, aspect
-    kept, bilinear, no antialias; "none" keeps the images' own size (scDINO's resize: False). The
-    last two batch images together only when all have one shape, else one image per forward pass
-    (scDINO cannot batch them at all)."""
-    normalize: bool = True
-    """Normalise with the dataset's per-channel mean and std before the encoder (scDINO's
-    compute_cls_features.normalize); false feeds the min-max scaled images."""
-    feature: Literal["cls", "cls_patch_mean"] = "cls"
-    """What of the backbone's output a cell's feature is: "cls", the class token after the final norm
-    (scDINO's compute_cls_features); "cls_patch_mean", that token and the mean of the patch tokens
-    side by side, as DINO's linear evaluation pools them (twice the width; plain ViTs only)."""
-    checkpoint_key: Literal["teacher", "student"] = "teacher"
-    """Which network of a DINO/scDINO checkpoint the features (and plots) use."""
-    checkpoints_dir: str = ""
-    """A folder of checkpoints (*.pth) to evaluate instead of the run's own, e.g. an scDINO run's
-    scDINO_ViTs/<model> folder (scDINO's only_downstream_analyses.yaml `pretrained_weights`)."""
-    linear_epochs: int = 50
-    """Epochs of the linear probe."""
-    linear_lr: float = 0.01
-    """Learning rate of the linear probe."""
-    umap_neighbors: int = 30
-    """UMAP n_neighbors."""
-    umap_min_dist: float = 0.4
-    """UMAP min_dist."""
-    attention_images_per_class: int = 1
-    """Images per class drawn in the attention-map plots."""
-    raw_pixels_size: int = 16
-    """Side the images are average-pooled to for the raw-pixel kNN baseline (keeps C*S*S modest)."""
-    finetune_epochs: int = 10
-    """Epochs of `linear --finetune` (backbone and head trained together); a pretrained backbone
-    needs few, and each costs a full forward and backward pass over the reference images."""
-    finetune_lr: float = 0.001
-    """Peak AdamW learning rate of the new linear head, decayed to 0 by a per-step cosine. Not
-    rescaled with the number of ranks, so figures from different world sizes stay comparable."""
-    finetune_backbone_lr_scale: float = 0.1
-    """Backbone learning rate = finetune_lr x this. The pretrained features should move less than
-    the randomly initialised head, or its first noisy gradients wash them out; 1 treats both alike."""
-    finetune_batch_size: int = 32
-    """Images per rank per step of fine-tuning (the global batch is this x the world size); smaller
-    than eval.batch_size because the backward pass keeps every block's activations."""
-    finetune_weight_decay: float = 0.05
-    """AdamW weight decay of the weight matrices (biases, norms, tokens and position embedding are
-    not decayed), to keep a few hundred labelled images from being memorised."""
-    finetune_flips: bool = True
-    """Random horizontal and vertical flips of the training images: cells have no orientation, so
-    the label holds, and it is the only augmentation (crops could cut off what defines the class)."""
-    max_cells: int = 20000
-    """The most held-out cells that each epoch's features, kNN, the linear probe and the plots use:
-    above it, a seeded sample stratified by label (so evaluation costs the same at 10^4 and 10^7
-    cells); 0 uses every held-out cell."""
-    umap_max_points: int = 10000
-    """The most points of a UMAP plot (a seeded sample of the evaluated cells above it)."""
-    embed_all_cells: bool = True
-    """Features of the final checkpoint for every cell of the dataset, training and held-out, which
-    `export` writes as profiles; false: for the evaluated held-out cells only, as every epoch."""
-    knn_exclude_same_batch: bool = True
-    """With data.batch_column set, `knn` also scores every feature set "not same batch": a query never
-    votes with a reference of its own imaging batch (the same references and queries, same-batch
-    neighbours masked before the top k), reported beside the plain kNN in knn.json, knn.md, the
-    comparison and the report. Batches otherwise make any representation look better than it is.
-    False, or no data.batch_column: the plain kNN only."""
-    plate_column: str = ""
-    """The per-cell table's column naming each cell's plate, for per-well profiles (`export`) and
-    retrieval mAP (`knn`). Empty: Metadata_Plate where the table has it, else no per-well profiles."""
-    well_column: str = ""
-    """The column naming each cell's well within its plate. Empty: Metadata_Well where the table has it."""
-    profile_normalization: tuple[Literal["none", "mad_robustize", "spherize", "harmony"], ...] = ()
-    """How per-well profiles are normalised before retrieval mAP compares them (and `export` writes a
-    normalised copy), steps in this order (training/eval/profiles/normalization.py): "mad_robustize",
-    each plate's wells against the median and MAD of its control wells (pycytominer); "spherize", ZCA
-    sphering fitted on the control wells (pycytominer's Spherize), which turns the controls' spread,
-    the batch effect among it, into unit variance in every direction; "harmony", Harmony (harmonypy)
-    on data.batch_column. The first two need data.control_column and data.control_value. Empty or
-    "none": the raw medians. A screen's usual choice: [mad_robustize, spherize]."""
-    mad_robustize_samples: Literal["controls", "all"] = "controls"
-    """Which of a plate's wells its median and MAD come from in eval.profile_normalization's
-    mad_robustize: "controls" (pycytominer's samples="<control query>"), or "all" of the plate's wells
-    (samples="all"), steadier on plates with few control wells: on the synthetic screen's 8 DMSO wells a
-    plate, the trained model's activity mAP was 0.774 with "controls" and 0.926 with "all"."""
-    perturbation_column: str = ""
-    """The column naming each well's perturbation (compound, gene, treatment), whose replicate wells
-    phenotypic-activity mAP retrieves against the control wells. Empty: data.label_column (the kNN
-    classes), else the class folder."""
-    activity_negatives: Literal["same_plate", "all"] = "same_plate"
-    """Which control wells a perturbation's wells are retrieved against in phenotypic activity:
-    "same_plate", those of the query's own plate (JUMP's setup, which keeps plate effects out of the
-    comparison); "all", every control well of the screen (copairs' one-plate example), for plates
-    with few controls each once per-plate normalisation (mad_robustize) has put every plate on its
-    controls' scale: with 4 control wells, a perturbation's mAP can hardly reach significance."""
-    consistency_column: str = ""
-    """A column grouping perturbations that should look alike (a mechanism of action or target, e.g.
-    Metadata_MOA): `knn` then also scores phenotypic consistency, the mAP with which the wells of one
-    active perturbation retrieve those of the others in its group. Empty: no consistency mAP."""
-    umap_color_columns: tuple[str, ...] = ()
-    """Metadata columns (with or without the Metadata_ prefix) that colour extra UMAPs of the trained
-    model and both baselines, besides the label. Empty: data.batch_column when it is set."""
-
-    def __post_init__(self) -> None:
-        self._check_profile_normalization()
-        if not self.knn_k or min(self.knn_k) < 1:
-            raise ConfigError(f"eval.knn_k must be a non-empty list of positive ints, got {self.knn_k}")
-        _check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
-        if self.raw_pixels_size < 1:
-            raise ConfigError(f"eval.raw_pixels_size must be >= 1, got {self.raw_pixels_size}")
-        if self.max_cells < 0 or self.umap_max_points < 1:
-            raise ConfigError(f"eval.max_cells must be >= 0 (0: every held-out cell) and eval.umap_max_points "
-                              f">= 1, got {self.max_cells} and {self.umap_max_points}")
-        self._check_finetune()
-
-    def _check_profile_normalization(self) -> None:
-        """"none" means no step (an older config's single string is a list of one); the rest run in
-        one order, each once."""
-        steps = tuple(s for s in self.profile_normalization if s != "none")
-        if "none" in self.profile_normalization and steps:
-            raise ConfigError(f"eval.profile_normalization lists 'none' with steps {list(steps)}: give the steps alone")
-        order = ("mad_robustize", "spherize", "harmony")
-        if len(set(steps)) != len(steps) or list(steps) != sorted(steps, key=order.index):
-            raise ConfigError(f"eval.profile_normalization must list distinct steps in the order they run "
-                              f"({', '.join(order)}), got {list(steps)}")
-        object.__setattr__(self, "profile_normalization", steps)
-
-    def _check_finetune(self) -> None:
-        for key in ("finetune_epochs", "finetune_batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"eval.{key} must be >= 1, got {getattr(self, key)}")
-        if self.finetune_lr <= 0:
-            raise ConfigError(f"eval.finetune_lr must be > 0, got {self.finetune_lr}")
-        if not 0 < self.finetune_backbone_lr_scale <= 1:
-            raise ConfigError(f"eval.finetune_backbone_lr_scale must be in (0, 1] (the backbone learns no "
-                              f"faster than the head), got {self.finetune_backbone_lr_scale}")
-        if self.finetune_weight_decay < 0:
-            raise ConfigError(f"eval.finetune_weight_decay must be >= 0, got {self.finetune_weight_decay}")
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """`ingest`: single cells cut out of whole fields of view, instead of `prepare`'s folder of crops."""
-
-    table: str = ""
-    """The load table (CSV or Parquet), one row per field of view in CellProfiler's LoadData naming:
-    FileName_<Channel> + PathName_<Channel> per image file (PathName_ relative to the table's folder
-    or absolute), ObjectsFileName_<Objects> + ObjectsPathName_<Objects> for a label mask; every other
-    column is metadata carried to each cell. Set, `slurm/submit_pipeline.sh` starts the chain with
-    `ingest` instead of `prepare`. Empty: no ingest (class folders, `prepare`)."""
-    channels: tuple[str, ...] = ()
-    """The image columns' names (<Channel> of FileName_<Channel>) in the order their channels are
-    stacked, e.g. [DNA, ER, RNA, AGP, Mito]; a file holding several channels gives them all in
-    place. Empty: every FileName_ column in the table's order (one multi-channel file per row is then
-    its single FileName_ column)."""
-    objects: str = ""
-    """The LoadData objects name whose label masks segment the cells (ObjectsFileName_<objects>),
-    e.g. Cells. Empty: the table's one ObjectsFileName_ column, if it has exactly one."""
-    centres: str = ""
-    """A per-object table (CSV or Parquet) of object centres instead of label masks, in
-    CellProfiler's naming: Location_Center_X/Y or AreaShape_Center_X/Y (x the column, y the row,
-    0-based), optionally ObjectNumber and AreaShape_Area; linked to the fields by ImageNumber, else
-    by the Metadata_ columns both tables share. Without masks there is no area unless the table has
-    AreaShape_Area, and no other cell to mask out."""
-    crop_size: int = 0
-    """Side in pixels of the square crop cut around each object's centroid. 0: `ingest` stops and
-    proposes one from the objects' sizes (also `ingest --propose-crop-size`)."""
-    edge: Literal["skip", "pad"] = "skip"
-    """An object whose crop would leave the field: "skip" it (counted as window_leaves_field), or
-    "pad" the part outside with zeros, so that cells at the border are kept, each less complete."""
-    min_area: int = 0
-    """Objects of fewer pixels are skipped and counted (debris, fragments); 0: no lower bound."""
-    max_area: int = 0
-    """Objects of more pixels are skipped and counted (clumps, segmentation failures); 0: no upper bound."""
-    mask_other_cells: bool = False
-    """Set the pixels of every other object in a crop to 0, so that a crop shows one cell and the
-    background around it; needs label masks."""
-    cellprofiler: bool = False
-    """Also measure every cut cell as CellProfiler does (the cp_measure library: intensity, texture,
-    size and shape, ... of each channel inside the cell's own mask), stored beside the cells, so that
-    `features` evaluates them as the "cellprofiler" baseline next to raw pixels and random init: the
-    features a lab already trusts. Needs label masks (ingest.objects), not a table of centres."""
-
-    def __post_init__(self) -> None:
-        if self.crop_size < 0 or self.crop_size == 1:
-            raise ConfigError(f"ingest.crop_size must be >= 2 pixels (0: propose one), got {self.crop_size}")
-        if self.min_area < 0 or self.max_area < 0:
-            raise ConfigError(f"ingest.min_area and ingest.max_area must be >= 0 pixels (0: no bound), got "
-                              f"{self.min_area} and {self.max_area}")
-        if self.max_area and self.min_area > self.max_area:
-            raise ConfigError(f"ingest.min_area ({self.min_area}) is above ingest.max_area ({self.max_area})")
-        if len(set(self.channels)) != len(self.channels) or not all(self.channels):
-            raise ConfigError(f"ingest.channels must name distinct image columns, got {list(self.channels)}")
-        if self.objects and self.centres:
-            raise ConfigError("ingest.objects (label masks) and ingest.centres (a table of centres) are two ways to "
-                              f"find the cells: set one, got {self.objects!r} and {self.centres!r}")
-        if self.centres and self.cellprofiler:
-            raise ConfigError("ingest.cellprofiler measures each cell inside its label mask, and ingest.centres gives "
-                              "only centres: set cellprofiler: false, or give label masks (ingest.objects)")
-        if self.centres and self.mask_other_cells:
-            raise ConfigError("ingest.mask_other_cells needs label masks (ingest.objects), and ingest.centres gives "
-                              "only centres: set mask_other_cells: false")
-
 
 @dataclass(frozen=True)
 class Config:
@@ -703,13 +337,6 @@ class Config:
         return from_dict(tree)
 
 
-def _check_fraction(key: str, value: float, *, allow_zero: bool) -> None:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (low_ok and value < 1 or (not allow_zero and value == 1)):
-        bound = "[0, 1)" if allow_zero else "(0, 1]"
-        raise ConfigError(f"{key} must be in {bound}, got {value}")
-
-
 def _to_plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_plain(v) for k, v in value.items()}
@@ -718,122 +345,38 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def flatten_dotted(tree: dict[str, Any], prefix: str = "", keep: tuple[str, ...] = ()) -> dict[str, Any]:
-    """{"section.key": value} from a nested mapping; a mapping whose dotted path is in `keep` stays a value."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and dotted not in keep:
-            flat.update(flatten_dotted(value, dotted + ".", keep))
-        else:
-            flat[dotted] = value
-    return flat
+class _ConfigConversion(Conversion):
+    """The shared conversion, plus one hint where YAML has already lost what the user meant."""
 
-
-def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set tree["a"]["b"] = value for "a.b", adding a missing section of the schema (a tree from a
-    YAML file need not have every section); an unknown section is an error naming the allowed ones."""
-    *parents, leaf = dotted.split(".")
-    node, hint = tree, Config
-    for part in parents:
-        fields = typing.get_type_hints(hint) if dataclasses.is_dataclass(hint) else {}
-        hint = fields.get(part)
-        if node.get(part) is None and dataclasses.is_dataclass(hint):
-            node[part] = {}
-        if not isinstance(node.get(part), dict):
-            raise ConfigError(f"unknown config section {dotted!r}: {_suggest(part, fields or node)}")
-        node = node[part]
-    node[leaf] = value
-
-
-def hint_of(dotted: str) -> Any:
-    """The declared type of a dotted config key, or None for an unknown key."""
-    hint: Any = Config
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(hint):
-            return None
-        hint = typing.get_type_hints(hint).get(part)
-    return hint
-
-
-def _suggest(key: str, allowed: typing.Iterable[str]) -> str:
-    allowed = sorted(allowed)
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{hint}allowed: {', '.join(allowed)}"
-
-
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    origin = get_origin(hint)
-    if origin is Literal:
-        choices = get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{key} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        args = get_args(hint)
-        item_hints = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(item_hints) != len(value):
-            raise ConfigError(f"{key} must have {len(item_hints)} items, got {len(value)}")
-        return tuple(_coerce(f"{key}[{i}]", v, h) for i, (v, h) in enumerate(zip(value, item_hints)))
-    if hint is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{key} must be an integer, got {value!r}") from None
-    if hint is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} must be a number, got {value!r}") from None
-    if hint is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        if key.startswith(("data.channels", "data.channel_combinations[")) and isinstance(value, int):
+    def convert(self, key: str, value: Any, hint: Any) -> Any:
+        if hint is str and isinstance(value, int) and key.startswith(("data.channels", "data.channel_combinations[")):
             # YAML reads 01234 as the octal number 668 and 012 as 10: the digits are already lost
             example = "channels: \"01234\"" if key == "data.channels" else "channel_combinations: [\"01234\", \"0\"]"
             raise ConfigError(f"{key} must be quoted, e.g. {example} (unquoted, YAML reads "
                               f"the digits as a number: {value!r})")
-        return "" if value is None else str(value)
-    return value
+        return super().convert(key, value, hint)
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        key = sorted(unknown)[0]
-        raise ConfigError(f"unknown config key {prefix + key!r}: {_suggest(key, names)}")
-    kwargs = {}
-    for name in names & set(data):
-        hint = hints[name]
-        key = prefix + name
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, data[name], key + ".")
-        else:
-            kwargs[name] = _coerce(key, data[name], hint)
-    return cls(**kwargs)
+_CONVERSION = _ConfigConversion()
+
+
+def set_dotted(tree: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set tree["a"]["b"] = value for "a.b", adding a missing section of the schema (a tree from a
+    YAML file need not have every section); an unknown section is an error naming the allowed ones."""
+    try:
+        _set_dotted(tree, dotted_key, value, Config)
+    except DottedKeyError as error:
+        raise ConfigError(str(error)) from None
+
+
+def hint_of(dotted_key: str) -> Any:
+    """The declared type of a dotted config key, or None for an unknown key."""
+    return _hint_of(Config, dotted_key)
 
 
 def from_dict(data: dict[str, Any]) -> Config:
     """Build and validate a Config from a plain nested mapping."""
-    return _build(Config, data, "")
+    try:
+        return _CONVERSION.build(Config, data)
+    except DottedKeyError as error:
+        raise ConfigError(str(error)) from None
