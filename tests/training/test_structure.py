@@ -221,6 +221,24 @@ def test_the_dotted_key_conversion_needs_only_the_standard_library():
     assert loaded == "[]"
 
 
+def stacks_imports(room: str) -> set[str]:
+    """The rooms of stacks/ (shared, parallelcluster, pcs) that the modules of stacks/<room>/ import."""
+    found = set()
+    for path in (REPO / "stacks" / room).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            found |= {name.split(".")[1] for name in names if name.startswith("stacks.") and name.count(".") >= 2}
+    return found - {room}
+
+
+def test_a_back_end_of_the_cdk_app_imports_shared_and_never_the_other_back_end():
+    """docs/architecture.md: stacks/shared/ imports no back end; each back end imports only shared/."""
+    assert stacks_imports("shared") == set()
+    assert stacks_imports("parallelcluster") == {"shared"}
+    assert stacks_imports("pcs") == {"shared"}
+
+
 def run_file_names() -> set[str]:
     """File names of the run directory, from the layout itself (files have an extension, the
     pre-emption marker is in capitals, the parts' folder beside packed/ is packed.parts)."""
