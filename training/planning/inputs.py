@@ -48,7 +48,7 @@ NATIVE_SIDE = 48
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """The deployment settings the plan needs (stacks/settings.py's Settings, read by the step)."""
+    """The deployment settings the plan needs (stacks/shared/settings.py's Settings, read by the step)."""
 
     region: str
     presets: tuple[str, ...]
@@ -68,7 +68,7 @@ class PlanSettings:
 
     @classmethod
     def of(cls, settings: Any) -> PlanSettings:
-        """From stacks/settings.py's Settings (passed in: the planner imports nothing of the CDK app)."""
+        """From stacks/shared/settings.py's Settings (passed in: the planner imports nothing of the CDK app)."""
         cluster = settings.cluster
         return cls(settings.region, cluster.presets, cluster.max_nodes, settings.storage.fsx_capacity_gib,
                    settings.storage.fsx_throughput_per_tib, cluster.capacity_type, backend=settings.backend,
