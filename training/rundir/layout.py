@@ -13,9 +13,6 @@ module spells a run file's name; shell scripts ask `python -m training paths` (t
       packed.parts/               `prepare` and `ingest` in parts (--part K --parts N, one per task of a Slurm
         part-00003-of-00008/      array): part 3 of 8 until the merge, beside packed/ wherever it is
                                   (training/data/store/parts.py)
-      packed.parts/               `prepare` and `ingest` in parts (--part K --parts N, one per task of a Slurm
-        part-00003-of-00008/      array): part 3 of 8 until the merge, beside packed/ wherever it is
-                                  (training/data/store/parts.py)
       split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
                                   table (seeded), and the settings and table it belongs to
       bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
@@ -78,7 +75,6 @@ if TYPE_CHECKING:
 
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pth")
 _PART = re.compile(r"part-(\d+)-of-(\d+)")
-_PART = re.compile(r"part-(\d+)-of-(\d+)")
 _SET_ASIDE = ".damaged"
 
 
@@ -132,7 +128,6 @@ class RunLayout:
     ingest_report = property(lambda self: self.shared / "ingest_report.json")
     cellprofiler = property(lambda self: self.packed / "cellprofiler.npy")
     cellprofiler_index = property(lambda self: self.packed / "cellprofiler.json")
-    parts = property(lambda self: self.packed.with_name(self.packed.name + ".parts"))
     parts = property(lambda self: self.packed.with_name(self.packed.name + ".parts"))
     mean_std = property(lambda self: self.shared / "mean_std.json")
     checkpoints = property(lambda self: self.trained / "checkpoints")
@@ -192,11 +187,6 @@ class RunLayout:
         Slurm array (`prepare` or `ingest` --part K --parts N) and removed by the merge."""
         return self.parts / f"part-{part:05d}-of-{parts:05d}"
 
-    def part(self, part: int, parts: int) -> Path:
-        """The folder of part `part` (0-based) of `parts` of the packed dataset, written by one task of a
-        Slurm array (`prepare` or `ingest` --part K --parts N) and removed by the merge."""
-        return self.parts / f"part-{part:05d}-of-{parts:05d}"
-
     def named_paths(self) -> dict[str, Path]:
         """Every fixed path by name, as `python -m training paths` prints them."""
         names = [name for name, value in vars(RunLayout).items() if isinstance(value, property)]
@@ -212,12 +202,6 @@ def set_aside_path(path: Path) -> Path:
     while candidate.exists():
         candidate, number = path.with_name(f"{path.name}{_SET_ASIDE}-{number}"), number + 1
     return candidate
-
-
-def part_number(folder: Path) -> tuple[int, int] | None:
-    """(part, parts) of a part's folder (RunLayout.part), None for any other folder."""
-    match = _PART.fullmatch(Path(folder).name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def part_number(folder: Path) -> tuple[int, int] | None:
