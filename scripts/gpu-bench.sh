@@ -201,5 +201,5 @@ if [ "$PART" != 1 ]; then
   fi
 fi
 
-"$PYTHON" -m training.benchmarks.gpu_summary "$OUT" || die "could not sum up $OUT"
+"$PYTHON" -m training.benchmarks.speed.gpu_summary "$OUT" || die "could not sum up $OUT"
 bundle

@@ -1,10 +1,10 @@
-"""Bus-bandwidth arithmetic and nccl-tests log parsing of training/benchmarks/allreduce.py."""
+"""Bus-bandwidth arithmetic and nccl-tests log parsing of training/benchmarks/speed/allreduce.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from training.benchmarks.allreduce import bus_bandwidth, expected_busbw, main, parse_nccl_tests, parse_size
+from training.benchmarks.speed.allreduce import bus_bandwidth, expected_busbw, main, parse_nccl_tests, parse_size
 
 # The shape of an all_reduce_perf log (2 nodes x 8 GPUs); numbers made up, columns as nccl-tests prints.
 NCCL_TESTS_LOG = """\

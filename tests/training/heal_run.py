@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from test_trainer import run_config
 
-from training.benchmarks.step import SyntheticCrops
+from training.benchmarks.speed.step import SyntheticCrops
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.rundir import RunLayout

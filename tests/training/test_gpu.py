@@ -142,7 +142,7 @@ class PinnedCrops:
     """Two batches of crops in pinned memory, cycled, as the ring loader hands them out on a GPU node."""
 
     def __init__(self, config, batches: int) -> None:
-        from training.benchmarks.step import SyntheticCrops
+        from training.benchmarks.speed.step import SyntheticCrops
 
         staged = list(SyntheticCrops(config, batches=2))
         self.batches = [([c.pin_memory() for c in crops], labels) for crops, labels in staged]

@@ -373,8 +373,6 @@ def test_paths_refuses_an_unknown_name(tmp_path, capsys):
 
 MAX_ROOM_ENTRIES = 12
 """A room a newcomer reads at a glance: its modules and subfolders, __init__.py included."""
-ROOMS_NOT_YET_SPLIT = {"training/benchmarks"}
-"""Rooms still over MAX_ROOM_ENTRIES while issue 39 lands (the lead empties this set)."""
 
 
 def room_entries(folder: Path) -> list[str]:
@@ -387,7 +385,7 @@ def test_no_room_of_the_package_holds_more_than_twelve_entries():
     rooms = [p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").is_file() and p.name != "steps"]
     crowded = {p.relative_to(REPO).as_posix(): len(room_entries(p)) for p in rooms
                if len(room_entries(p)) > MAX_ROOM_ENTRIES}
-    assert {room: n for room, n in crowded.items() if room not in ROOMS_NOT_YET_SPLIT} == {}
+    assert crowded == {}
 
 
 def test_profiles_live_in_one_room():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from training.benchmarks.step import SyntheticCrops
+from training.benchmarks.speed.step import SyntheticCrops
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 from training.errors import UserError

@@ -25,31 +25,31 @@ log = logging.getLogger(__name__)
 def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
     """Run the benchmark that answers `request` (importing it, and torch, only now); its JSON figures."""
     if isinstance(request, ScreenBenchRequest):
-        from training.benchmarks.screen import markdown, run_screen_benchmark
+        from training.benchmarks.quality.screen import markdown, run_screen_benchmark
 
         result = run_screen_benchmark(config, request.config_path, list(request.overrides), ranks=request.ranks,
                                       reuse=request.reuse, truth=request.truth)
         log.info("bench screen:\n%s", markdown(result))
         return result
     if isinstance(request, IngestBenchRequest):
-        from training.benchmarks.ingest import run_ingest_benchmark
+        from training.benchmarks.data.ingest import run_ingest_benchmark
 
         return run_ingest_benchmark(list(request.fields), cells=request.cells, crop=request.crop)
     if isinstance(request, ScaleBenchRequest):
-        from training.benchmarks.scale import run_scale_benchmark
+        from training.benchmarks.data.scale import run_scale_benchmark
 
         return run_scale_benchmark(list(request.sizes))
     if isinstance(request, LoaderBenchRequest):
-        from training.benchmarks.loader import run_loader_benchmark
+        from training.benchmarks.data.loader import run_loader_benchmark
 
         return run_loader_benchmark(config, request)
     if isinstance(request, PretrainBenchRequest):
-        from training.benchmarks.pretrain import run_pretrain_benchmark
+        from training.benchmarks.speed.pretrain import run_pretrain_benchmark
 
         return run_pretrain_benchmark(config, request)
     start = time.perf_counter()
     import training.trainer  # noqa: F401  (what `pretrain` imports: torch, timm, models, loaders)
-    from training.benchmarks.step import run_step_benchmark
+    from training.benchmarks.speed.step import run_step_benchmark
 
     import_s = time.perf_counter() - start
     result = run_step_benchmark(config, request)

@@ -68,7 +68,7 @@ GPUS: dict[str, Gpu] = {gpu.model: gpu for gpu in (
         f"NVIDIA H100 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, 989 dense (SXM), 80 GB; read {READ}"),
     Gpu("H200", 141, 989.0, "bf16",
         f"NVIDIA H200 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, 989 dense (SXM), 141 GB; read {READ}"),
-    # GPUs of no preset, for `bench step`'s MFU where it runs on one (training/benchmarks/step.py).
+    # GPUs of no preset, for `bench step`'s MFU where it runs on one (training/benchmarks/speed/step.py).
     Gpu("H100 PCIe", 80, 756.0, "bf16", "NVIDIA H100 datasheet: BF16 tensor 1,513 TFLOPS with sparsity, 756 dense "
         f"(PCIe), 80 GB; read {READ}"),
     Gpu("L4", 24, 121.0, "bf16", f"NVIDIA L4 datasheet: BF16 tensor 242 TFLOPS with sparsity, 121 dense, 24 GB; "

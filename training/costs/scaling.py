@@ -13,13 +13,13 @@ when the replicated training state does not fit beside the activations. A bf16 g
 hook halves the all-reduce bytes and pays when communication is exposed. Bandwidths, GPU memory and
 peaks come from the one instance table (training/costs/instances.py, each with its source)
 unless a measured all-reduce figure replaces them. Standard library only: the planner
-(training/planning/) and `python -m training.benchmarks.scaling` both read it.
+(training/planning/) and `python -m training.benchmarks.speed.scaling` both read it.
 
 Inputs, field by field, and who writes them:
-- the step, from `python -m training bench step` (training/benchmarks/step.py): `benchmark`
+- the step, from `python -m training bench step` (training/benchmarks/speed/step.py): `benchmark`
   ("step"), `step_time_s`, `backward_s`, `params`, `flops_per_step`, and `mfu` and
   `peak_memory_gb`, which are null where they could not be measured (a CPU, an unknown GPU);
-- the all-reduce, from `python -m training.benchmarks.allreduce` (training/benchmarks/allreduce.py):
+- the all-reduce, from `python -m training.benchmarks.speed.allreduce` (training/benchmarks/speed/allreduce.py):
   `busbw_gbs`, and `nodes`, which says whether it is the inside-one-node or the across-nodes figure.
 """
 
@@ -164,7 +164,7 @@ def with_measured_busbw(net: Interconnect, data: dict, name: str) -> Interconnec
         busbw, nodes = float(data["busbw_gbs"]), int(data["nodes"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SystemExit(f"error: --busbw-json lacks {exc}: give the output of "
-                         "`python -m training.benchmarks.allreduce --out`") from None
+                         "`python -m training.benchmarks.speed.allreduce --out`") from None
     if nodes > 1:
         return replace(net, inter_busbw_gbs=busbw, source=f"measured across {nodes} nodes: {name}")
     return replace(net, intra_busbw_gbs=busbw, source=f"measured inside one node: {name}")

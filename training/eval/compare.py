@@ -10,7 +10,7 @@ data.compare_channel_adaptive, one entry per kind of data.channel_adaptive_kinds
 "channel_vit": one model pretrained once on data.channels, evaluated on every combination without
 retraining, RunLayout.channel_adaptive(kind).evaluation), with the same fields per combination and
 each model's total training compute: wall time x ranks as measured, and the analytic training FLOPs
-(training.benchmarks.step.train_flops_per_image x images trained), which compare across CPU and GPU.
+(training.costs.flops.train_flops_per_image x images trained), which compare across CPU and GPU.
 """
 
 from __future__ import annotations

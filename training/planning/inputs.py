@@ -246,7 +246,7 @@ def local_target(busbw: dict[str, Any] | None, ranks_per_node: int = 1) -> tuple
     warnings = []
     if busbw is None:
         warnings.append("no measured all-reduce bandwidth for the local cluster: the all-reduce is not counted "
-                        "(give --busbw-json from `python -m training.benchmarks.allreduce` run under torchrun)")
+                        "(give --busbw-json from `python -m training.benchmarks.speed.allreduce` run under torchrun)")
         net = Interconnect(ranks_per_node, 0.0, float("inf"), float("inf"), 0.0, "not measured")
     else:
         measured = float(busbw["busbw_gbs"])

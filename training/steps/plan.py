@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", help="comma-separated node counts (default: 1, 2, 4, ... up to cluster.max_nodes)")
     parser.add_argument("--step-json", type=Path, help="output of `python -m training bench step --out`")
     parser.add_argument("--loader-json", type=Path, help="output of `python -m training bench loader --out`")
-    parser.add_argument("--busbw-json", type=Path, help="output of `python -m training.benchmarks.allreduce --out`")
+    parser.add_argument("--busbw-json", type=Path,
+                        help="output of `python -m training.benchmarks.speed.allreduce --out`")
     parser.add_argument("--json", type=Path, dest="json_out", help="also write the rows to this file")
     parser.add_argument("--save", action="store_true",
                         help="also keep the rows in the run directory, for the bill after the run")

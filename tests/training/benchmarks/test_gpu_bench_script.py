@@ -90,7 +90,7 @@ def test_a_spent_budget_skips_the_remaining_stages_and_still_sums_up(tmp_path):
 def test_the_planners_default_mfu_is_the_committed_h200_measurement(tmp_path):
     """training/planning/inputs.py quotes the ViT-S/16 figures of docs/benchmarks/gpu_h200_2026-11-26/:
     the constants must be what those files say, and the folder's summary must follow from its files."""
-    from training.benchmarks.gpu_summary import summarise
+    from training.benchmarks.speed.gpu_summary import summarise
     from training.planning.inputs import MEASURED_MFU
 
     folder = REPO / "docs" / "benchmarks" / "gpu_h200_2026-11-26"

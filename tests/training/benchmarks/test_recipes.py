@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 from tiny import tiny_config
 
-from training.benchmarks.recipes import ARMS, FAST, FOLDS, REFERENCE, kfold_knn_top1, parse_args, stratified_folds
+from training.benchmarks.quality.recipes import (
+    ARMS,
+    FAST,
+    FOLDS,
+    REFERENCE,
+    kfold_knn_top1,
+    parse_args,
+    stratified_folds,
+)
 from training.config import Config, load_config
 from training.costs.flops import train_flops_per_image
 

@@ -3,7 +3,7 @@ JSON holds each figure, the table's against the v1 JSON index's."""
 
 
 
-from training.benchmarks.scale import run_scale_benchmark
+from training.benchmarks.data.scale import run_scale_benchmark
 from training.cli import main
 
 

@@ -1,10 +1,10 @@
-"""The weak-scaling model of training/costs/scaling.py and its command, training/benchmarks/scaling.py."""
+"""The weak-scaling model of training/costs/scaling.py and its command, training/benchmarks/speed/scaling.py."""
 
 import json
 
 import pytest
 
-from training.benchmarks import allreduce, scaling
+from training.benchmarks.speed import allreduce, scaling
 from training.costs import scaling as model
 from training.costs.scaling import PRESETS, StepProfile, allreduce_seconds, efficiency
 
@@ -92,7 +92,7 @@ def bench_step_json() -> dict:
     from tiny import tiny_config
 
     from training.benchmarks.request import StepBenchRequest
-    from training.benchmarks.step import run_step_benchmark
+    from training.benchmarks.speed.step import run_step_benchmark
 
     config = tiny_config({"data.channels": "01", "model.out_dim": 64, "dino.global_crop_size": 16,
                           "dino.local_crop_size": 8, "dino.local_crops_number": 1, "optim.batch_size_per_gpu": 2})

@@ -1,4 +1,4 @@
-"""`bench screen`'s oracle (training/benchmarks/screen.py): each evaluated cell gets the phenotype that
+"""`bench screen`'s oracle (training/benchmarks/quality/screen.py): each evaluated cell gets the phenotype that
 truth.csv gives its object, found here another way (through the cell's path and the load table's
 row, not the Metadata_ columns the benchmark joins on); the oracle scores perfect kNN when the
 classes are the phenotypes themselves; a truth file that is missing or belongs to another screen is
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tiny import run_cli, tiny_config
 
-from training.benchmarks.screen import cell_phenotypes, oracle_entry, shares
+from training.benchmarks.quality.screen import cell_phenotypes, oracle_entry, shares
 from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.errors import UserError
 from training.rundir import RunLayout
@@ -61,7 +61,7 @@ def test_each_evaluated_cell_gets_the_phenotype_of_its_own_object(screen_run):
 def test_the_oracle_is_perfect_where_the_classes_are_the_phenotypes(screen_run, monkeypatch):
     """With the true phenotype as the class, the oracle's kNN is right for every query; mAP and
     consistency are scored on per-well fractions through the configured normalisation."""
-    import training.benchmarks.screen as bench
+    import training.benchmarks.quality.screen as bench
 
     layout = RunLayout.from_config(screen_run)
     labels = json.loads(layout.labels.read_text())
@@ -100,7 +100,7 @@ def test_screen_flags_belong_to_bench_screen(tmp_path, capsys):
 
 
 def test_the_lead_is_counted_against_each_baselines_better_protocol():
-    from training.benchmarks.screen import leads
+    from training.benchmarks.quality.screen import leads
 
     rows = {"trained": {"knn_top1": 0.50, "knn_not_same_batch_top1": 0.45},
             "raw_pixels": {"knn_top1": 0.40, "knn_not_same_batch_top1": 0.30}, "oracle": {"knn_top1": 0.6}}

@@ -11,9 +11,9 @@ import torch
 from tiny import tiny_config
 from torch.utils.flop_counter import FlopCounterMode
 
-from training.benchmarks import step as step_module
 from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest, loader_request, step_request
-from training.benchmarks.step import run_step_benchmark
+from training.benchmarks.speed import step as step_module
+from training.benchmarks.speed.step import run_step_benchmark
 from training.cli import build_parser, main
 from training.config import Config, dump_config
 from training.costs.flops import head_flops, train_flops_per_image, vit_forward_flops

@@ -11,7 +11,7 @@ import torchvision.transforms.functional as TF
 from augment_reference import blur_matrices
 from torchvision.transforms import InterpolationMode
 
-from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
+from training.benchmarks.data.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
 from training.config import Config, DinoConfig
 from training.data.dataset import open_dataset
 from training.data.loading.augment import BatchMultiCrop, crop_resize, resize_full, sample_crop_boxes

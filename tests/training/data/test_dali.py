@@ -18,7 +18,7 @@ from training.distributed import DistContext, DistEnv
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -r requirements-dali.txt)")
 
-from training.benchmarks.dali import benchmark_dali  # noqa: E402
+from training.benchmarks.data.dali import benchmark_dali  # noqa: E402
 from training.data.loading.dali import build_dali_pretrain_loader, require_dali
 from training.errors import UserError  # noqa: E402
 from training.trainer import train  # noqa: E402

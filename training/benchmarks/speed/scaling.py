@@ -1,10 +1,10 @@
 """The weak-scaling model's command: multi-node efficiency per preset, from a measured step.
 
-    python -m training.benchmarks.scaling --step-json bench_step.json [--busbw-json allreduce.json]
+    python -m training.benchmarks.speed.scaling --step-json bench_step.json [--busbw-json allreduce.json]
 
 The model and what it reads, field by field: training/costs/scaling.py.
-- `--step-json`, from `python -m training bench step` (training/benchmarks/step.py);
-- `--busbw-json`, from `python -m training.benchmarks.allreduce` (training/benchmarks/allreduce.py).
+- `--step-json`, from `python -m training bench step` (training/benchmarks/speed/step.py);
+- `--busbw-json`, from `python -m training.benchmarks.speed.allreduce` (training/benchmarks/speed/allreduce.py).
 """
 
 from __future__ import annotations

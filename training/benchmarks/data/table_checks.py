@@ -1,8 +1,8 @@
 """What it costs to never hand out a wrong row of the per-cell table, at 10^5 to 10^7 cells.
 
-    python -m training.benchmarks.table_checks [--sizes 100000,1000000,10000000] [--repeats 3] [--out checks.json]
+    python -m training.benchmarks.data.table_checks [--sizes 100000,1000000,10000000] [--repeats 3] [--out checks.json]
 
-For each N, the packed dataset of `bench scale` (training/benchmarks/scale.py: 5 x 50 x 50 uint16
+For each N, the packed dataset of `bench scale` (training/benchmarks/data/scale.py: 5 x 50 x 50 uint16
 cells, CellProfiler-like paths, a plate map's columns; sparse pixel files) is written, then measured
 in fresh processes, page cache warm (the table was just written), medians of --repeats:
 
@@ -112,7 +112,7 @@ def standalone(folder: Path, repeats: int) -> dict:
 
 
 def run_table_checks(sizes: list[int], repeats: int = 3, scratch: Path | None = None) -> dict:
-    from training.benchmarks.scale import write_dataset
+    from training.benchmarks.data.scale import write_dataset
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-table-checks-", dir=scratch) as tmp:

@@ -1,8 +1,8 @@
 """All-reduce bus bandwidth of this allocation, compared with what the instance type should reach.
 
     sbatch --nodes=2 slurm/nccl_tests.slurm                                  (the usual way)
-    torchrun --nnodes 2 ... -m training.benchmarks.allreduce --out busbw.json
-    python -m training.benchmarks.allreduce --nccl-tests all_reduce_perf.log  (parse nccl-tests)
+    torchrun --nnodes 2 ... -m training.benchmarks.speed.allreduce --out busbw.json
+    python -m training.benchmarks.speed.allreduce --nccl-tests all_reduce_perf.log  (parse nccl-tests)
 
 Times `torch.distributed.all_reduce` (NCCL on GPUs, gloo on CPU) over a range of message sizes and
 reports, like nccl-tests, the bus bandwidth busbw = algbw * 2 (n - 1) / n, where algbw = bytes /
@@ -191,7 +191,7 @@ def write_json(summary: dict, out: Path | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m training.benchmarks.allreduce",
+    parser = argparse.ArgumentParser(prog="python -m training.benchmarks.speed.allreduce",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sizes",
                         help=f"comma-separated message sizes (default GPU {GPU_SIZES}, CPU {CPU_SIZES})")

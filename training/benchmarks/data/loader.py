@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from training.benchmarks.dali import benchmark_dali
+from training.benchmarks.data.dali import benchmark_dali
 from training.benchmarks.request import LoaderBenchRequest
 from training.config import Config
 from training.data.folders.index import scan_images

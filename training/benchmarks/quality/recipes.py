@@ -1,6 +1,6 @@
 """Recipe comparison: scDINO's pretraining recipe against cheaper ones, at equal data and epochs.
 
-    python -m training.benchmarks.recipes --config configs/demo.yaml --work runs/recipes \
+    python -m training.benchmarks.quality.recipes --config configs/demo.yaml --work runs/recipes \
         --seeds 0,1 --set optim.batch_size_per_gpu=32 [--arms scdino,p8_48_24_l8] [--out recipes.json]
 
 For each seed, the embedded synthetic dataset made with that seed (`synth-data --per-class`, written
@@ -209,7 +209,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.benchmarks.recipes", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m training.benchmarks.quality.recipes",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="the run YAML every arm starts from (e.g. configs/demo.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting for every arm, e.g. optim.batch_size_per_gpu=32 (repeatable)")

@@ -1,4 +1,4 @@
-"""Sum up a folder of `scripts/gpu-bench.sh` figures: `python -m training.benchmarks.gpu_summary DIR`.
+"""Sum up a folder of `scripts/gpu-bench.sh` figures: `python -m training.benchmarks.speed.gpu_summary DIR`.
 
 Reads whatever the script left in DIR (a stage that failed or was cut short leaves no file, and is
 listed in stages.txt) and writes DIR/summary.json:
@@ -13,7 +13,7 @@ listed in stages.txt) and writes DIR/summary.json:
   the CPU share one GPU gets on a p5 (LOADER_VCPUS_PER_GPU vCPUs, at its measured CPU time per image,
   one vCPU taken as one of this machine's cores), over what the fastest step or loop at those crops
   consumes;
-- scaling: DIR/scaling_vits16_224.json, the multi-node model (training/benchmarks/scaling.py) fed the
+- scaling: DIR/scaling_vits16_224.json, the multi-node model (training/benchmarks/speed/scaling.py) fed the
   faster ViT-S/16 step;
 - chain: the demo's chain on this machine (kNN top-1 and epochs), when it ran.
 Prints one line per figure.
@@ -124,7 +124,7 @@ def _loader_figures(loader: dict, demand: float) -> dict:
 def _write_scaling(step_json: Path, out: Path) -> None:
     from contextlib import redirect_stdout
 
-    from training.benchmarks.scaling import main as scaling_main
+    from training.benchmarks.speed.scaling import main as scaling_main
 
     with out.open("w") as handle, redirect_stdout(handle):
         scaling_main(["--step-json", str(step_json)])
@@ -133,7 +133,7 @@ def _write_scaling(step_json: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m training.benchmarks.gpu_summary DIR (a folder of scripts/gpu-bench.sh figures)",
+        print("usage: python -m training.benchmarks.speed.gpu_summary DIR (a folder of scripts/gpu-bench.sh figures)",
               file=sys.stderr)
         return 2
     out = Path(args[0])

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from training.benchmarks.request import PretrainBenchRequest
-from training.benchmarks.step import SyntheticCrops, _free_running, model_settings, throughput
+from training.benchmarks.speed.step import SyntheticCrops, _free_running, model_settings, throughput
 from training.config import Config
 from training.distributed import DistContext, DistEnv
 
@@ -84,7 +84,7 @@ def bench_config(config: Config, request: PretrainBenchRequest, run_dir: Path) -
 def _packed_loader_factory(config: Config, request: PretrainBenchRequest, scratch: Path):
     """The pretraining loader over synthetic images packed under `scratch` (`request.images`, or one
     batch more than the run trains on), and the settings that point the run at them."""
-    from training.benchmarks.loader import BENCH_MEAN, BENCH_STD, _tiff_source
+    from training.benchmarks.data.loader import BENCH_MEAN, BENCH_STD, _tiff_source
     from training.data.folders.index import scan_images
     from training.data.folders.pack import pack_images
     from training.data.loading.loaders import build_pretrain_loader
