@@ -16,22 +16,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
-import socket
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from training.atomic import write_json_atomic
 from training.config import Config, dump_config, load_config
 from training.errors import PathTakenError, UserError
+from training.logs import configure_logging, launcher_rank
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
-
-RANKS_LOGGER = "training.ranks"
-"""Messages every rank logs at LOGLEVEL (training/distributed.py: a rank joining the job)."""
 
 # step name -> module under training.steps
 STEPS: dict[str, str] = {
@@ -75,12 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
-    """This process's rank as torchrun (RANK) or Slurm (SLURM_PROCID) numbers it; 0 outside both."""
-    env = os.environ if environ is None else environ
-    return int(env.get("RANK", env.get("SLURM_PROCID", "0")))
-
-
 def is_rank_zero() -> bool:
     return launcher_rank() == 0
 
@@ -113,25 +103,6 @@ def _run_step(args: argparse.Namespace) -> int:
     if is_rank_zero() and pipeline_step:
         record_timing(layout, args.step, time.perf_counter() - start)
     return int(result or 0)
-
-
-def configure_logging(environ: Mapping[str, str] | None = None) -> None:
-    """Rank 0 logs at LOGLEVEL (INFO by default); every other rank only WARNING and up, with its rank
-    and host in each line: a job log then shows each message once, and still says where a problem
-    arose. The logger `training.ranks` (each rank joining) logs at LOGLEVEL on every rank.
-    (Progress bars, too, are drawn by rank 0 only: training/metrics.py.)"""
-    env = os.environ if environ is None else environ
-    rank = launcher_rank(env)
-    level = logging.getLevelName(env.get("LOGLEVEL", "INFO").upper())
-    if not isinstance(level, int):
-        raise UserError(f"LOGLEVEL must be one of DEBUG, INFO, WARNING, ERROR, got {env['LOGLEVEL']!r}")
-    where = "" if rank == 0 else f"[rank {rank} {socket.gethostname()}] "
-    logging.basicConfig(
-        level=level if rank == 0 else max(level, logging.WARNING),
-        format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    logging.getLogger(RANKS_LOGGER).setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

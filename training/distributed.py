@@ -49,11 +49,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  before any group exists: see the module docstring
 
-from training.cli import RANKS_LOGGER
+from training.logs import RANKS_LOGGER
 
 log = logging.getLogger(__name__)
 ranks_log = logging.getLogger(RANKS_LOGGER)
-"""Logged by every rank, not only rank 0 (training/cli.py configure_logging): which ranks joined, what each did."""
+"""Logged by every rank, not only rank 0 (training/logs.py configure_logging): which ranks joined, what each did."""
 
 NCCL_FAILURE_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 """Set (unless already set) before an NCCL group starts: a failed or timed-out collective aborts

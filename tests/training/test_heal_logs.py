@@ -6,9 +6,10 @@ import socket
 
 import pytest
 
-from training.cli import configure_logging, main
+from training.cli import main
 from training.distributed import ranks_log
 from training.errors import UserError
+from training.logs import configure_logging
 from training.metrics import progress
 
 

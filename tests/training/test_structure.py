@@ -12,7 +12,9 @@
   standard library only);
 - only training/rundir/layout.py spells a run file's name, or a run folder's as a path component
   (code and shell scripts ask it);
-- the command line starts without torch, numpy or the step libraries.
+- the command line starts without torch, numpy or the step libraries;
+- no library imports the command line (training/cli.py): it stands on top, and what a library shares
+  with it (how each rank logs) lives in training/logs.py.
 """
 
 from __future__ import annotations
@@ -113,6 +115,14 @@ def test_steps_import_no_other_step():
     offenders = {name: sorted(m for m in deps if m.startswith("training.steps.") and m != "training.steps")
                  for name, deps in graph.items() if name.startswith("training.steps.")}
     assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+def test_no_library_imports_the_command_line():
+    """The command line imports every step (by name); a library that imported it would stand under
+    the whole house. distributed.py once did, for the ranks logger's name: three floors of it."""
+    graph = import_graph()
+    assert sorted(name for name, deps in graph.items()
+                  if "training.cli" in deps and name != "training.__main__") == []
 
 
 GROUND_FLOOR = {
