@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before the group exists: training/distributed.py says why
+import torch.distributed.nn  # noqa: F401  before the group exists: training/distributed/groups.py says why
 from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
 "epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
 
-Rank 0 writes it atomically (training/atomic.py), keeping the checkpoint it replaces as
+Rank 0 writes it atomically (training/files/atomic.py), keeping the checkpoint it replaces as
 RunLayout.previous_checkpoint (a hard link: nothing is written twice); at the epochs
 `train.saveckp_rule` picks (every `train.saveckp_freq` completed epochs, or scDINO's) a numbered
 copy is linked beside it and, when `train.keep_last` > 0, all but the last that many numbered
@@ -44,12 +44,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from training.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.config import TrainConfig, flatten_dotted
-from training.diskspace import DiskFullError, no_space_error, room_problem
-from training.distributed import DistContext, all_gather_object, broadcast_object
+from training.distributed.groups import DistContext, all_gather_object, broadcast_object
+from training.distributed.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
 from training.errors import UserError
-from training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
+from training.files.atomic import link_atomic, save_torch_atomic, write_json_atomic
+from training.files.diskspace import DiskFullError, no_space_error, room_problem
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_checkpoint
 from training.rundir.integrity import is_zip, zip_problem

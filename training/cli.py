@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from training.atomic import write_json_atomic
 from training.config import Config, dump_config, load_config
 from training.errors import PathTakenError, UserError
+from training.files.atomic import write_json_atomic
 from training.logs import configure_logging, launcher_rank
 from training.rundir import RunLayout
 

@@ -2,7 +2,7 @@
 with its rank and host in each line; the ranks logger at LOGLEVEL on every rank.
 
 Standard library only: the command line configures logging before it imports torch, and
-training/distributed.py logs to the ranks logger without importing the command line.
+training/distributed/groups.py logs to the ranks logger without importing the command line.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Mapping
 from training.errors import UserError
 
 RANKS_LOGGER = "training.ranks"
-"""Messages every rank logs at LOGLEVEL (training/distributed.py: a rank joining the job)."""
+"""Messages every rank logs at LOGLEVEL (training/distributed/groups.py: a rank joining the job)."""
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int:

@@ -20,8 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from training.atomic import write_json_atomic
 from training.costs.bill import build_bill, combination_bills
+from training.files.atomic import write_json_atomic
 from training.rundir import tags
 from training.rundir.artifacts import load_knn, read_optional_json, read_timings
 from training.rundir.layout import RunLayout

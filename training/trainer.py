@@ -61,7 +61,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from training.atomic import write_text_atomic
 from training.checkpointing import CheckpointManager, capture_rng, restore_rng
 from training.config import Config
 from training.data.loading.loaders import crops_on_device
@@ -69,15 +68,16 @@ from training.dino import DINOLoss, build_optimizer, build_schedules, teacher_te
 from training.dino.collapse import Collapse, CollapseDetector, CollapseRule
 from training.dino.loss import TEACHER_STATISTICS
 from training.dino.step import TrainState, forward_loss, update
-from training.distributed import DistContext, HostValues, all_reduce_sum_later
+from training.distributed.groups import DistContext, HostValues, all_reduce_sum_later
+from training.distributed.parallel import parallelize
 from training.errors import UserError
+from training.files.atomic import write_text_atomic
 from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
 from training.heal.spot import SpotWatcher
 from training.heal.watchdog import ProgressWatchdog
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
-from training.parallel import parallelize
 from training.precision import resolve_precision
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics

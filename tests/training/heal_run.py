@@ -16,7 +16,7 @@ from test_trainer import run_config
 
 from training.benchmarks.speed.step import SyntheticCrops
 from training.config import Config
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.rundir import RunLayout
 
 CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)

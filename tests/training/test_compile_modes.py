@@ -9,7 +9,7 @@ from torch import nn
 
 from training.config import ConfigError
 from training.dino.step import forward_loss
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.trainer import build_state
 
 torch.set_num_threads(1)

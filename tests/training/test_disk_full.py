@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tiny import run_cli
 
-from training.diskspace import DiskFullError, is_no_space, no_space_error
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
+from training.files.diskspace import DiskFullError, is_no_space, no_space_error
 from training.heal.failures import read_records
 from training.rundir import RunLayout
 from training.trainer import default_loader_factory, train

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from tiny import tiny_config
 
 from training.config import Config
-from training.distributed import DistContext, DistEnv, cleanup, detect_env, init_distributed
-from training.parallel import model_state
+from training.distributed.groups import DistContext, DistEnv, cleanup, detect_env, init_distributed
+from training.distributed.parallel import model_state
 from training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,16 +210,16 @@ def _keep_local_gradients(state, bucket):
 
 
 def _worker_without_allreduce(rank, world_size, port, out_dir, parallel):
-    import training.parallel
+    import training.distributed.parallel
 
-    wrap = training.parallel.DistributedDataParallel
+    wrap = training.distributed.parallel.DistributedDataParallel
 
     def ddp_that_does_not_average(*args, **kwargs):
         model = wrap(*args, **kwargs)
         model.register_comm_hook(None, _keep_local_gradients)
         return model
 
-    training.parallel.DistributedDataParallel = ddp_that_does_not_average
+    training.distributed.parallel.DistributedDataParallel = ddp_that_does_not_average
     _worker(rank, world_size, port, out_dir, parallel)
 
 

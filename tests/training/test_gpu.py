@@ -27,7 +27,7 @@ from test_distributed import STEPS, fixed_loader, run_config, step_sizes, traine
 from tiny import tiny_config
 
 from training.dino.step import forward_loss
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.precision import Precision
 from training.trainer import build_state, train
 

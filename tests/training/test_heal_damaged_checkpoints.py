@@ -64,8 +64,8 @@ def _two_rank_worker(rank, port, out_dir, parallel):
     import torch.distributed as dist
     from heal_run import ScriptedCrops
 
-    from training.distributed import DistEnv, cleanup, init_distributed
-    from training.parallel import model_state
+    from training.distributed.groups import DistEnv, cleanup, init_distributed
+    from training.distributed.parallel import model_state
 
     torch.set_num_threads(1)
     resumed = []

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from training.cli import main
-from training.distributed import ranks_log
+from training.distributed.groups import ranks_log
 from training.errors import UserError
 from training.logs import configure_logging
 from training.metrics import progress

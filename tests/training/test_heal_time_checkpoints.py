@@ -116,7 +116,7 @@ def _two_rank_worker(rank, port, out_dir):
     from heal_run import ScriptedCrops
 
     from training.checkpointing import CheckpointManager
-    from training.distributed import DistEnv, cleanup, init_distributed
+    from training.distributed.groups import DistEnv, cleanup, init_distributed
 
     torch.set_num_threads(1)
     fake = FakeClock()

@@ -119,7 +119,8 @@ def test_steps_import_no_other_step():
 
 def test_no_library_imports_the_command_line():
     """The command line imports every step (by name); a library that imported it would stand under
-    the whole house. distributed.py once did, for the ranks logger's name: three floors of it."""
+    the whole house. The process-group module (now distributed/groups.py) once did, for the ranks
+    logger's name: three floors of it."""
     graph = import_graph()
     assert sorted(name for name, deps in graph.items()
                   if "training.cli" in deps and name != "training.__main__") == []
@@ -391,11 +392,18 @@ def room_entries(folder: Path) -> list[str]:
 
 
 def test_no_room_of_the_package_holds_more_than_twelve_entries():
-    """steps/ (one module per command) and the package root aside."""
+    """steps/ (one module per command) aside."""
     rooms = [p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").is_file() and p.name != "steps"]
     crowded = {p.relative_to(REPO).as_posix(): len(room_entries(p)) for p in rooms
                if len(room_entries(p)) > MAX_ROOM_ENTRIES}
     assert crowded == {}
+
+
+def test_the_package_root_holds_no_more_than_twelve_modules():
+    """The root's subfolders are the rooms docs/architecture.md lists; its modules are what lies
+    outside every room (the command line, the errors, the logs, the trainer ...): at most twelve."""
+    modules = [name for name in room_entries(PACKAGE) if name.endswith(".py")]
+    assert len(modules) <= MAX_ROOM_ENTRIES, modules
 
 
 def test_profiles_live_in_one_room():

@@ -13,7 +13,7 @@ from tiny import TINY_MODEL
 
 from training.cli import main
 from training.config import Config, load_config
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.trainer import default_loader_factory, train
 
 pytestmark = pytest.mark.slow

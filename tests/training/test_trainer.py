@@ -12,7 +12,7 @@ from tiny import tiny_config
 
 from training.benchmarks.speed.step import SyntheticCrops
 from training.config import Config
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.errors import UserError
 from training.rundir import RunLayout
 from training.trainer import TrainingDivergedError, train

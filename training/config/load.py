@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from training.atomic import write_text_atomic
 from training.config.errors import ConfigError
 from training.config.scdino import convert_if_scdino
 from training.config.schema import Config, from_dict, hint_of, set_dotted
+from training.files.atomic import write_text_atomic
 
 
 def read_yaml(text: str) -> Any:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.folders.index import ImageIndex, scan_images
 from training.data.folders.pack import expected_format
@@ -22,6 +21,7 @@ from training.data.store.format import check_not_half_packed, is_packed
 from training.data.store.read import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
+from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import bad_image_paths
 

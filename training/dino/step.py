@@ -17,7 +17,7 @@ from training.dino.channels import select_channels, step_bag_crops, step_channel
 from training.dino.loss import DINOLoss
 from training.dino.optim import apply_schedules, cancel_last_layer_gradients, clip_gradients, update_teacher
 from training.dino.schedules import Schedules
-from training.parallel import ParallelModels, mark_step_begin
+from training.distributed.parallel import ParallelModels, mark_step_begin
 from training.precision import Precision
 
 

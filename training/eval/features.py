@@ -15,8 +15,7 @@ from training.config import Config
 from training.data.dataset import open_images
 from training.data.loading.torch_loader import build_eval_loader
 from training.data.stats import load_mean_std
-from training.diskspace import DiskFullError, room_problem
-from training.distributed import DistContext, broadcast_object
+from training.distributed.groups import DistContext, broadcast_object
 from training.errors import UserError
 from training.eval.cellprofiler import cellprofiler_features
 from training.eval.extract import extract_shard, gather_shards
@@ -29,6 +28,7 @@ from training.eval.feature_plan import (
     plan_tags,
     scope_rows,
 )
+from training.files.diskspace import DiskFullError, room_problem
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, save_features
 

@@ -5,7 +5,7 @@ pretrained weights are from a good classifier. It trains on the images of the kN
 and validates on the query images after every epoch, with the images the `features` step sees
 (resized to eval.image_size, normalised with the run's mean and std) and random flips at most.
 
-Every rank runs `finetune`: `training.parallel.wrap_model` applies DDP or FSDP2. Training batches
+Every rank runs `finetune`: `training.distributed.parallel.wrap_model` applies DDP or FSDP2. Training batches
 come from a seeded sampler that pads each rank's shard to the same length, so every rank takes the
 same number of steps; validation shards the query images without repeats and sums the correct
 counts over the ranks, so the accuracy covers each query image exactly once whatever the world
@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from training.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.config import Config, EvalConfig
 from training.data.dataset import open_images
 from training.data.loading.sampler import DistributedBatchSampler
@@ -38,11 +37,12 @@ from training.data.loading.torch_loader import (
     checked_loader,
     eval_transform,
 )
-from training.distributed import DistContext, all_reduce_max, all_reduce_sum, ranks_log
+from training.distributed.groups import DistContext, all_reduce_max, all_reduce_sum, ranks_log
+from training.distributed.parallel import WrappedModel, wrap_model
 from training.errors import UserError
 from training.eval.linear_probe import ProbeResult
+from training.files.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.models.pretrained import load_backbone
-from training.parallel import WrappedModel, wrap_model
 from training.precision import Precision, resolve_precision
 from training.rundir import RunLayout
 from training.schedules import cosine_schedule

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from training.atomic import write_json_atomic
 from training.errors import UserError
+from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Models: the ViT backbone, the DINO head and the multi-crop wrapper that joins them.
 
-Model code knows nothing about distribution or checkpoints; `training.parallel` wraps it and
+Model code knows nothing about distribution or checkpoints; `training.distributed.parallel` wraps it and
 `training.models.pretrained` loads weights into it.
 """
 

@@ -8,11 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from training.atomic import write_json_atomic
 from training.config import Config
 from training.costs.instances import INSTANCES, LOCAL
 from training.costs.prices import on_demand
 from training.errors import UserError
+from training.files.atomic import write_json_atomic
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.atomic import write_json_atomic
 from training.config import Config
 from training.errors import MissingInputError
+from training.files.atomic import write_json_atomic
 from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k, plot_screen_measures
 from training.plots.attention import cls_attention, plot_attention
 from training.plots.common import save_figure

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from training.atomic import atomic_path, write_json_atomic
 from training.errors import DamagedFileError, MissingInputError, UserError
+from training.files.atomic import atomic_path, write_json_atomic
 from training.rundir import tags
 from training.rundir.integrity import (
     Crc32Writer,

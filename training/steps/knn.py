@@ -27,10 +27,10 @@ log = logging.getLogger(__name__)
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """kNN (and mAP) of every feature tag on one shared split; write knn.json and knn.md, print the tables."""
-    from training.atomic import write_json_atomic, write_text_atomic
     from training.eval.knn import evaluate_feature_sets, evaluation_batches
     from training.eval.retrieval import evaluation_wells
     from training.eval.tables import knn_markdown
+    from training.files.atomic import write_json_atomic, write_text_atomic
     from training.rundir.artifacts import load_labels, load_tagged_features
 
     labels = load_labels(layout)

@@ -36,9 +36,9 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Probe each tag (or fine-tune) on the kNN split; write the results, print the table."""
     if getattr(args, "finetune", False):
         return run_finetune(config, layout)
-    from training.atomic import write_json_atomic, write_text_atomic
     from training.eval.linear_probe import probe_feature_sets
     from training.eval.tables import linear_rows, markdown_table
+    from training.files.atomic import write_json_atomic, write_text_atomic
     from training.rundir import tags
     from training.rundir.artifacts import load_labels, load_tagged_features
 
@@ -60,7 +60,7 @@ def run_finetune(config: Config, layout: RunLayout) -> int:
     The inputs are read before joining the process group: a missing file stops every rank with the
     same message, and none is left waiting for the others.
     """
-    from training.distributed import process_group
+    from training.distributed.groups import process_group
     from training.eval.finetune import finetune, finetune_inputs, finetune_payload, write_finetune
 
     checkpoint, data = finetune_inputs(config, layout)

@@ -25,7 +25,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
                         f"with run.channel_adaptive={config.run.channel_adaptive} and without run.combination "
                         f"(got {config.run.combination!r}, "
                         "which picks its evaluation on that combination: features, labels, knn, linear)")
-    from training.distributed import process_group
+    from training.distributed.groups import process_group
     from training.trainer import train
 
     with process_group() as ctx:

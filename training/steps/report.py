@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write report.html from the run's files."""
-    from training.atomic import write_text_atomic
+    from training.files.atomic import write_text_atomic
     from training.report.html import build_report, report_title
 
     if not layout.plots_manifest.is_file() and not layout.knn_json.is_file():

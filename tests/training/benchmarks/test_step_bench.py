@@ -136,7 +136,7 @@ def test_the_dino_reference_step_trains_as_ours_does():
     host reads and a looped EMA round differently: a rounding flip of a near-zero gradient moves an
     element by up to ~2 learning rates, and such elements are rare)."""
     from training.dino.step import backward, forward_loss, optimizer_step
-    from training.distributed import DistContext, DistEnv
+    from training.distributed.groups import DistContext, DistEnv
     from training.trainer import build_state
 
     config = tiny_config({"data.channels": "01234", "optim.batch_size_per_gpu": 4, "model.drop_path_rate": 0.0,

@@ -14,7 +14,7 @@ from training.config import dump_config
 from training.data.dataset import minmax_scale
 from training.data.loading.augment import BatchMultiCrop
 from training.data.store.read import PackedImages
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -r requirements-dali.txt)")
 

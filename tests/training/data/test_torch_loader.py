@@ -18,7 +18,7 @@ from training.data.loading.augment import BatchMultiCrop, banded_row_product, re
 from training.data.loading.loaders import build_pretrain_loader
 from training.data.loading.torch_loader import RawBatch, crops_on_device
 from training.dino.step import forward_loss
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 from training.trainer import build_state, train
 
 MEAN, STD = [0.3] * 5, [0.2] * 5

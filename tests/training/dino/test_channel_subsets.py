@@ -122,7 +122,7 @@ def prepared(tmp_path_factory):
 @pytest.mark.slow
 def test_tiny_channel_adaptive_pretraining_learns_and_serves_a_subset(prepared):
     from training.cli import main
-    from training.distributed import DistContext, DistEnv
+    from training.distributed.groups import DistContext, DistEnv
     from training.rundir import RunLayout
     from training.rundir.features import load_features
     from training.trainer import train

@@ -105,7 +105,7 @@ def _batches(indices, batch_size=3):
 
 
 def _rank_main(rank, world_size, port, out_dir):
-    from training.distributed import DistEnv, cleanup, init_distributed
+    from training.distributed.groups import DistEnv, cleanup, init_distributed
 
     torch.set_num_threads(1)
     ctx = init_distributed(DistEnv(rank=rank, world_size=world_size, master_port=port, launcher="torchrun"))

@@ -132,7 +132,7 @@ def test_training_images_follow_per_image_normalisation(source, single):
     from training.config import load_config
     from training.data.dataset import open_images, to_scaled_tensor
     from training.data.loading.augment import resize_full
-    from training.distributed import DistContext, DistEnv
+    from training.distributed.groups import DistContext, DistEnv
     from training.eval.finetune import build_train_loader, finetune_inputs
 
     _, overrides = single

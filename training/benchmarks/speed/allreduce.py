@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training.atomic import write_text_atomic
+from training.files.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def count_nodes() -> int:
 
 def run_benchmark(args: argparse.Namespace) -> dict | None:
     """Measure on every rank; rank 0 returns the summary, other ranks None."""
-    from training.distributed import process_group
+    from training.distributed.groups import process_group
 
     start = time.perf_counter()
     with process_group() as ctx:

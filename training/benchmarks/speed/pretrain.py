@@ -35,7 +35,7 @@ import torch
 from training.benchmarks.request import PretrainBenchRequest
 from training.benchmarks.speed.step import SyntheticCrops, _free_running, model_settings, throughput
 from training.config import Config
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 
 log = logging.getLogger(__name__)
 

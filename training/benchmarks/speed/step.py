@@ -40,7 +40,7 @@ from training.benchmarks.request import StepBenchRequest
 from training.config import Config
 from training.costs.flops import train_flops_per_image
 from training.costs.instances import peak_flops_of
-from training.distributed import DistContext, DistEnv
+from training.distributed.groups import DistContext, DistEnv
 
 log = logging.getLogger(__name__)
 

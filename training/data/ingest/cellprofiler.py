@@ -55,9 +55,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from training.atomic import write_json_atomic
 from training.data.store.format import PART_FILE as PART_INDEX
 from training.errors import DamagedFileError, MissingInputError, UserError
+from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.integrity import (
     Crc32Writer,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 
-from training.atomic import write_json_atomic
 from training.config import Config
 from training.data.dataset import write_bad_report
 from training.data.finish import merge_and_split
@@ -19,6 +18,7 @@ from training.data.ingest.table import LoadTable
 from training.data.store.parts import check_part_arguments, finished_part, part_remedy, part_rows, read_part
 from training.data.tiff import BadImage
 from training.errors import UserError
+from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)

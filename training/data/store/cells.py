@@ -46,8 +46,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.atomic import atomic_path
 from training.errors import DamagedFileError, UserError
+from training.files.atomic import atomic_path
 from training.rundir.integrity import crc32_hex, file_crc32, one_line, present_problem, rerun
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from training.atomic import write_json_atomic
 from training.data.store.cells import CELLS_FILE, CLASS_COLUMN, storage_table, write_table
 from training.data.store.format import FORMAT, FORMAT_V1, IMAGES_FILE, INDEX_FILE
 from training.errors import DamagedFileError
+from training.files.atomic import write_json_atomic
 from training.rundir.integrity import crc32_hex, require_keys, rerun
 
 log = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from training.atomic import write_json_atomic
 from training.data.store.cells import CELLS_FILE, CellTable, storage_table, write_table
 from training.data.store.format import FORMAT, INDEX_FILE, shard_name
 from training.data.store.parts import check_part, read_part
 from training.data.store.write import widen_file
 from training.errors import UserError
+from training.files.atomic import write_json_atomic
 from training.rundir.integrity import crc32_hex, rerun
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from training.atomic import write_json_atomic
 from training.data.store.cells import storage_table, write_table
 from training.data.store.format import PART_FILE, PART_FORMAT, shard_name
+from training.files.atomic import write_json_atomic
 from training.rundir.integrity import crc32_hex
 
 log = logging.getLogger(__name__)

@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
-from training.atomic import write_json_atomic, write_text_atomic
 from training.data.synthetic.folders import CELL_RADIUS, PHENOTYPES, mix_channels, render_cells, write_tiff
 from training.errors import UserError
+from training.files.atomic import write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 

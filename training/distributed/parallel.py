@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from training.config import Config
-from training.distributed import DistContext
+from training.distributed.groups import DistContext
 
 log = logging.getLogger(__name__)
 
