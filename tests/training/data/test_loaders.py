@@ -151,7 +151,7 @@ def test_balancing_takes_the_table_column_and_refuses_a_single_value(tmp_path):
     write_packed(tmp_path / "packed", images, ["c"] * 6,
                  metadata={"Metadata_Batch": ["B2", "B1", "B2", "B1", "B1", "B1"], "Metadata_Plate": ["P1"] * 6})
     config = tiny_config({"data.source": str(tmp_path / "packed"), "data.channels": "0",
-                          "data.balance_column": "Batch"})
+                          "data.balance_column": "Batch", "run.output_dir": str(tmp_path / "run")})
     assert balance_groups(config, np.array([0, 1, 4])).tolist() == [1, 0, 0]
     with pytest.raises(UserError, match="data.balance_column=Metadata_Plate has one value among the training cells"):
         balance_groups(config.replace({"data.balance_column": "Metadata_Plate"}), np.arange(6))
