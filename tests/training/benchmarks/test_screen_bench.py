@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tiny import run_cli, tiny_config
 
-from training.benchmarks.quality.screen import cell_phenotypes, oracle_entry, shares
+from training.benchmarks.quality.screen import cell_phenotypes, held_out, oracle_entry, shares
 from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.errors import UserError
 from training.rundir import RunLayout
@@ -68,7 +68,7 @@ def test_the_oracle_is_perfect_where_the_classes_are_the_phenotypes(screen_run, 
     codes, names = cell_phenotypes(screen_run, np.asarray(labels["indices"]))
     relabelled = {**labels, "labels": codes.tolist(), "class_names": names}
     monkeypatch.setattr("training.rundir.artifacts.load_labels", lambda _layout: relabelled)
-    entry = bench.oracle_entry(screen_run, layout, None)
+    entry = bench.oracle_entry(screen_run, bench.held_out(screen_run, layout), None)
     assert all(v == 1.0 for v in entry["top1"].values())
     assert all(v == 1.0 for v in entry["not_same_batch"]["top1"].values())
     assert entry["map"]["n_treatments"] == 10 and entry["map_consistency"]["n_treatments"] >= 1
@@ -85,11 +85,11 @@ def test_kNN_shares_count_from_chance_and_mAP_from_zero():
 def test_a_missing_or_foreign_truth_is_one_line(screen_run, tmp_path):
     layout = RunLayout.from_config(screen_run)
     with pytest.raises(UserError, match="the oracle needs the synthetic screen's truth.csv, and .* does not exist"):
-        oracle_entry(screen_run, layout, tmp_path / "missing.csv")
+        oracle_entry(screen_run, held_out(screen_run, layout), tmp_path / "missing.csv")
     foreign = tmp_path / "truth.csv"
     foreign.write_text("Metadata_Plate,Metadata_Well,Metadata_Site,ObjectNumber,Phenotype\nPlateX,A01,1,1,nuclear\n")
     with pytest.raises(UserError, match=r"\d+ evaluated cells are not in .*truth.csv: is it the truth of the screen"):
-        oracle_entry(screen_run, layout, foreign)
+        oracle_entry(screen_run, held_out(screen_run, layout), foreign)
 
 
 def test_screen_flags_belong_to_bench_screen(tmp_path, capsys):

@@ -30,6 +30,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -118,24 +119,42 @@ def cell_phenotypes(config: Config, rows: np.ndarray, truth_path: Path | None = 
     return found["Phenotype"].map({n: i for i, n in enumerate(names)}).to_numpy(np.int64), names
 
 
-def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> dict[str, Any]:
-    """The oracle's knn.json-like entry: kNN and not-same-batch kNN on one-hot phenotypes, mAP on
-    per-well phenotype fractions."""
-    from training.eval.knn import evaluate_tag, evaluation_batches, reference_query
-    from training.eval.retrieval import WellProfiles, evaluation_wells, profile_map
+@dataclass(frozen=True)
+class HeldOut:
+    """The evaluated cells as `knn` split them, read once for every feature set the benchmark scores."""
+
+    labels: dict[str, Any]
+    y: np.ndarray
+    ref: np.ndarray
+    query: np.ndarray
+    batches: np.ndarray | None
+
+
+def held_out(config: Config, layout: RunLayout) -> HeldOut:
+    """labels.json, the seeded reference/query split and each cell's batch for not-same-batch kNN."""
+    from training.eval.knn import evaluation_batches, reference_query
     from training.rundir.artifacts import load_labels
-    from training.rundir.features import FeatureSet
 
     labels = load_labels(layout)
+    y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
+    return HeldOut(labels, y, ref, query, evaluation_batches(config, labels, layout))
+
+
+def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict[str, Any]:
+    """The oracle's knn.json-like entry: kNN and not-same-batch kNN on one-hot phenotypes, mAP on
+    per-well phenotype fractions."""
+    from training.eval.knn import evaluate_tag
+    from training.eval.retrieval import WellProfiles, evaluation_wells, profile_map
+    from training.rundir.features import FeatureSet
+
+    labels = held.labels
     rows = np.asarray(labels["indices"], np.int64)
     phenotype, names = cell_phenotypes(config, rows, truth_path)
     onehot = np.eye(len(names))[phenotype] + JITTER * np.random.default_rng(config.run.seed).standard_normal(
         (len(rows), len(names)))
     onehot /= np.linalg.norm(onehot, axis=1, keepdims=True)
-    y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
-    batches = evaluation_batches(config, labels, layout)
-    entry = evaluate_tag(FeatureSet(onehot.astype(np.float32), rows, {"kind": ORACLE}), y, (ref, query), config.eval,
-                         len(labels["class_names"]), batches)
+    entry = evaluate_tag(FeatureSet(onehot.astype(np.float32), rows, {"kind": ORACLE}), held.y,
+                         (held.ref, held.query), config.eval, len(labels["class_names"]), held.batches)
     setup = evaluation_wells(config, labels)
     if setup is not None:
         fractions = np.stack([np.bincount(phenotype[setup.wells.order[a:b]], minlength=len(names)) / (b - a)
@@ -148,21 +167,19 @@ def oracle_entry(config: Config, layout: RunLayout, truth_path: Path | None) -> 
     return entry
 
 
-def other_protocol(config: Config, layout: RunLayout) -> dict[str, dict[str, Any]]:
+def other_protocol(config: Config, layout: RunLayout, held: HeldOut) -> dict[str, dict[str, Any]]:
     """kNN and not-same-batch kNN of the trained model and the baselines with eval.knn_whiten flipped,
     so that each feature set can be read at the protocol that suits it best."""
     import dataclasses
 
-    from training.eval.knn import evaluate_tag, evaluation_batches, reference_query
-    from training.rundir.artifacts import load_labels, load_tagged_features
+    from training.eval.knn import evaluate_tag
+    from training.rundir.artifacts import load_tagged_features
 
-    labels = load_labels(layout)
     settings = dataclasses.replace(config.eval, knn_whiten=not config.eval.knn_whiten)
-    y, ref, query = reference_query(labels, settings.knn_train_fraction, config.run.seed)
-    batches = evaluation_batches(config, labels, layout)
-    sets = load_tagged_features(layout, labels)
-    return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], y, (ref, query), settings,
-                                                                           len(labels["class_names"]), batches))
+    sets = load_tagged_features(layout, held.labels)
+    classes = len(held.labels["class_names"])
+    return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], held.y, (held.ref, held.query),
+                                                                           settings, classes, held.batches))
             for tag in (tags.FINAL, *tags.BASELINES) if tag in sets}
 
 
@@ -224,10 +241,11 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
     layout = RunLayout.from_config(config)
     knn = json.loads(layout.knn_json.read_text())
     entries = {tag: knn["tags"][tag] for tag in (tags.FINAL, *tags.BASELINES) if tag in knn["tags"]}
-    entries[ORACLE] = oracle_entry(config, layout, truth)
+    held = held_out(config, layout)
+    entries[ORACLE] = oracle_entry(config, held, truth)
     chance = 1.0 / len(knn["class_names"])
     rows = {("trained" if tag == tags.FINAL else tag): row_of(entry) for tag, entry in entries.items()}
-    other = other_protocol(config, layout)
+    other = other_protocol(config, layout, held)
     screen_json = Path(config.ingest.table).parent / "screen.json"
     screen = json.loads(screen_json.read_text()) if screen_json.is_file() else {}
     return {

@@ -92,9 +92,8 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
                 batches=context.batches is not None, mad_samples=context.mad_samples)
     if "mad_robustize" in steps:
         check_plate_controls(context)
-    if "spherize" in steps and np.sum(context.controls) < 2:
-        raise UserError(f"sphering needs at least 2 control wells, got {int(np.sum(context.controls))}: add control "
-                        "wells, evaluate more cells, or leave spherize out of eval.profile_normalization")
+    if "spherize" in steps:
+        check_sphere_controls(int(np.sum(context.controls)))
     if any(s in CONTROLLED for s in steps):
         kept = varying_on_references(x, context, steps)
         x = x[:, kept]
@@ -133,7 +132,7 @@ def varying_on_references(x: np.ndarray, context: WellContext, steps: tuple[str,
 def _frame(x: np.ndarray, controls: np.ndarray):
     import pandas as pd
 
-    frame = pd.DataFrame(x, columns=[f"{FEATURE_PREFIX}{i}" for i in range(x.shape[1])])
+    frame = pd.DataFrame(x, columns=_names(x.shape[1]))
     frame.insert(0, CONTROL_FLAG, np.asarray(controls, bool))
     return frame
 
@@ -189,15 +188,20 @@ def mad_robustize_per_plate(x: np.ndarray, context: WellContext) -> np.ndarray:
     return out
 
 
+def check_sphere_controls(count: int) -> None:
+    """Sphering is fitted on the control wells: at least two of them."""
+    if count < 2:
+        raise UserError(f"sphering needs at least 2 control wells, got {count}: add control wells, evaluate more "
+                        "cells, or leave spherize out of eval.profile_normalization")
+
+
 def spherize(x: np.ndarray, controls: np.ndarray) -> np.ndarray:
     """Every profile through pycytominer's ZCA Spherize fitted on the control rows."""
     import pandas as pd
     from pycytominer.operations.transform import Spherize
 
     fit_rows = x[np.asarray(controls, bool)]
-    if len(fit_rows) < 2:
-        raise UserError(f"sphering needs at least 2 control wells, got {len(fit_rows)}: add control wells, evaluate "
-                        "more cells, or leave spherize out of eval.profile_normalization")
+    check_sphere_controls(len(fit_rows))
     # Dependent controls are refused here: with more controls than features Spherize's own rank test
     # passes whenever it centres (an operator-precedence slip in pycytominer 1.7.1) and the missing
     # directions would be scaled by 1 / epsilon; with fewer, it raises a ValueError that blames itself.
@@ -207,7 +211,7 @@ def spherize(x: np.ndarray, controls: np.ndarray) -> np.ndarray:
         raise UserError(f"the {len(fit_rows)} control wells' profiles cannot be sphered: they are linearly dependent "
                         f"(rank {rank}, {spanned} expected from {len(fit_rows)} wells in {x.shape[1]} features); leave "
                         "spherize out of eval.profile_normalization")
-    columns = [f"{FEATURE_PREFIX}{i}" for i in range(x.shape[1])]
+    columns = _names(x.shape[1])
     sphere = Spherize(epsilon=SPHERE_EPSILON, center=True, method="ZCA", return_numpy=True)
     sphere.fit(pd.DataFrame(fit_rows, columns=columns))
     return np.asarray(sphere.transform(pd.DataFrame(x, columns=columns)), np.float64)
