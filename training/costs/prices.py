@@ -5,7 +5,9 @@ On-demand Linux prices (USD per instance-hour, shared tenancy) as AWS lists them
 carries its source and the date it was read. Spot prices move by the hour and Capacity Blocks are
 priced at purchase, per block and date, so neither has a dated figure here: the planner says so and
 shows the on-demand rate, and `--live-prices` asks the AWS Price List API for the current on-demand
-price (training/planning/live.py). AWS PCS's fees are per controller size (PCS_FEES).
+price (training/planning/live.py). AWS PCS's fees are per controller size (PCS_FEES). What a deployment
+bills while it stands (file system, NAT gateway, volumes, keys, buckets) is priced per GB-month, hour or
+key-month in STANDING (training/planning/standing.py).
 """
 
 from __future__ import annotations
@@ -71,3 +73,55 @@ prices PCS's fixed cost as it prices ParallelCluster's head node."""
 def pcs_fee(component: str, size: str, region: str) -> Price | None:
     """AWS PCS's hourly fee for `component` ("controller" or "accounting") at `size`, None when undated."""
     return PCS_FEES.get(region, {}).get(f"{component}-{size}")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A list price that is not an instance-hour: USD per `unit` (a GB-month, an hour, a key-month)."""
+
+    usd: float
+    unit: str
+    source: str
+    date: str
+
+
+STANDING_READ = "2026-11-27"
+"""The date the standing prices below were read."""
+_FOUND = "several open-source cost tables and notes found by code search that agree, quoting {page}"
+_FSX_TABLE = ("FSx for Lustre PERSISTENT_2 SSD storage, us-east-1: an open-source FSx cost tool's table taken from the "
+              "AWS Price List API, found by code search; its 125 MB/s/TiB figure agrees with c3x.dev's FSx page and a "
+              "second public note. AWS's page (https://aws.amazon.com/fsx/lustre/pricing/) could not be read here")
+_VPC = _FOUND.format(page="https://aws.amazon.com/vpc/pricing/")
+_EBS = _FOUND.format(page="https://aws.amazon.com/ebs/pricing/")
+_CLOUDWATCH = _FOUND.format(page="https://aws.amazon.com/cloudwatch/pricing/")
+STANDING: dict[str, dict[str, Rate]] = {
+    "us-east-1": {
+        **{f"fsx-persistent2-{tier}": Rate(usd, "GB-month", _FSX_TABLE, STANDING_READ)
+           for tier, usd in ((125, 0.145), (250, 0.21), (500, 0.34), (1000, 0.60))},
+        "nat-gateway-hour": Rate(0.045, "hour", _VPC, STANDING_READ),
+        "nat-gateway-gb": Rate(0.045, "GB", _VPC + " (per GB processed)", STANDING_READ),
+        "ebs-gp3": Rate(0.08, "GB-month", _EBS, STANDING_READ),
+        "ebs-snapshot": Rate(0.05, "GB-month", _EBS + " (standard snapshots)", STANDING_READ),
+        "s3-standard": Rate(0.023, "GB-month", _FOUND.format(page="https://aws.amazon.com/s3/pricing/")
+                            + " (the first 50 TB a month)", STANDING_READ),
+        "cloudwatch-alarm-metric": Rate(0.10, "alarm metric-month", _CLOUDWATCH + " (standard resolution; an "
+                                        "account's first 10 are free)", STANDING_READ),
+    },
+}
+"""Region -> item -> price, for what a deployment bills while it stands (training/planning/standing.py).
+A missing pair has no dated price: the planner names the item's price unknown."""
+EVERY_REGION: dict[str, Rate] = {
+    "kms-key": Rate(1.0, "key-month", _FOUND.format(page="https://aws.amazon.com/kms/pricing/")
+                    + " (prorated hourly; each of a rotated key's first two yearly rotations adds $1)", STANDING_READ),
+    "public-ipv4": Rate(0.005, "hour", "AWS's announcement, in force since 2024-02-01 for every public "
+                        "IPv4 address, in use or not (https://aws.amazon.com/blogs/aws/new-aws-public-ipv4-address-"
+                        "charge-public-ip-insights/), as public notes found by code search quote it", STANDING_READ),
+    "cloudwatch-dashboard": Rate(3.0, "dashboard-month", _CLOUDWATCH + " (an account's first 3 are free)",
+                                 STANDING_READ),
+}
+"""What AWS prices the same in every commercial region."""
+
+
+def standing_rate(item: str, region: str) -> Rate | None:
+    """The dated price of a standing item in `region`, None when the table has none."""
+    return STANDING.get(region, {}).get(item) or EVERY_REGION.get(item)

@@ -65,6 +65,14 @@ class PlanSettings:
     pcs_login_nodes: int = 0
     """PCS's login nodes: at least one, the only way in."""
     pcs_size: str = ""
+    min_nodes: int = 0
+    """Static GPU nodes per preset (cluster.min_nodes): billed while the cluster exists."""
+    retain: bool = True
+    """storage.retain: `cdk destroy --all` keeps the bucket, the file system and its key (training/planning/standing.py)."""
+    root_volume_gib: int = 0
+    """Each node's root volume (cluster.root_volume_gib); 0: not planned."""
+    apps_volume_gib: int = 0
+    """ParallelCluster's /apps volume on the head node (cluster.apps_volume_gib); 0: not planned."""
 
     @classmethod
     def of(cls, settings: Any) -> PlanSettings:
@@ -74,7 +82,9 @@ class PlanSettings:
                    settings.storage.fsx_throughput_per_tib, cluster.capacity_type, backend=settings.backend,
                    head_node_instance_type=cluster.head_node_instance_type,
                    login_node_instance_type=cluster.login_node_instance_type, login_nodes=cluster.login_nodes,
-                   pcs_login_nodes=settings.pcs_login_nodes, pcs_size=cluster.pcs_size)
+                   pcs_login_nodes=settings.pcs_login_nodes, pcs_size=cluster.pcs_size, min_nodes=cluster.min_nodes,
+                   retain=settings.storage.retain, root_volume_gib=cluster.root_volume_gib,
+                   apps_volume_gib=cluster.apps_volume_gib)
 
     @property
     def storage(self) -> Storage:

@@ -16,6 +16,7 @@ from training.files.atomic import write_json_atomic
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
+from training.planning.standing import standing_cost, standing_summary, standing_text
 from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
@@ -111,12 +112,23 @@ def plan_rows(config: Config, layout: RunLayout, settings: inputs.PlanSettings, 
     return rows
 
 
+def plan_standing(config: Config, layout: RunLayout, settings: inputs.PlanSettings, names: list[str],
+                  args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the deployment bills a month while idle and after `cdk destroy --all`, its bucket holding the
+    dataset; None when only the local cluster is planned."""
+    if all(name == LOCAL for name in names):
+        return None
+    count, image_bytes, _ = inputs.dataset_size(config, layout, args.images, args.image_bytes)
+    return standing_cost(settings, stored_gb=count * image_bytes / 2**30)
+
+
 def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
-    """The table, then each row's warnings and the figures it rests on (once per preset)."""
+def plan_text(rows: list[dict], settings: inputs.PlanSettings, standing: dict[str, Any] | None = None) -> str:
+    """The table, then each row's warnings and the figures it rests on (once per preset), the back ends'
+    fixed cost per hour and the deployment's standing cost per month."""
     lines = [f"region {settings.region}; FSx {settings.fsx_capacity_gib} GiB at {settings.fsx_throughput_per_tib} "
              "MB/s/TiB; pretraining for the configured epochs, downstream steps after",
              f"{'preset':<15} {'nodes':>5} {'wall h':>9} {'GPU h':>9} {'cost':>11} {'downstream h':>12}  bottleneck"]
@@ -125,6 +137,7 @@ def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
         lines.append(f"{row['preset']:<15} {row['nodes']:>5} {row['wall_h']:>9.3f} {row['gpu_h']:>9.3f} "
                      f"{_money(row['cost_usd']):>11} {row['downstream_h']:>12.3f}  {row['bottleneck']}"
                      + ("" if hours == "GPU h" else f" ({hours})"))
+    lines += standing_summary(standing)
     seen = set()
     for row in rows:
         for warning in row["warnings"]:
@@ -135,12 +148,14 @@ def plan_text(rows: list[dict], settings: inputs.PlanSettings) -> str:
             lines.append(f"{row['preset']}: " + "; ".join(f"{k}: {v}" for k, v in row["basis"].items())
                          + (f"; price: ${price['usd_per_hour']}/h, {price['source']}, {price['date']}" if price else ""))
     lines += fixed_text(next((row["fixed"] for row in rows if row.get("fixed")), None))
+    lines += standing_text(standing)
     return "\n".join(lines)
 
 
-def plan_payload(rows: list[dict], settings: inputs.PlanSettings, seconds: float) -> dict[str, Any]:
-    """What `--json` and `--save` keep: the settings planned for, the rows and the planner's time."""
-    return {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows,
+def plan_payload(rows: list[dict], settings: inputs.PlanSettings, seconds: float,
+                 standing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `--json` and `--save` keep: the settings planned for, the rows, the standing cost and the planner's time."""
+    return {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows, "standing": standing,
             "seconds": round(seconds, 3)}
 
 

@@ -10,7 +10,9 @@ Slurm cluster (CPU core-hours, no price). The dataset's size comes from the run'
 or `--images`. Measured JSONs (`bench step --out`, `bench loader`, the all-reduce benchmark) replace
 published figures; each row says which figures it used. The model: training/planning/model.py.
 `--save` keeps the rows in the run directory, where `summary` puts the row of the preset and node
-count pretraining ran on beside the run's bill (training/costs/bill.py).
+count pretraining ran on beside the run's bill (training/costs/bill.py). Beside the run's cost it prints
+what the deployment bills a month while idle and what `cdk destroy --all` keeps billing
+(training/planning/standing.py), in the text and under "standing" in the JSON.
 """
 
 from __future__ import annotations
@@ -64,16 +66,25 @@ def read_settings(args: argparse.Namespace):
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    from training.planning.report import node_counts, plan_payload, plan_rows, plan_text, preset_names, write_plan
+    from training.planning.report import (
+        node_counts,
+        plan_payload,
+        plan_rows,
+        plan_standing,
+        plan_text,
+        preset_names,
+        write_plan,
+    )
 
     settings = read_settings(args)
     names = preset_names(args.preset, settings.presets)
     rows = plan_rows(config, layout, settings, names, args,
                      lambda local: node_counts(args.nodes, settings.max_nodes, local))
+    standing = plan_standing(config, layout, settings, names, args)
     elapsed = time.perf_counter() - start
-    print(plan_text(rows, settings))
+    print(plan_text(rows, settings, standing))
     print(f"\nplanned {len(rows)} row(s) for {len(names)} preset(s) in {elapsed:.2f} s")
-    payload = plan_payload(rows, settings, elapsed)
+    payload = plan_payload(rows, settings, elapsed, standing)
     for wanted, path in ((args.json_out, args.json_out), (args.save, layout.plan)):
         if wanted:
             write_plan(payload, path)
