@@ -128,3 +128,21 @@ def test_the_snapshot_bound_is_the_image_build_s_volume():
     hcl = (REPO / "ami" / "gpu-image.pkr.hcl").read_text()
     (default,) = re.findall(r'variable "volume_size_gib" \{[^}]*default\s*=\s*(\d+)', hcl)
     assert int(default) == AMI_VOLUME_GIB
+
+
+def test_the_readme_and_deploy_guide_quote_the_figures_plan_prints_for_the_defaults():
+    from stacks.shared.settings import build_settings
+    from training.planning.inputs import PlanSettings
+    from training.planning.standing import standing_cost
+
+    context = json.loads((REPO / "cdk.json").read_text())["context"]["scdino"]
+    month = {backend: standing_cost(PlanSettings.of(build_settings(context, {"backend": backend})))
+             for backend in ("parallelcluster", "pcs")}
+    idle = f"${month['parallelcluster']['deployed']['usd_per_month']:,.2f} a month"
+    kept = f"${month['parallelcluster']['kept_after_destroy']['usd_per_month']:,.2f} a month"
+    readme = " ".join((REPO / "README.md").read_text().split())
+    guide = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    assert f"costs {kept}" in readme and f"cost {idle}" in readme
+    assert f"bills {idle} while idle" in guide and f"what is kept bills {kept}" in guide
+    pcs = f"at least ${month['pcs']['deployed']['known_usd_per_month']:,.2f} with PCS"
+    assert pcs in guide and month["pcs"]["kept_after_destroy"] == month["parallelcluster"]["kept_after_destroy"]
