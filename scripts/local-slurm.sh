@@ -19,9 +19,14 @@
 #   SLURM_LOCAL_CPUS         CPUs each node offers; default: a node of slurm/env.sh's instance type
 #                            (GPUs x CPUs per GPU), so the scripts' resource requests fit unchanged
 #                            (slurmd is told to trust slurm.conf over the real core count)
-#   SLURM_LOCAL_PARTITIONS   extra partition names; slurm/env.sh's default partition always exists
-#                            (and is the default), so that `#SBATCH --partition` works unchanged
+#   SCDINO_CLUSTER_ENV       a cluster's site file (slurm/env.sh): the local cluster gets its partitions,
+#                            the first the default, and the default preset's CPUs; without one,
+#                            slurm/env.sh's default partition alone
+#   SLURM_LOCAL_PARTITIONS   extra partition names, after those
 #   SLURM_LOCAL_CRED_EXPIRE  seconds; a requeued job becomes eligible this + 1 s later (30)
+#   SLURM_LOCAL_MIN_JOB_AGE  seconds the controller keeps a finished job (600); after that only the job
+#                            completion log knows it (`sacct --completion`). A short one rehearses a slow
+#                            machine or a busy cluster; a change is applied without a restart
 #   SLURM_LOCAL_BASE         state, logs, PID files and slurm.conf (<repo>/.local-slurm)
 #   SLURM_LOCAL_SUBNET       first three octets of the nodes' network in netns mode (10.99.0)
 # Slurm is root-only here: run as root (CI machines and containers are).
@@ -32,6 +37,7 @@ MODE=${SLURM_LOCAL_MODE:-netns}
 NODES=${SLURM_LOCAL_NODES:-2}
 CPUS=${SLURM_LOCAL_CPUS:-}
 CRED_EXPIRE=${SLURM_LOCAL_CRED_EXPIRE:-30}
+MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-600}
 BASE=${SLURM_LOCAL_BASE:-$REPO/.local-slurm}
 SUBNET=${SLURM_LOCAL_SUBNET:-10.99.0}
 BRIDGE=slurmbr0
@@ -174,11 +180,13 @@ node_lines() {
   done
 }
 
+# The site's partitions (the default first: slurm/env.sh's, else those of its site file), then the extra ones.
 partition_lines() {
-  local first name default=YES
-  first=$(site_value SCDINO_PARTITION)
-  for name in $first ${SLURM_LOCAL_PARTITIONS:-}; do
-    [ "$name" = "$first" ] && [ "$default" = NO ] && continue
+  local name default=YES seen=" "
+  for name in $(site_value SCDINO_PARTITION) $(site_value SCDINO_CLUSTER_PRESETS | awk '{print $2}') \
+    ${SLURM_LOCAL_PARTITIONS:-}; do
+    [[ "$seen" == *" $name "* ]] && continue
+    seen+="$name "
     echo "PartitionName=$name Nodes=$(node_list) Default=$default MaxTime=INFINITE State=UP"
     default=NO
   done
@@ -210,7 +218,8 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
-MinJobAge=600
+# A finished job stays in scontrol show job this long, then only in the job completion log.
+MinJobAge=$MIN_JOB_AGE
 KillWait=10
 StateSaveLocation=$BASE/state/ctld
 SlurmdSpoolDir=$BASE/state/slurmd-%n
@@ -223,7 +232,9 @@ $(partition_lines)
 EOF
 }
 
-# Writes the config; prints "changed" when it differs from the one the daemons run with.
+# Writes the config; prints what its change from the one the daemons run with needs: nothing,
+# "reconfigure" (only lines `scontrol reconfigure` applies to running daemons: MinJobAge, partitions)
+# or "restart" (anything else: nodes, plugins, addresses).
 # An existing /etc/slurm/slurm.conf that another checkout's local cluster wrote (same header) may be
 # replaced once that cluster is down; anything else is not ours to overwrite.
 check_takeover() {
@@ -238,6 +249,9 @@ check_takeover() {
   log "taking over $CONF_LINK from the stopped cluster in $other_base"
 }
 
+# slurm.conf lines a running controller takes from `scontrol reconfigure` (and comments).
+RECONFIGURABLE='^(#|MinJobAge=|PartitionName=)'
+
 install_conf() {
   local conf=$BASE/etc/slurm.conf tmp
   if [ -e "$CONF_LINK" ] && [ "$(readlink -f "$CONF_LINK")" != "$(readlink -f "$conf")" ]; then
@@ -249,8 +263,12 @@ install_conf() {
   if cmp -s "$tmp" "$conf"; then
     rm -f "$tmp"
   else
+    if [ -s "$conf" ] && diff <(grep -vE "$RECONFIGURABLE" "$conf") <(grep -vE "$RECONFIGURABLE" "$tmp") >/dev/null; then
+      echo reconfigure
+    else
+      echo restart
+    fi
     mv "$tmp" "$conf"
-    echo changed
   fi
   install -d /etc/slurm
   ln -sfn "$conf" "$CONF_LINK"
@@ -346,8 +364,22 @@ wait_ready() {
 
 # --- commands ------------------------------------------------------------------------------------
 
+# Cancels every job the controller holds and waits (KillWait and a margin) until they are gone.
+cancel_jobs() {
+  local why=$1 ids i
+  ids=$(squeue -h -o %A 2>/dev/null | sort -u | paste -sd' ') || return 0
+  [ -n "$ids" ] || return 0
+  # shellcheck disable=SC2086  # one id a word
+  scancel $ids 2>/dev/null || true
+  for i in $(seq 60); do
+    [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break
+    sleep 0.5
+  done
+  log "cancelled $(wc -w <<<"$ids") job(s) $why: $ids"
+}
+
 cmd_start() {
-  local changed
+  local change restored=0
   require_root start
   ensure_packages
   install -d "$BASE"/{etc,run,log,state/ctld}
@@ -358,18 +390,29 @@ cmd_start() {
   ensure_munge
   write_hosts yes
   write_job_env
-  changed=$(install_conf)
-  if [ -n "$changed" ]; then
+  change=$(install_conf)
+  # A controller that was not running restores the jobs of its last run from its state folder; their
+  # processes did not outlive it, and the jobs would hold the nodes the next command needs.
+  alive "$BASE/run/slurmctld.pid" slurmctld || restored=1
+  if [ "$change" = restart ]; then
     log "configuration changed: (re)starting slurmctld and slurmd"
     stop_slurm_daemons
   fi
   start_daemons
   wait_ready
+  if [ "$change" = reconfigure ] && ((!restored)); then
+    log "configuration changed: scontrol reconfigure"
+    scontrol reconfigure
+    wait_ready
+  fi
+  ((restored)) && cancel_jobs "restored from the last run (their processes ended with it)"
   log "ready ($MODE mode): $(node_states | tr '\n' ' ')"
 }
 
 cmd_stop() {
   require_root stop
+  # Jobs do not outlive the cluster: cancelled now, they cannot come back with the next start.
+  alive "$BASE/run/slurmctld.pid" slurmctld && cancel_jobs "still on the cluster"
   [ -d "$BASE/run" ] && stop_slurm_daemons
   [ -e "$BASE/run/munged.pid" ] && stop_pidfile "$BASE/run/munged.pid" munged
   if [ "${1:-}" = --purge ]; then

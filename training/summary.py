@@ -4,19 +4,17 @@
 
 Written by `make demo` at the end of the pipeline, and by anyone who wants one file to compare runs:
 kNN top-1/top-2 at the best k (and per k) of the trained model and both baselines, each step's wall
-time inside Python (timings.json) and, given the Slurm job ids, as a Slurm job (start to end, from
-`scontrol`) and the bill: GPU-hours (core-hours locally) and cost from Slurm's accounting of those
-jobs, beside the planner's prediction (training/costs/bill.py). The summary ends the pipeline: it
-also puts the bill into comparison.json (here) and report.html (training/report/, by the step), which
-were written before it. It reads the run directory (training/rundir/) and writes one file of it;
-the comparison (training/eval/compare.py) and the report read its headline and bill.
+time inside Python (timings.json) and, given the Slurm job ids, the bill: each job's run time,
+GPU-hours (core-hours locally) and cost from Slurm's accounting of those jobs, beside the planner's
+prediction (training/costs/bill.py). The summary ends the pipeline: it also puts the bill into
+comparison.json (here) and report.html (training/report/, by the step), which were written before it.
+It reads the run directory (training/rundir/) and writes one file of it; the comparison
+(training/eval/compare.py) and the report read its headline and bill.
 """
 
 from __future__ import annotations
 
 import logging
-import subprocess
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,8 @@ from training.rundir.artifacts import load_knn, read_optional_json, read_timings
 from training.rundir.layout import RunLayout
 
 log = logging.getLogger(__name__)
+LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+"""States of a job still to end: its time so far is not its run time."""
 
 
 def knn_headline(knn: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -58,19 +58,14 @@ def parse_jobs(text: str) -> list[tuple[str, str]]:
     return [(parts[0], parts[1]) for parts in (line.split() for line in text.splitlines()) if len(parts) >= 2]
 
 
-def job_seconds(jobs: list[tuple[str, str]]) -> dict[str, int]:
-    """Each finished job's run time from `scontrol show job` (start to end), by step."""
+def job_seconds(bill: dict[str, Any]) -> dict[str, int]:
+    """Each finished job's run time by step, from the bill's jobs: whichever of Slurm's sources still
+    knew them (accounting, the job completion log, the controller, which forgets a job MinJobAge after
+    its end, long before a slow chain ends). An array's step takes its longest task."""
     seconds: dict[str, int] = {}
-    for step, job in jobs:
-        try:
-            shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-        except FileNotFoundError:
-            log.warning("scontrol not found: no Slurm job times in the summary")
-            return seconds
-        fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
-        start, end = fields.get("StartTime", ""), fields.get("EndTime", "")
-        if start[:1].isdigit() and end[:1].isdigit():
-            seconds[step] = int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+    for line in bill["jobs"]:
+        if line["state"] not in LIVE_STATES:
+            seconds[line["step"]] = max(seconds.get(line["step"], 0), line["seconds"])
     return seconds
 
 
@@ -142,8 +137,8 @@ def bill_lines(bill: dict[str, Any] | None) -> list[str]:
 def write_summary(layout: RunLayout, *, jobs_file: Path | None = None, wall_seconds: int | None = None) -> dict:
     """Build and write results.json; `jobs_file` lists "step jobid" lines of the jobs just run."""
     listed = parse_jobs(jobs_file.read_text()) if jobs_file and jobs_file.is_file() else None
-    jobs = job_seconds(listed) if listed is not None else None
     bill = build_bill(listed, plan=read_optional_json(layout.plan)) if listed else None
+    jobs = job_seconds(bill) if bill else ({} if listed is not None else None)
     summary = build_summary(layout, jobs=jobs, wall_seconds=wall_seconds, bill=bill)
     write_json_atomic(layout.results, summary, indent=2)
     log.info("wrote %s", layout.results)

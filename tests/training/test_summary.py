@@ -28,11 +28,17 @@ def knn_payload() -> dict:
 
 
 def fake_scontrol(bin_dir, times: dict[str, tuple[str, str]]) -> None:
-    """An `scontrol show job -o ID` that prints the start and end time of each known job."""
+    """An `scontrol show job -o ID` that prints the start and end time of each known job, and no other
+    source of Slurm's accounting."""
     cases = "\n".join(f'  {job}) echo "JobId={job} StartTime={a} EndTime={b} Other=x" ;;' for job, (a, b) in times.items())
     script = bin_dir / "scontrol"
     script.write_text(f'#!/bin/sh\ncase "$4" in\n{cases}\nesac\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    # A fake: the machine's real sacct would read the local cluster's job completion log, where these
+    # ids may name other jobs. As on a cluster with neither accounting nor a completion log, it fails.
+    sacct = bin_dir / "sacct"
+    sacct.write_text('#!/bin/sh\necho "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1\n')
+    sacct.chmod(sacct.stat().st_mode | stat.S_IEXEC)
 
 
 def test_summary_takes_each_headline_tag_at_its_best_k(tmp_path, monkeypatch, capsys):
