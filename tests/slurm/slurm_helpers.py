@@ -25,6 +25,10 @@ TINY_PIPELINE = {
 }
 """A tiny run (ViT-tiny, 32 px crops, 160 synthetic images, 2 epochs): the whole chain in a few
 minutes on 2 cores. What the Slurm tests check is the Slurm side, not the model's quality."""
+COMPLETION_FIELDS = {"JobID": "JobId", "JobName": "JobName", "Partition": "Partition", "NNodes": "NumNodes",
+                     "AllocCPUS": "NumCPUs", "State": "JobState", "ExitCode": "ExitCode", "Start": "StartTime",
+                     "End": "EndTime", "NodeList": "NodeList"}
+"""What the job completion log (jobcomp/filetxt) keeps of a job, by sacct's name: scontrol's name."""
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 
@@ -47,9 +51,19 @@ class Cluster:
         return out.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
-        """`scontrol show job` as a dict (jobs stay visible for MinJobAge=600 s after they end)."""
-        text = self.run("scontrol", "show", "job", "-o", job_id)
-        return dict(re.findall(r"(\w[\w/:]*)=(\S*)", text))
+        """`scontrol show job` as a dict; once the controller has forgotten the job (MinJobAge after its end),
+        the fields the job completion log keeps (`sacct --completion`), under scontrol's names."""
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=self.env, capture_output=True,
+                               text=True, timeout=60)
+        if shown.returncode == 0:
+            return dict(re.findall(r"(\w[\w/:]*)=(\S*)", shown.stdout))
+        text = self.run("sacct", "--completion", "-n", "-P", "-j", job_id, f"--format={','.join(COMPLETION_FIELDS)}")
+        rows = [line.split("|") for line in text.splitlines() if line.split("|")[0] == job_id]
+        if not rows:
+            raise AssertionError(f"job {job_id}: unknown to scontrol ({shown.stderr.strip()}) and to the job "
+                                 "completion log")
+        info = dict(zip(COMPLETION_FIELDS.values(), rows[-1], strict=True))
+        return {**info, "JobState": info["JobState"].split(" ")[0], "Source": "sacct --completion"}  # "CANCELLED by 0"
 
     def wait(self, job_id: str, timeout: float = 300, poll: float = 1.0) -> dict[str, str]:
         deadline = time.monotonic() + timeout

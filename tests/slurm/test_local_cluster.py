@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from slurm_helpers import LOCAL_SLURM, REPO, log_of
@@ -31,6 +32,51 @@ def test_start_again_is_a_quick_no_op(cluster):
     subprocess.run([str(LOCAL_SLURM), "start"], check=True, capture_output=True, timeout=60)
     assert time.monotonic() - start < 10
     assert sorted(p.read_text() for p in (cluster.base / "run").glob("*.pid")) == pids, "no daemon restarted"
+
+
+def whole_cluster_job(cluster, tmp_path) -> str:
+    """A job holding both nodes until cancelled, as an interrupted pretraining does."""
+    job = cluster.run("sbatch", "--parsable", "--nodes=2", "--exclusive", f"--output={tmp_path}/held_%j.out",
+                      "--wrap", "srun sleep 900", cwd=tmp_path).strip()
+    deadline = time.monotonic() + 120
+    while cluster.job(job)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job} did not start: {cluster.job(job)}"
+        time.sleep(0.5)
+    return job
+
+
+def start_again(cluster) -> str:
+    result = subprocess.run([str(LOCAL_SLURM), "start"], env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def test_jobs_left_on_the_cluster_do_not_come_back_after_a_stop(cluster, tmp_path):
+    job = whole_cluster_job(cluster, tmp_path)
+    stop = subprocess.run([str(LOCAL_SLURM), "stop"], env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert f"cancelled 1 job(s) still on the cluster: {job}" in stop.stderr
+    start_again(cluster)
+    assert cluster.run("squeue", "-h", "-o", "%A") == ""
+    # the nodes are free for the next command at once
+    job = cluster.run("sbatch", "--parsable", "--nodes=2", f"--output={tmp_path}/after_%j.out", "--wrap", "srun true",
+                      cwd=tmp_path).strip()
+    assert cluster.wait(job, timeout=120)["JobState"] == "COMPLETED"
+
+
+def test_jobs_a_stopped_controller_restores_are_cancelled_when_it_starts_again(cluster, tmp_path):
+    job = whole_cluster_job(cluster, tmp_path)
+    pid = int((cluster.base / "run" / "slurmctld.pid").read_text())
+    # The controller stopped by other means than `local-slurm.sh stop` (a shutdown, an older script): it
+    # saves its jobs in the state folder and restores them when it starts again.
+    cluster.run("scontrol", "shutdown", "slurmctld")
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "slurmctld did not shut down"
+        time.sleep(0.2)
+    said = start_again(cluster)
+    assert "restored from the last run (their processes ended with it)" in said and f" {job}" in said, said
+    assert cluster.run("squeue", "-h", "-o", "%A") == ""
 
 
 def test_torchrun_launcher_runs_ddp_across_both_nodes(cluster, tmp_path):
