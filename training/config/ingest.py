@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +19,13 @@ class IngestConfig:
     or absolute), ObjectsFileName_<Objects> + ObjectsPathName_<Objects> for a label mask; every other
     column is metadata carried to each cell. Set, `slurm/submit_pipeline.sh` starts the chain with
     `ingest` instead of `prepare`. Empty: no ingest (class folders, `prepare`)."""
+    path_map: tuple[tuple[str, str], ...] = ()
+    """Pairs [from, to]: a PathName_ (or absolute FileName_) that starts with `from` is read from `to`
+    instead, the longest matching `from` winning; a prefix ends at a "/" (s3://b/x maps s3://b/x/y,
+    never s3://b/xy). For tables whose paths point elsewhere: JUMP's s3:// folders
+    ([s3://cellpainting-gallery/, /fsx/data/mirror/]) or another machine's absolute ones. Applied
+    before relative paths are resolved from the table's folder. Empty: paths as written; a table that
+    `upload-data --table` wrote has relative paths and needs none."""
     channels: tuple[str, ...] = ()
     """The image columns' names (<Channel> of FileName_<Channel>) in the order their channels are
     stacked, e.g. [DNA, ER, RNA, AGP, Mito]; a file holding several channels gives them all in
@@ -52,6 +60,7 @@ class IngestConfig:
     features a lab already trusts. Needs label masks (ingest.objects), not a table of centres."""
 
     def __post_init__(self) -> None:
+        check_path_map(self.path_map)
         if self.crop_size < 0 or self.crop_size == 1:
             raise ConfigError(f"ingest.crop_size must be >= 2 pixels (0: propose one), got {self.crop_size}")
         if self.min_area < 0 or self.max_area < 0:
@@ -71,3 +80,23 @@ class IngestConfig:
             raise ConfigError("ingest.mask_other_cells needs label masks (ingest.objects), and ingest.centres gives "
                               "only centres: set mask_other_cells: false")
 
+
+
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+"""A location that names a server, not a path of this machine (s3://, gs://, https://)."""
+
+
+def check_path_map(entries: tuple[tuple[str, str], ...]) -> None:
+    """Each pair maps a prefix onto a local folder, and no prefix is given twice."""
+    seen: set[str] = set()
+    for i, (source, target) in enumerate(entries):
+        key = f"ingest.path_map[{i}]"
+        if not source.strip("/") or not target.strip():
+            raise ConfigError(f"{key} must be [from, to], two non-empty prefixes (e.g. [s3://cellpainting-gallery/, "
+                              f"/fsx/data/jump/]), got {[source, target]}")
+        if URL_SCHEME.match(target):
+            raise ConfigError(f"{key} maps {source} onto {target}, a URL: map it onto the folder of this machine "
+                              "that holds the files (e.g. /fsx/data/jump/)")
+        if source.rstrip("/") in seen:
+            raise ConfigError(f"{key}: {source} is mapped twice: keep one entry for it")
+        seen.add(source.rstrip("/"))

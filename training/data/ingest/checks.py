@@ -1,7 +1,8 @@
 """Settings of `ingest` that cannot work, refused before any field is cut, each by what it is (a
 load table unset or a split it cannot draw, a column named that the cells will not have, a label or
-batch column of one value, a control value in no row, a crop smaller than one patch or larger than
-the fields), and the crop size proposed from the objects' sizes when none is set."""
+batch column of one value, a control value in no row, paths that point elsewhere and are not mapped,
+a crop smaller than one patch or larger than the fields), and the crop size proposed from the
+objects' sizes when none is set."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 
 from training.config import Config
 from training.data.ingest.crops import measure_objects, object_extents, propose_crop_size
-from training.data.ingest.fields import first_readable_field, read_field
-from training.data.ingest.table import FIELD_COLUMNS, BadField, CentresTable, LoadTable
+from training.data.ingest.fields import PROBE_ROWS, first_readable_field, read_field
+from training.data.ingest.table import FIELD_COLUMNS, BadField, CentresTable, LoadTable, UnmappedPath
 from training.data.store.cells import column_name
 from training.errors import UserError
 
@@ -63,6 +64,24 @@ def check_columns(config: Config, load: LoadTable) -> None:
 def column_values(load: LoadTable, column: str) -> list[str]:
     """The distinct values of a load-table column as text (as the cells' categories read them), sorted."""
     return sorted({str(value) for value in load.frame[column].dropna().tolist()})
+
+
+def check_paths(load: LoadTable) -> None:
+    """Stop before any field is cut when none of the leading rows' files is on this machine because
+    their paths point elsewhere (a table from another machine or JUMP's s3:// folders, and no
+    ingest.path_map for them): every field would be skipped, one warning each."""
+    unmapped = []
+    for index in range(min(PROBE_ROWS, len(load))):
+        try:
+            load.field(index)
+        except UnmappedPath as bad:
+            unmapped.append(bad)
+            continue
+        except BadField:
+            pass
+        return
+    if unmapped:
+        raise UserError(f"{unmapped[0]}; the first {len(unmapped)} row(s) alike, so ingest stopped before cutting")
 
 
 def require_crop_size(config: Config, load: LoadTable) -> None:

@@ -12,7 +12,14 @@ from training.config import Config
 from training.data.dataset import write_bad_report
 from training.data.finish import merge_and_split
 from training.data.ingest.cellprofiler import merge_measurements
-from training.data.ingest.checks import check_columns, check_crop_size, check_settings, propose, require_crop_size
+from training.data.ingest.checks import (
+    check_columns,
+    check_crop_size,
+    check_paths,
+    check_settings,
+    propose,
+    require_crop_size,
+)
 from training.data.ingest.part import describe, ingest_part, part_identity, summarise
 from training.data.ingest.table import LoadTable
 from training.data.store.parts import check_part_arguments, finished_part, part_remedy, part_rows, read_part
@@ -35,6 +42,7 @@ def ingest(config: Config, layout: RunLayout, *, part: int | None, parts: int, m
         return
     load = LoadTable(config)
     check_columns(config, load)
+    check_paths(load)
     if propose_crop_size:
         print(json.dumps(propose(config, load), indent=2))
         return

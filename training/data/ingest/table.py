@@ -6,7 +6,8 @@
     anything else                                       metadata, carried to every cell of the field
 
 A PathName_ is resolved from the folder that holds the table unless it is absolute; a missing
-PathName_ column means that folder. Metadata columns get the Metadata_ prefix where they lack it
+PathName_ column means that folder. A URL (JUMP's s3:// folders) or another machine's absolute path
+is read where ingest.path_map maps it (paths.py). Metadata columns get the Metadata_ prefix where they lack it
 (Plate -> Metadata_Plate); their values are kept as written (a CSV is read as text, so "0001"
 stays "0001"; a Parquet file keeps its types). Every problem with a row names the table, the row
 (the 1-based data row, header not counted: CellProfiler's ImageNumber), the column and the file:
@@ -28,6 +29,7 @@ import pandas as pd
 
 from training.config import Config
 from training.data.ingest.crops import Objects
+from training.data.ingest.paths import Location, PathMap, locate, suggested_prefix
 from training.data.store.cells import METADATA_PREFIX
 from training.errors import UserError
 
@@ -47,6 +49,10 @@ class BadField(Exception):
     def __init__(self, table: str, row: int, column: str, problem: str) -> None:
         super().__init__(f"{table} row {row}: {column}: {problem}")
         self.table, self.row, self.column, self.problem = table, row, column, problem
+
+
+class UnmappedPath(BadField):
+    """A row's file named by a URL or another machine's absolute path that ingest.path_map does not map."""
 
 
 def read_user_table(path: Path, setting: str) -> pd.DataFrame:
@@ -91,6 +97,7 @@ class LoadTable:
         self.path = Path(settings.table)
         self.folder = self.path.parent
         self.name = self.path.name
+        self.path_map = PathMap(settings.path_map)
         self.frame = read_user_table(self.path, "ingest.table")
         if not len(self.frame):
             raise UserError(f"ingest.table={self.path} has no rows: it needs one row per field of view")
@@ -169,8 +176,8 @@ class LoadTable:
         """Row `index` (0-based) as a FieldSpec; BadField when a file name is missing. Values are read
         column by column (a row of a Parquet table read whole would turn its integers into floats)."""
         number = index + 1
-        images = [(column.file, self._resolve(index, column, number)) for column in self.images]
-        mask = (self.objects.file, self._resolve(index, self.objects, number)) if self.objects else None
+        images = [(column.file, self.resolve(index, column)) for column in self.images]
+        mask = (self.objects.file, self.resolve(index, self.objects)) if self.objects else None
         metadata = {name: _plain(self._values[column][index]) for column, name in self.metadata.items()}
         return FieldSpec(number, self._field_name(images[0][1]), images, mask, metadata)
 
@@ -180,13 +187,28 @@ class LoadTable:
             self._columns = {str(c): self.frame[c].to_numpy() for c in self.frame.columns}
         return self._columns
 
-    def _resolve(self, index: int, column: ImageColumn, number: int) -> Path:
-        name = self._values[column.file][index]
-        if _plain(name) is None or not str(name).strip():
-            raise BadField(self.name, number, column.file, "no file name")
+    def resolve(self, index: int, column: ImageColumn) -> Path:
+        """Where the file of row `index` (0-based) and `column` is read from (paths.py): BadField when
+        the row names none, or names a URL or another machine's path that ingest.path_map does not map."""
+        number, location = index + 1, self.locate(index, column)
+        if location.path is None:
+            raise UnmappedPath(self.name, number, location.column, f"{location.written} is not a path on this "
+                               "machine: map its prefix onto the folder that holds the files with ingest.path_map "
+                               f"(e.g. [{suggested_prefix(location.written)}, /fsx/data/...])")
+        if location.written.startswith("/") and not location.mapped and not location.path.parent.exists():
+            raise UnmappedPath(self.name, number, location.column, f"no such file {location.path}, nor its folder "
+                               "(a path of another machine? map its prefix onto the folder that holds the files here "
+                               f"with ingest.path_map, e.g. [{suggested_prefix(location.written)}, /fsx/data/...])")
+        return location.path
+
+    def locate(self, index: int, column: ImageColumn) -> Location:
+        """Row `index`'s file of `column` as written and as mapped; BadField when the row names none."""
+        name = _plain(self._values[column.file][index])
+        if name is None or not str(name).strip():
+            raise BadField(self.name, index + 1, column.file, "no file name")
         folder = _plain(self._values[column.path][index]) if column.path else None
-        folder = self.folder if folder is None or not str(folder).strip() else self.folder / str(folder)
-        return folder / str(name)  # an absolute PathName_ or FileName_ replaces what comes before it
+        return locate(self.folder, column.file, str(name), column.path, None if folder is None else str(folder),
+                      self.path_map)
 
     def _field_name(self, path: Path) -> str:
         """The field's name in each cell's path: its first image relative to the table's folder (as
