@@ -54,6 +54,8 @@ class UploadRequest:
     """Part size and multipart threshold."""
     check_only: bool = False
     """Check the images, upload nothing (no AWS needed)."""
+    table: Path | None = None
+    """A screen's LoadData table: upload it, its images and masks instead of an image set (screen.py)."""
 
 
 def upload_image_set(config: Config, request: UploadRequest) -> dict[str, Any] | None:
@@ -170,24 +172,10 @@ def log_check(root: Path, check: dict) -> None:
 
 def upload(root: Path, check: dict, request: UploadRequest) -> dict:
     """Every checked file to s3://bucket/prefix/, with a progress bar; what was uploaded and skipped."""
-    from tqdm import tqdm
-
-    client = s3.make_client(endpoint_url=request.endpoint_url, region=request.region, workers=request.workers)
-    s3.check_bucket(client, request.bucket)
     prefix = request.prefix.strip("/")
     files = [s3.LocalFile(f.path, f"{prefix}/{f.key}" if prefix else f.key, f.size, f.sha256, f.md5)
              for f in check["files"]]
-    total = sum(f.size for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"s3://{request.bucket}/{prefix}") as bar:
-        lock = threading.Lock()
-
-        def advance(n: int) -> None:
-            with lock:
-                bar.update(n)
-
-        summary = s3.upload_files(client, request.bucket, prefix, files, workers=request.workers,
-                                        multipart_mb=request.multipart_mb, on_bytes=advance)
-    log.info("uploaded %d file(s) (%d bytes), skipped %d already there", summary.uploaded,
-             summary.bytes_uploaded, summary.skipped)
+    summary = s3.send(files, bucket=request.bucket, prefix=prefix, endpoint_url=request.endpoint_url,
+                      region=request.region, workers=request.workers, multipart_mb=request.multipart_mb)
     return {"uploaded": summary.uploaded, "skipped": summary.skipped, "bytes_uploaded": summary.bytes_uploaded,
             "images": check["images"], "classes": check["classes"], "bad": check["bad"]}

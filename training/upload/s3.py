@@ -173,3 +173,24 @@ def upload_files(
             raise
         raise error from None
     return UploadSummary(counts["uploaded"], counts["skipped"], counts["bytes"])
+
+
+def send(files: list[LocalFile], *, bucket: str, prefix: str, endpoint_url: str | None, region: str | None,
+         workers: int, multipart_mb: int) -> UploadSummary:
+    """Check the bucket, then upload_files with a progress bar of the bytes (skipped files count as done)."""
+    from tqdm import tqdm
+
+    client = make_client(endpoint_url=endpoint_url, region=region, workers=workers)
+    check_bucket(client, bucket)
+    with tqdm(total=sum(f.size for f in files), unit="B", unit_scale=True, desc=f"s3://{bucket}/{prefix}") as bar:
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                bar.update(n)
+
+        summary = upload_files(client, bucket, prefix, files, workers=workers, multipart_mb=multipart_mb,
+                               on_bytes=advance)
+    log.info("uploaded %d file(s) (%d bytes), skipped %d already there", summary.uploaded, summary.bytes_uploaded,
+             summary.skipped)
+    return summary
