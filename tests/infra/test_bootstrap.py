@@ -4,10 +4,9 @@ active bundle back to an older pointer's, prunes old bundles, and fails loudly o
 compute nodes it appends the CloudWatch agent's configuration (a fake agent-ctl records it), the
 same on every run, and a monitoring failure never fails the node. On AWS PCS (backend=pcs) the
 user data's script, bootstrap/pcs-node.sh, runs it under PCS's paths: FSx mounted with flock, /apps
-bound to a directory of the file system, NVMe scratch, no ParallelCluster node facts (fakes of
-mount, mountpoint, lsblk, mdadm, mkfs, blkid and systemctl record what would be done to the machine);
-and its boot unit brings FSx, /apps and /scratch back after a reboot (mounts gone, files there)
-without formatting /scratch, and builds a new /scratch after a stop and start (the disks blank)."""
+bound to a directory of the file system, no ParallelCluster node facts (fakes of mount, mountpoint and
+systemctl record what would be done to the machine). Its instance-store /scratch, reboots and boot unit
+are tested on real block devices in tests/infra/test_pcs_node_disks.py."""
 
 from __future__ import annotations
 
@@ -271,45 +270,16 @@ if [[ "$1" == --bind ]]; then rmdir "$3"; ln -s "$2" "$3"; fi
 [[ "$1" == -q ]] && shift
 grep -qsxF -- "$1" "${FAKE_MOUNTS}"
 """,
-    "lsblk": """#!/usr/bin/env bash
-# Fake lsblk -dnpo NAME,MODEL: the node's block devices from $FAKE_DISKS (one "NAME MODEL" per line).
-printf '%s\\n' "${FAKE_DISKS}"
-""",
-    "mdadm": """#!/usr/bin/env bash
-# Fake mdadm: --create writes the array's superblocks on the disks and starts it; --assemble starts an array
-# whose superblocks are there (a reboot), and fails on blank disks (after a stop and start).
-echo "mdadm $*" >> "${FAKE_CALLS}"
-case "$1" in
-  --create) echo "$2" >> "${FAKE_SUPERBLOCKS}"; echo "$2" >> "${FAKE_ARRAYS}" ;;
-  --assemble) grep -qsxF -- "$2" "${FAKE_SUPERBLOCKS}" || exit 1; echo "$2" >> "${FAKE_ARRAYS}" ;;
-esac
-""",
-    "mkfs.ext4": """#!/usr/bin/env bash
-# Fake mkfs.ext4 [-F] [-q] -L LABEL DEVICE: records the file system on the device.
-echo "mkfs.ext4 $*" >> "${FAKE_CALLS}"
-while [[ "$1" != -L ]]; do shift; done
-echo "$2 ${@: -1}" >> "${FAKE_FILESYSTEMS}"
-""",
-    "blkid": """#!/usr/bin/env bash
-# Fake blkid -L LABEL: the device holding that file system, if it is there (an array only once started).
-[[ "$1" == -L ]] || exit 2
-device=$(awk -v label="$2" '$1 == label {print $2}' "${FAKE_FILESYSTEMS}" 2>/dev/null | tail -1)
-[[ -n "${device}" ]] || exit 2
-[[ "${device}" != /dev/md/* ]] || grep -qsxF -- "${device}" "${FAKE_ARRAYS}" || exit 2
-echo "${device}"
-""",
     "systemctl": '#!/usr/bin/env bash\necho "systemctl $*" >> "${FAKE_CALLS}"\n',
     "nvidia-smi": "#!/bin/sh\n",
 }
-EBS = "/dev/nvme0n1 Amazon Elastic Block Store"
 PCS_SETTINGS = {"SCDINO_FSX_DNS": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
                 "SCDINO_FSX_MOUNT_NAME": "abcdefgh", "SCDINO_REGION": "us-east-1", "SCDINO_BOOTSTRAP_URI": "s3://bucket/bootstrap/on-node-configured.sh",
                 "SCDINO_POINTER_URI": "s3://bucket/bootstrap/current.json"}
 """What the user data exports above the node script (the node type apart)."""
-NVME = "/dev/nvme{}n1 Amazon EC2 NVMe Instance Storage"
 
 
-def _pcs_node(node: dict, node_type: str, disks: list[str]) -> dict:
+def _pcs_node(node: dict, node_type: str) -> dict:
     """The PCS node's directories under the test's root, the fakes on PATH, the bootstrap in the bucket."""
     root = node["root"]
     for name, script in FAKE_SYSTEM.items():
@@ -319,13 +289,11 @@ def _pcs_node(node: dict, node_type: str, disks: list[str]) -> dict:
     shutil.copy(SCRIPT, node["s3"] / "bootstrap" / "on-node-configured.sh")
     paths = {"fsx": root / "fsx", "apps": root / "apps", "scratch": root / "scratch", "fstab": root / "etc" / "fstab",
              "profile": root / "etc" / "profile.d", "calls": root / "calls.log", "mounts": root / "mounts",
-             "superblocks": root / "disk-superblocks", "arrays": root / "arrays", "filesystems": root / "filesystems",
              "systemd": root / "etc" / "systemd" / "system", "node_env": root / "etc" / "scdino" / "pcs-node.env"}
     (root / "etc").mkdir(exist_ok=True)
-    env = {**node["env"], "FAKE_CALLS": str(paths["calls"]), "FAKE_DISKS": "\n".join(disks),
-           "FAKE_MOUNTS": str(paths["mounts"]), "FAKE_SUPERBLOCKS": str(paths["superblocks"]),
-           "FAKE_ARRAYS": str(paths["arrays"]), "FAKE_FILESYSTEMS": str(paths["filesystems"]),
-           **PCS_SETTINGS, "SCDINO_NODE_TYPE": node_type,
+    # No instance-store disks: /scratch is tested on real block devices (tests/infra/test_pcs_node_disks.py).
+    env = {**node["env"], "FAKE_CALLS": str(paths["calls"]), "FAKE_MOUNTS": str(paths["mounts"]),
+           "SCDINO_INSTANCE_STORE_DISKS": "", **PCS_SETTINGS, "SCDINO_NODE_TYPE": node_type,
            "SCDINO_FSX_DIR": str(paths["fsx"]), "SCDINO_APPS_DIR": str(paths["apps"]),
            "SCDINO_SCRATCH_DIR": str(paths["scratch"]), "SCDINO_FSTAB": str(paths["fstab"]),
            "SCDINO_PROFILE_DIR": str(paths["profile"]), "SCDINO_SYSTEMD_DIR": str(paths["systemd"]),
@@ -342,7 +310,7 @@ def _run_pcs_node(pcs: dict) -> subprocess.CompletedProcess:
 
 def test_a_pcs_gpu_node_mounts_fsx_with_flock_installs_onto_fsx_and_monitors(node):
     _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
-    pcs = _pcs_node(node, "ComputeFleet", [EBS, NVME.format(1), NVME.format(2)])
+    pcs = _pcs_node(node, "ComputeFleet")
     assert not Path(node["env"]["SCDINO_CLUSTER_CONFIG"]).exists()  # no ParallelCluster node facts on PCS
     result = _run_pcs_node(pcs)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -354,11 +322,6 @@ def test_a_pcs_gpu_node_mounts_fsx_with_flock_installs_onto_fsx_and_monitors(nod
     assert f"mount --bind {pcs['fsx']}/.scdino/apps {pcs['apps']}" in calls
     assert (pcs["apps"] / "scdino").resolve() == (pcs["fsx"] / ".scdino" / "apps" / "scdino-abc123").resolve()
     assert _imports_training(pcs["apps"] / "scdino" / ".venv" / "bin" / "python")
-    # The two instance-store disks as one RAID 0 /scratch, the EBS root volume left alone.
-    raid = "/dev/md/scdino-scratch"
-    assert f"mdadm --create {raid} --run --level=0 --raid-devices=2 /dev/nvme1n1 /dev/nvme2n1" in calls
-    assert f"mkfs.ext4 -F -q -L scdino-scratch {raid}" in calls and f"mount {raid} {pcs['scratch']}" in calls
-    assert stat.S_IMODE(pcs["scratch"].stat().st_mode) == 0o1777
     assert (pcs["profile"] / "scdino-region.sh").read_text() == "export AWS_DEFAULT_REGION=us-east-1\n"
     log = node["log"].read_text()
     assert "node type ComputeFleet" in log and "CloudWatch agent: GPU metrics in scdino-hpc/GPU" in log
@@ -369,94 +332,19 @@ def test_a_pcs_gpu_node_mounts_fsx_with_flock_installs_onto_fsx_and_monitors(nod
     assert len(pcs["fstab"].read_text().splitlines()) == 1
 
 
-def _reboot(pcs: dict, *, stopped: bool = False) -> None:
-    """What a reboot leaves: no mounts (the /apps bind mount gone, its directory empty again), no array
-    started, every file on the root volume and on FSx still there; `stopped` (an EC2 stop and start): the
-    instance store blank as well."""
-    pcs["mounts"].write_text("")
-    pcs["arrays"].write_text("")
-    pcs["apps"].unlink()
-    pcs["apps"].mkdir()
-    if stopped:
-        pcs["superblocks"].write_text("")
-        pcs["filesystems"].write_text("")
-
-
-def _boot_unit(pcs: dict) -> subprocess.CompletedProcess:
-    """Run the installed unit as systemd would at boot: its ExecStart, with its EnvironmentFile's settings
-    and none of the user data's exports."""
-    unit = dict(line.split("=", 1) for line in (pcs["systemd"] / "scdino-node.service").read_text().splitlines()
-                if "=" in line and not line.startswith("#"))
-    settings = dict(line.split("=", 1) for line in Path(unit["EnvironmentFile"]).read_text().splitlines())
-    env = {key: value for key, value in pcs["env"].items() if key not in PCS_SETTINGS and key != "SCDINO_NODE_TYPE"}
-    return subprocess.run(unit["ExecStart"].split(), env={**env, **settings}, capture_output=True, text=True,
-                          timeout=120, check=False)
-
-
-def test_a_rebooted_pcs_node_gets_fsx_apps_and_its_scratch_files_back_before_slurmd(node):
-    _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
-    pcs = _pcs_node(node, "ComputeFleet", [EBS, NVME.format(1), NVME.format(2)])
-    assert _run_pcs_node(pcs).returncode == 0
-    unit = (pcs["systemd"] / "scdino-node.service").read_text()
-    for line in ("After=network-online.target", "Before=slurmd.service", "Type=oneshot", "WantedBy=multi-user.target",
-                 f"ExecStart={pcs['env']['SCDINO_NODE_SCRIPT_COPY']} --boot"):
-        assert line in unit.splitlines(), line
-    assert "systemctl enable scdino-node.service" in pcs["calls"].read_text().splitlines()
-    first_boot = len(pcs["calls"].read_text().splitlines())
-    (pcs["scratch"] / "staged.npy").write_text("a job's staged data")
-
-    _reboot(pcs)
-    result = _boot_unit(pcs)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    calls = pcs["calls"].read_text().splitlines()[first_boot:]
-    source = f"{PCS_SETTINGS['SCDINO_FSX_DNS']}@tcp:/{PCS_SETTINGS['SCDINO_FSX_MOUNT_NAME']}"
-    raid = "/dev/md/scdino-scratch"
-    assert calls == [f"mount -t lustre -o relatime,flock {source} {pcs['fsx']}",
-                     f"mount --bind {pcs['fsx']}/.scdino/apps {pcs['apps']}",
-                     f"mdadm --assemble {raid} /dev/nvme1n1 /dev/nvme2n1",
-                     f"mount {raid} {pcs['scratch']}"]  # no mkfs: the files on /scratch are kept
-    assert "again, its files kept" in result.stdout
-    # Every slurm/ script starts with `source env.sh` from the bundle on FSx: it is there again.
-    assert (pcs["apps"] / "scdino" / "slurm" / "env.sh").is_file()
-    assert (pcs["scratch"] / "staged.npy").exists() and stat.S_IMODE(pcs["scratch"].stat().st_mode) == 0o1777
-    assert node["log"].read_text().count("node type ComputeFleet") == 1  # no second install at boot
-    assert len(pcs["fstab"].read_text().splitlines()) == 1
-
-    _reboot(pcs, stopped=True)
-    result = _boot_unit(pcs)
-    assert result.returncode == 0, result.stdout[-3000:]
-    after_stop = pcs["calls"].read_text().splitlines()[first_boot + len(calls):]
-    assert f"mdadm --create {raid} --run --level=0 --raid-devices=2 /dev/nvme1n1 /dev/nvme2n1" in after_stop
-    assert f"mkfs.ext4 -F -q -L scdino-scratch {raid}" in after_stop and "new and empty" in result.stdout
-
-
-def test_a_single_scratch_disk_is_remounted_after_a_reboot_without_formatting(node):
-    _publish(node, "abc123", mtime=1_000)
-    pcs = _pcs_node(node, "ComputeFleet", [EBS, NVME.format(1)])
-    assert _run_pcs_node(pcs).returncode == 0
-    assert "mkfs.ext4 -F -q -L scdino-scratch /dev/nvme1n1" in pcs["calls"].read_text().splitlines()
-    first_boot = len(pcs["calls"].read_text().splitlines())
-    _reboot(pcs)
-    assert _boot_unit(pcs).returncode == 0
-    calls = pcs["calls"].read_text().splitlines()[first_boot:]
-    assert f"mount /dev/nvme1n1 {pcs['scratch']}" in calls
-    assert not [call for call in calls if call.startswith(("mkfs", "mdadm"))]
-
-
 def test_a_pcs_login_node_installs_the_same_bundle_without_gpu_monitoring(node):
     _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)
-    pcs = _pcs_node(node, "LoginNode", [EBS])
+    pcs = _pcs_node(node, "LoginNode")
     result = _run_pcs_node(pcs)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "no instance-store NVMe" in result.stdout
-    assert not [call for call in pcs["calls"].read_text().splitlines() if call.startswith(("mdadm", "mkfs"))]
     assert "node type LoginNode" in node["log"].read_text()
     assert (pcs["apps"] / "scdino").resolve().parent == (pcs["fsx"] / ".scdino" / "apps").resolve()
     assert not Path(node["env"]["SCDINO_CWAGENT_CONFIG"]).exists()
 
 
 def test_a_pcs_node_refuses_an_unknown_node_type(node):
-    pcs = _pcs_node(node, "HeadNode", [EBS])
+    pcs = _pcs_node(node, "HeadNode")
     result = _run_pcs_node(pcs)
     assert result.returncode != 0 and "SCDINO_NODE_TYPE must be ComputeFleet or LoginNode" in result.stdout
     assert not pcs["calls"].exists()
