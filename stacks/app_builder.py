@@ -32,12 +32,13 @@ def build_app(app: cdk.App, settings: Settings) -> AppStacks:
     """Add the network, storage, image and cluster stacks to `app`, with cdk-nag checks."""
     env = cdk.Environment(account=settings.account or None, region=settings.region)
     prefix = settings.prefix
-    network = NetworkStack(app, f"{prefix}-network", env=env, settings=settings.network,
+    names = settings.stack_names
+    network = NetworkStack(app, names["network"], env=env, settings=settings.network,
                            description="scDINO: VPC, endpoints, flow logs, cluster and FSx security groups")
-    storage = StorageStack(app, f"{prefix}-storage", env=env, settings=settings.storage, vpc=network.vpc,
+    storage = StorageStack(app, names["storage"], env=env, settings=settings.storage, vpc=network.vpc,
                            subnet=network.private_subnet, fsx_security_group=network.fsx_security_group,
                            description="scDINO: data bucket and FSx for Lustre (retained on destroy)")
-    image = ImageStack(app, f"{prefix}-image", env=env, settings=settings.image, backend=settings.backend,
+    image = ImageStack(app, names["image"], env=env, settings=settings.image, backend=settings.backend,
                        ami_parameter=settings.ami_parameter, build_tag=prefix,
                        build_subnet_id=network.public_subnet.subnet_id, vpc_id=network.vpc.vpc_id,
                        description="scDINO: Packer GPU image pipeline (CodeBuild)"
@@ -59,7 +60,7 @@ def _cluster_stack(app: cdk.App, settings: Settings, env: cdk.Environment, netwo
               "public_subnet_id": network.public_subnet.subnet_id,
               "security_group_id": network.cluster_security_group.security_group_id,
               "access_logs_bucket_name": storage.access_logs_bucket.bucket_name}
-    name = f"{settings.prefix}-cluster"
+    name = settings.stack_names["cluster"]
     if settings.backend == "pcs":
         return PcsClusterStack(app, name, vpc=network.vpc, file_system_dns_name=storage.file_system.dns_name,
                                file_system_mount_name=storage.file_system.mount_name, data_policy=storage.data_policy,

@@ -8,15 +8,13 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from stacks.pcs.config import NodeGroupSpec
-from stacks.shared.constants import SSM_POLICY
+from stacks.shared.constants import NODE_GROUP_TAG, SSM_POLICY
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.nag import acknowledge
 
 PCS_ROLE_PATH = "/aws-pcs/"
 """PCS passes only roles whose name starts with AWSPCS or whose path is /aws-pcs/; the path lets
 CloudFormation name the role (unique per stack and region)."""
-NODE_GROUP_TAG = "scdino:node-group"
-"""Tag on every PCS node: <cluster>/<node group>, how the login node is found (stack output)."""
 ROOT_DEVICES = {"alinux2023": "/dev/xvda", "ubuntu2204": "/dev/sda1"}
 """Root device of AWS's Deep Learning Base AMIs, which the PCS image starts from (its size is set here)."""
 

@@ -16,7 +16,7 @@ from constructs import Construct
 from stacks.pcs.config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
 from stacks.pcs.nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
 from stacks.shared.common import logs_key
-from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY
+from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY, NODE_GROUP_TAG
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
@@ -132,7 +132,7 @@ class PcsClusterStack(cdk.Stack):
         settings = self._settings
         login_tag = f"{settings.cluster_name}/login"
         find_login = ("$(aws ec2 describe-instances --region " + self.region
-                      + f" --filters Name=tag:scdino:node-group,Values={login_tag} Name=instance-state-name,Values=running"
+                      + f" --filters Name=tag:{NODE_GROUP_TAG},Values={login_tag} Name=instance-state-name,Values=running"
                       " --query 'Reservations[0].Instances[0].InstanceId' --output text)")
         cdk.CfnOutput(self, "ClusterName", value=settings.cluster_name)
         cdk.CfnOutput(self, "ClusterId", value=self.cluster.attr_id)

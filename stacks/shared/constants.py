@@ -24,6 +24,10 @@ BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
 BUNDLE_POINTER_KEY = "bootstrap/current.json"
 BUNDLE_KEY_PREFIX = "bundles/"
 
+NODE_GROUP_TAG = "scdino:node-group"
+"""Tag on every PCS node: <cluster>/<node group>, how the login node is found (the ConnectCommand output,
+`python -m stacks.deployment ssm`)."""
+
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
 """AWS managed policy Session Manager needs on an instance (ParallelCluster's provider may attach it)."""
 CLOUDWATCH_AGENT_POLICY = "CloudWatchAgentServerPolicy"

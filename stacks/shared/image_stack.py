@@ -101,8 +101,9 @@ class ImageStack(cdk.Stack):
                 log_group=logs.LogGroup(self, "BuildLogs", retention=logs.RetentionDays.ONE_MONTH,
                                         encryption_key=key, removal_policy=cdk.RemovalPolicy.DESTROY))))
         self._grant_packer(build_tag=build_tag, subnet_id=build_subnet_id, vpc_id=vpc_id)
+        cdk.CfnOutput(self, "ProjectName", value=self.project.project_name)
         cdk.CfnOutput(self, "StartBuildCommand",
-                      value=f"aws codebuild start-build --project-name {self.project.project_name}")
+                      value=f"aws codebuild start-build --region {self.region} --project-name {self.project.project_name}")
         cdk.CfnOutput(self, "AmiParameterName", value=self.ami_parameter.parameter_name)
 
     def _grant_packer(self, *, build_tag: str, subnet_id: str, vpc_id: str) -> None:

@@ -29,6 +29,8 @@ REFUSED_OSES = {
     "rocky9": "ParallelCluster publishes no official rocky9 AMI for the head node and the image pipeline to start from",
     "ubuntu2404": "its archive has no python3.11, which the node environment (bootstrap/, ami/) is built with",
 }
+STACKS = ("network", "storage", "image", "cluster")
+"""The four stacks of a deployment, each named `<prefix>-<stack>` (Settings.stack_names)."""
 BACKENDS = ("parallelcluster", "pcs")
 """What runs Slurm: ParallelCluster's head node (custom resource), or AWS PCS's managed controller."""
 PCS_SLURM_VERSION = "25.11"
@@ -294,10 +296,9 @@ class Settings:
                "must be empty or 12 digits")
         _check(self.network.availability_zone.startswith(self.region), "network.availability_zone",
                f"{self.network.availability_zone!r} is not in region {self.region!r}")
-        stacks = ("network", "storage", "image", "cluster")
-        _check(self.cluster.name not in stacks, "cluster.name",
+        _check(self.cluster.name not in STACKS, "cluster.name",
                f"ParallelCluster names its own stack after the cluster ({self.cluster_name}): "
-               f"choose a name other than {stacks}")
+               f"choose a name other than {STACKS}")
         _check(len(self.cluster_name) <= CLUSTER_NAME_MAX, "cluster.name",
                f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {CLUSTER_NAME_MAX} characters")
         self._check_accounting()
@@ -357,6 +358,11 @@ class Settings:
                "characters, ParallelCluster's limit with Slurm accounting")
         _check(accounting.secret_region == self.region, "cluster.slurm_accounting.password_secret_arn",
                f"the secret is in {accounting.secret_region}, the cluster in {self.region}: use a secret of {self.region}")
+
+    @property
+    def stack_names(self) -> dict[str, str]:
+        """{stack: its CloudFormation name}, e.g. {"network": "scdino-network", ...}: unique per prefix."""
+        return {stack: f"{self.prefix}-{stack}" for stack in STACKS}
 
     @property
     def cluster_name(self) -> str:

@@ -24,8 +24,10 @@ SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue", "tail"}
 AWS_GLOBAL = {"--region", "--query", "--output", "--profile"}
 # The AWS CLI's hand-written `aws s3` commands (not in botocore's models) and the options used here.
 AWS_S3 = {"sync": set(), "cp": set(), "ls": set()}
-# Python entry points the guide runs: the training CLI (with a subcommand) and the zone picker.
-PYTHON_MODULES = {"training", "stacks.pick_az"}
+# Python entry points the guide runs: the training CLI and the deployment's commands (each with a
+# subcommand), and the zone picker.
+PYTHON_MODULES = {"training", "stacks.deployment", "stacks.pick_az"}
+WITH_SUBCOMMANDS = {"training", "stacks.deployment"}
 
 
 def doc_commands() -> list[list[str]]:
@@ -117,8 +119,10 @@ def check(words: list[str]) -> None:
         check_help(words, (str(PCLUSTER_PYTHON.parent / "pcluster"), words[1]), words[2:])
     elif program == ".venv/bin/python":
         assert words[1] == "-m" and words[2] in PYTHON_MODULES, words
-        if words[2] == "training":
-            check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
+        if words[2] in WITH_SUBCOMMANDS:
+            command = (str(VENV_PYTHON), "-m", words[2], words[3])
+            assert f"usage: python -m {words[2]} {words[3]} " in help_text(*command), f"no {words[2]} {words[3]}"
+            check_help(words, command, words[4:])
         else:
             check_help(words, (str(VENV_PYTHON), "-m", words[2]), words[3:])
     elif program.startswith("slurm/"):
@@ -149,7 +153,7 @@ def test_every_bundle_path_the_guide_names_is_in_the_bundle():
         in_bundle(path)
 
 
-def _block_after(heading: str, containing: str = "aws ssm start-session") -> str:
+def _block_after(heading: str, containing: str = "stacks.deployment ssm") -> str:
     """The first shell block after `heading` that holds `containing`."""
     text = DOC.read_text()
     return next(block for block in re.findall(r"```bash\n(.*?)```", text[text.index(heading):], re.S)
@@ -160,7 +164,7 @@ def test_the_first_login_connects_becomes_the_user_submits_the_demo_watches_and_
     """The order a user types it; the folder is the one the bootstrap makes writable for everyone, and the
     log the live view follows is the one the submitter names (logs/<job name>_<job id>.out)."""
     block = _block_after("## 5. Run the pipeline")
-    steps = ["aws ssm start-session", "sudo -iu ec2-user", "mkdir -p /fsx/data/work/$USER && cd /fsx/data/work/$USER",
+    steps = ["stacks.deployment ssm", "sudo -iu ec2-user", "mkdir -p /fsx/data/work/$USER && cd /fsx/data/work/$USER",
              f"cp {BUNDLE_DIR}/configs/demo.yaml demo.yaml", "-m training synth-data --config demo.yaml",
              f"{BUNDLE_DIR}/slurm/submit_pipeline.sh demo.yaml", "squeue", "tail -f logs/scdino-pretrain_<JOBID>.out",
              "-m training paths --config demo.yaml report"]
@@ -176,7 +180,26 @@ def test_the_first_login_connects_becomes_the_user_submits_the_demo_watches_and_
     assert f"s3://<BucketName>/data/work/ec2-user/{report}" in DOC.read_text()
     # On PCS the same: connect to the login node, then become the user that submits.
     pcs = _block_after("2. **Connect to the login node.**")
-    assert pcs.index("aws ssm start-session") < pcs.index("sudo -iu ec2-user") < pcs.index("sinfo")
+    assert pcs.index("stacks.deployment ssm") < pcs.index("sudo -iu ec2-user") < pcs.index("sinfo")
+
+
+def test_after_the_deploy_every_command_reaches_the_recorded_deployment():
+    """A `cdk destroy --all` without the deploy's `-c region=` fell back to cdk.json's region and left the
+    deployment billing: the guide deploys, updates and destroys through the record (stacks/deployment.py), and
+    every AWS CLI or ParallelCluster command it gives names the recorded region ($REGION, set from the record
+    before its first use). The README's short version does the same."""
+    commands = doc_commands()
+    assert [words for words in commands if words[:3] in (["npx", "cdk", "deploy"], ["npx", "cdk", "destroy"])] == []
+    regional = [words for words in commands
+                if words[0] == "pcluster" or (words[0] == "aws" and words[1] not in ("sts", "s3"))]
+    assert regional and [words for words in regional
+                         if "--region" not in words or words[words.index("--region") + 1] != "$REGION"] == []
+    text = DOC.read_text()
+    assert text.index("REGION=$(.venv/bin/python -m stacks.deployment show region)") < text.index('"$REGION"')
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"## Deploy to AWS.*?```bash\n(.*?)```", readme, re.S)[1]
+    assert "stacks.deployment deploy" in block and "stacks.deployment destroy" in block
+    assert "cdk deploy" not in block and "cdk destroy" not in block and "aws ssm" not in block
 
 
 @pytest.mark.parametrize("words", [
@@ -187,6 +210,8 @@ def test_the_first_login_connects_becomes_the_user_submits_the_demo_watches_and_
     ["slurm/submit_pipeline.sh", "run.yaml", "--node", "2"],
     [".venv/bin/python", "-m", "stacks.pick_az", "--region", "us-east-1", "--instance-type", "p5.48xlarge"],
     [".venv/bin/python", "-m", "stacks.pick_zone", "--region", "us-east-1"],
+    [".venv/bin/python", "-m", "stacks.deployment", "destroy", "--all"],
+    [".venv/bin/python", "-m", "stacks.deployment", "remove"],
 ])
 def test_the_checks_reject_a_wrong_command(words):
     with pytest.raises(AssertionError):

@@ -158,3 +158,26 @@ def test_url_source_is_downloaded_unpacked_and_reused(image_set, tmp_path, capsy
     assert (downloads / "pbmc_set_unpacked" / ".complete").exists()
     (tmp_path / "pbmc_set.zip").unlink()
     assert main(args) == 0, "a second run reuses the unpacked copy without downloading again"
+
+
+def test_without_a_bucket_the_deployment_record_gives_bucket_and_region(s3, s3_endpoint, image_set, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The record `python -m stacks.deployment deploy` writes (tests/infra/test_deployment.py) names the bucket."""
+    from stacks.deployment import Deployment, resolve, save
+
+    monkeypatch.delenv("SCDINO_BUCKET", raising=False)
+    context = {"region": "us-west-2", "network.availability_zone": "us-west-2a"}
+    record = tmp_path / "deployment.json"
+    save(Deployment.of(resolve(context), context).with_outputs({"scdino-storage": {"BucketName": BUCKET}}), record)
+    args = ["upload-data", "--source", str(image_set), "--endpoint-url", s3_endpoint, "--prefix", "data/pbmc",
+            "--deployment", str(record)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert f"bucket {BUCKET} in us-west-2, from the deployment record" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["bucket"] == BUCKET
+    assert "data/pbmc/B_cell/img_0.tif" in keys(s3)
+    assert main([*args, "--region", "eu-west-1"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "--region eu-west-1" in errors[0] and "in us-west-2" in errors[0]
+    assert main(["upload-data", "--source", str(image_set), "--deployment", str(tmp_path / "none.json")]) == 2
+    assert "no bucket: pass --bucket" in capsys.readouterr().err

@@ -4,6 +4,7 @@ screen (a LoadData table, its images and masks).
     python -m training upload-data --source ~/DeepPhenotype_PBMC_ImageSet_YSeverin --bucket BUCKET
     python -m training upload-data --url https://.../DeepPhenotype.zip --bucket BUCKET
     python -m training upload-data --source DIR --check-only          (no AWS needed)
+    python -m training upload-data --source DIR      (no --bucket: the deployment record's bucket and region)
     python -m training upload-data --config run.yaml --table load_data.csv --prefix data/screens/NAME --bucket BUCKET
 
 Meant for the Deep Phenotyping PBMC image set (landing page:
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from training.config import Config
@@ -50,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"key prefix (default {DEFAULT_PREFIX}; a screen's must be given, under data/)")
     parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS)")
     parser.add_argument("--region", default=None, help="bucket region (default: AWS configuration)")
+    parser.add_argument("--deployment", type=Path, metavar="FILE",
+                        help="without --bucket: the bucket and region this deployment record names (default: "
+                             "the repository's deployment.json, written by `python -m stacks.deployment deploy`)")
     parser.add_argument("--workers", type=int, default=16, help="parallel uploads")
     parser.add_argument("--multipart-mb", type=int, default=64, help="part size and multipart threshold")
     parser.add_argument("--check-only", action="store_true", help="check the images, upload nothing")
@@ -64,6 +69,8 @@ def run(config: Config, layout, args: argparse.Namespace) -> int:
     if args.table and args.source:
         raise UserError("give --source (an image set's folder) or --table (a screen's LoadData table), not both")
     prefix = args.prefix if args.prefix is not None or args.table else DEFAULT_PREFIX
+    if not args.bucket and not args.check_only:
+        args.bucket, args.region = recorded_bucket(args.deployment, args.region)
     request = UploadRequest(source=args.source, url=args.url, download_dir=args.download_dir, bucket=args.bucket,
                             prefix=prefix, endpoint_url=args.endpoint_url, region=args.region, workers=args.workers,
                             multipart_mb=args.multipart_mb, check_only=args.check_only, table=args.table)
@@ -72,3 +79,18 @@ def run(config: Config, layout, args: argparse.Namespace) -> int:
         print(json.dumps({"bucket": request.bucket, "prefix": request.prefix, **summary}))
     return 0
 
+
+def recorded_bucket(record: Path | None, region: str | None) -> tuple[str, str]:
+    """The deployment record's bucket and region (stacks/deployment.py reads the record: run from the repository)."""
+    from training.errors import UserError
+
+    try:
+        from stacks.deployment import DeploymentError, upload_target
+    except ImportError:
+        raise UserError("no bucket: pass --bucket (the storage stack's BucketName output) or set SCDINO_BUCKET") from None
+    try:
+        bucket, region = upload_target(record, region)
+    except DeploymentError as error:
+        raise UserError(str(error)) from None
+    print(f"bucket {bucket} in {region}, from the deployment record", file=sys.stderr)
+    return bucket, region
