@@ -19,6 +19,12 @@
 # One lock serialises installs; waits are bounded well below ParallelCluster's node bootstrap timeout.
 # <install dir> switches only to a bundle whose pointer is at least as new as the active one's, so a
 # slow node never flips it back; bundles other than the active and the previous one are removed.
+# Beside the bundle it switches to, <install dir>/cluster.env holds the cluster's shape (each enabled
+# preset's partition, GPUs per node and vCPUs per GPU, the default first), which slurm/env.sh reads:
+# cluster-env.py, from beside the pointer, renders it from the pointer's "cluster" entry. On the shared
+# /apps, so that one run (the head node's OnNodeUpdated after a change of presets, or any PCS node's
+# first boot) reaches every node, and under the same rule as the bundle: a slower node's older pointer
+# never overwrites it.
 # On GPU compute nodes it also sets up monitoring, from the pointer's "monitoring" names and the
 # agent template beside it (cloudwatch-agent.json): the CloudWatch agent's NVIDIA GPU metrics, the
 # kernel's NVIDIA Xid lines and the training's embedded-metric-format lines (appended to the agent's
@@ -43,6 +49,8 @@ readonly EMF_DIR=${SCDINO_EMF_DIR:-/var/log/scdino}
 readonly WORK_DIR=${SCDINO_WORK_DIR:-/fsx/data/work}
 readonly LOCK_WAIT_SECONDS=1500
 readonly REQUIREMENT_FILES=(requirements.txt requirements-dali.txt)
+readonly CLUSTER_ENV=cluster.env
+readonly CLUSTER_ENV_RENDERER=cluster-env.py
 
 exec > >(tee -a "${LOG_FILE}") 2>&1
 
@@ -158,14 +166,30 @@ unpack_bundle() {
   echo "${bundle_uri}" > "${version_dir}/.ready"
 }
 
+write_cluster_env() {
+  # The pointer's cluster shape as <bundle>/cluster.env (see the top); a pointer without one is an older deploy's.
+  local pointer_uri=$1 pointer=$2 version_dir=$3 renderer status=0
+  renderer=$(mktemp)
+  aws s3 cp --only-show-errors "${pointer_uri%/*}/${CLUSTER_ENV_RENDERER}" "${renderer}"
+  python3 "${renderer}" "${pointer}" "${version_dir}/${CLUSTER_ENV}" || status=$?
+  rm -f "${renderer}"
+  case "${status}" in
+    0) log "cluster shape in ${version_dir}/${CLUSTER_ENV}: $(grep -v '^#' "${version_dir}/${CLUSTER_ENV}" | tr '\n' ' ')" ;;
+    3) log "the pointer has no cluster shape (an older deploy): slurm/env.sh keeps its defaults" ;;
+    *) die "could not write ${version_dir}/${CLUSTER_ENV} from the pointer (see above)" ;;
+  esac
+}
+
 activate() {
-  # Switch <install dir> to $2 unless a newer pointer's bundle is already active; prune old bundles.
-  local install_dir=$1 version_dir=$2 stamp=$3 active_stamp=0 previous="" dir
+  # Switch <install dir> to $2, with the cluster's shape of pointer $5 (from $4) beside it, unless a newer
+  # pointer's bundle is already active; prune old bundles.
+  local install_dir=$1 version_dir=$2 stamp=$3 pointer_uri=$4 pointer=$5 active_stamp=0 previous="" dir
   [[ -f "${install_dir}.stamp" ]] && active_stamp=$(cat "${install_dir}.stamp")
   if ((stamp < active_stamp)); then
     log "keeping ${install_dir} -> $(readlink "${install_dir}"): its pointer (${active_stamp}) is newer than ours (${stamp})"
     return 0
   fi
+  write_cluster_env "${pointer_uri}" "${pointer}" "${version_dir}"
   [[ -L "${install_dir}" ]] && previous=$(readlink "${install_dir}")
   ln -sfn "${version_dir}" "${install_dir}.next"
   mv -T "${install_dir}.next" "${install_dir}"
@@ -246,7 +270,6 @@ main() {
   pointer=$(mktemp)
   read -r stamp bundle_uri bundle_id gpu_namespace training_namespace log_group \
     < <(read_pointer "${pointer_uri}" "${pointer}")
-  rm -f "${pointer}"
   [[ "${bundle_uri}" == s3://*.zip && -n "${bundle_id}" ]] || die "pointer names no s3://...zip bundle: '${bundle_uri}'"
   if [[ -n "${expected_id}" && "${expected_id}" != "${bundle_id}" ]]; then
     log "note: configuration names bundle ${expected_id}, the pointer ${bundle_id} (a later deploy); installing the pointer's"
@@ -263,8 +286,9 @@ main() {
   add_to_path "${install_dir}"
   (cd / && PYTHONPATH="${version_dir}" "${IMAGE_VENV}/bin/python" -c "import training") \
     || die "the training package does not import with ${IMAGE_VENV}"
-  activate "${install_dir}" "${version_dir}" "${stamp}"
+  activate "${install_dir}" "${version_dir}" "${stamp}" "${pointer_uri}" "${pointer}"
   flock -u 9
+  rm -f "${pointer}"
   prepare_scratch
   prepare_work_dir || log "WARNING: could not make ${WORK_DIR} (see above): users need a folder of their own on /fsx"
   if ! configure_monitoring "${pointer_uri}" "${gpu_namespace}" "${training_namespace}" "${log_group}"; then

@@ -1,27 +1,13 @@
 # shellcheck shell=bash
 # Site settings sourced by every slurm/*.slurm script and by submit_pipeline.sh.
-# Defaults match the cluster the CDK app creates (stacks/shared/presets.py, DEFAULT_PRESET g4dn.12xlarge;
-# a test keeps the two in step). Every value can be overridden from the environment, which sbatch
-# passes into the job: e.g. `SCDINO_PARTITION=gpu-p4d24xl sbatch ...`. The local cluster's
-# overrides are in .local-slurm/scdino-env.sh (written by scripts/local-slurm.sh start).
-# This file only sets variables (and reads the node's monitoring settings): sourcing it anywhere is safe.
-
-# --- cluster shape ---
-# Slurm partition (ParallelCluster queue) of the default GPU instance type.
-SCDINO_PARTITION=${SCDINO_PARTITION:-gpu-g4dn12xl}
-# GPUs per node the site expects; the launcher takes the real count from the allocation.
-SCDINO_GPUS_PER_NODE=${SCDINO_GPUS_PER_NODE:-4}
-# vCPUs per GPU (48 vCPUs / 4 GPUs): data-loading workers of one GPU task live on them.
-SCDINO_CPUS_PER_GPU=${SCDINO_CPUS_PER_GPU:-12}
-# CPUs of a single-process step (prepare, mean-std, kNN, ...): one GPU's share of a node.
-SCDINO_CPUS_PER_TASK=${SCDINO_CPUS_PER_TASK:-$SCDINO_CPUS_PER_GPU}
-# CPUs of each `ingest` job or array task: its cropping runs on one core, a second reads ahead;
-# an array of many such tasks, packed onto the nodes by Slurm, spreads the fields over the cores.
-SCDINO_INGEST_CPUS_PER_TASK=${SCDINO_INGEST_CPUS_PER_TASK:-2}
-# Instance type, for the expected all-reduce bandwidth in the NCCL test.
-SCDINO_INSTANCE_TYPE=${SCDINO_INSTANCE_TYPE:-g4dn.12xlarge}
-# Worker processes per node when the allocation has no GPU (CPU/gloo runs, the local cluster).
-SCDINO_CPU_PROCS_PER_NODE=${SCDINO_CPU_PROCS_PER_NODE:-1}
+# The cluster's shape comes from the site file the node bootstrap writes beside the bundle
+# ($SCDINO_HOME/cluster.env, from the deploy's pointer): its enabled presets, the default first.
+# Without one (a checkout, the local cluster's default) the defaults below are the CDK app's default
+# preset (stacks/shared/presets.py, DEFAULT_PRESET g4dn.12xlarge; a test keeps the two in step).
+# Every value can be overridden from the environment, which sbatch passes into the job: e.g.
+# `SCDINO_CPUS_PER_TASK=8 sbatch ...`. The local cluster's overrides are in
+# .local-slurm/scdino-env.sh (written by scripts/local-slurm.sh start).
+# This file only sets variables (and reads the site and monitoring files): sourcing it anywhere is safe.
 
 # --- paths ---
 # The installed training/ + slurm/ bundle (bootstrap copies it to the shared /apps volume).
@@ -36,6 +22,46 @@ SCDINO_DATA_DIR=${SCDINO_DATA_DIR:-$SCDINO_FSX/data}
 SCDINO_SCRATCH=${SCDINO_SCRATCH:-/scratch}
 # Rendezvous port on the first node; derived from the job id so concurrent jobs do not collide.
 SCDINO_RDZV_PORT=${SCDINO_RDZV_PORT:-$((29500 + ${SLURM_JOB_ID:-0} % 1000))}
+
+# --- cluster shape ---
+# The site file (bootstrap/cluster-env.py renders it): SCDINO_CLUSTER_PRESETS, one line per enabled
+# preset, "instance-type partition GPUs-per-node vCPUs-per-GPU", the cluster's default partition first.
+SCDINO_CLUSTER_ENV=${SCDINO_CLUSTER_ENV:-$SCDINO_HOME/cluster.env}
+SCDINO_CLUSTER_PRESETS=""
+if [ -r "$SCDINO_CLUSTER_ENV" ]; then
+  # shellcheck source=/dev/null
+  source "$SCDINO_CLUSTER_ENV"
+fi
+# The preset whose shape the values below take, as its line: the one SCDINO_PRESET names (its instance
+# type or partition; submit_pipeline.sh --preset sets it), else inside a job the one of the partition it
+# runs in, else the cluster's default. Empty without a site file.
+SCDINO_SHAPE=""
+for _scdino_want in "${SCDINO_PRESET:-}" "${SLURM_JOB_PARTITION:-}" "(default)"; do
+  while read -r _scdino_type _scdino_queue _scdino_rest; do
+    if [ -n "$_scdino_rest" ] && [ -n "$_scdino_want" ] && { [ "$_scdino_want" = "(default)" ] ||
+      [ "$_scdino_want" = "$_scdino_type" ] || [ "$_scdino_want" = "$_scdino_queue" ]; }; then
+      SCDINO_SHAPE="$_scdino_type $_scdino_queue $_scdino_rest"
+      break 2
+    fi
+  done <<<"$SCDINO_CLUSTER_PRESETS"
+done
+read -r _scdino_type _scdino_queue _scdino_gpus _scdino_cpus _scdino_rest <<<"$SCDINO_SHAPE"
+# Slurm partition (ParallelCluster or PCS queue) of that preset.
+SCDINO_PARTITION=${SCDINO_PARTITION:-${_scdino_queue:-gpu-g4dn12xl}}
+# GPUs per node the site expects; the launcher takes the real count from the allocation.
+SCDINO_GPUS_PER_NODE=${SCDINO_GPUS_PER_NODE:-${_scdino_gpus:-4}}
+# vCPUs per GPU (48 vCPUs / 4 GPUs on g4dn.12xlarge): data-loading workers of one GPU task live on them.
+SCDINO_CPUS_PER_GPU=${SCDINO_CPUS_PER_GPU:-${_scdino_cpus:-12}}
+# Instance type, for the expected all-reduce bandwidth in the NCCL test.
+SCDINO_INSTANCE_TYPE=${SCDINO_INSTANCE_TYPE:-${_scdino_type:-g4dn.12xlarge}}
+unset _scdino_want _scdino_type _scdino_queue _scdino_gpus _scdino_cpus _scdino_rest
+# CPUs of a single-process step (prepare, mean-std, kNN, ...): one GPU's share of a node.
+SCDINO_CPUS_PER_TASK=${SCDINO_CPUS_PER_TASK:-$SCDINO_CPUS_PER_GPU}
+# CPUs of each `ingest` job or array task: its cropping runs on one core, a second reads ahead;
+# an array of many such tasks, packed onto the nodes by Slurm, spreads the fields over the cores.
+SCDINO_INGEST_CPUS_PER_TASK=${SCDINO_INGEST_CPUS_PER_TASK:-2}
+# Worker processes per node when the allocation has no GPU (CPU/gloo runs, the local cluster).
+SCDINO_CPU_PROCS_PER_NODE=${SCDINO_CPU_PROCS_PER_NODE:-1}
 
 # --- monitoring ---
 # On GPU compute nodes the bootstrap (bootstrap/on-node-configured.sh) writes SCDINO_EMF_LOG and

@@ -6,6 +6,9 @@
 #     --from STEP     start at STEP (its inputs must exist in the run directory), e.g. --from features
 #     --to STEP       stop after STEP
 #     --nodes N       pretraining nodes (default: pretrain.slurm's --nodes)
+#     --preset NAME   run on the partition of preset NAME (its instance type, e.g. p4d.24xlarge, or its
+#                     partition) with its GPUs and CPUs; default: the cluster's default partition, its
+#                     first preset (the site file slurm/env.sh reads names them)
 #     --after JOBID   the first job also waits for JOBID (e.g. a data staging job)
 #     --prepare-tasks N  prepare as a Slurm array of N tasks (each packs a slice of the images,
 #                     in parallel across nodes), then one merge job (default 1: one job)
@@ -36,13 +39,9 @@ MULTI_NODE=" pretrain features "
 EVALUATION=" features labels knn linear "
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=slurm/env.sh
-source "$HERE/env.sh"
-# shellcheck source=slurm/lib.sh
-source "$HERE/lib.sh"
 
 usage() {
-  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -64,6 +63,7 @@ FROM=""
 TO=report
 NODES=""
 AFTER=""
+PRESET=""
 PREPARE_TASKS=1
 INGEST_TASKS=1
 DRY_RUN=0
@@ -74,6 +74,7 @@ while [ $# -gt 0 ]; do
     --to) TO=${2:?--to needs a step}; shift 2 ;;
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
     --after) AFTER=${2:?--after needs a job id}; shift 2 ;;
+    --preset) PRESET=${2:?--preset needs a preset name, e.g. p4d.24xlarge}; shift 2 ;;
     --prepare-tasks) PREPARE_TASKS=${2:?--prepare-tasks needs a number}; shift 2 ;;
     --ingest-tasks) INGEST_TASKS=${2:?--ingest-tasks needs a number}; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -88,6 +89,23 @@ done
 [ -z "$NODES" ] || [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || fail "--nodes must be a positive integer, got '$NODES'"
 [[ "$PREPARE_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--prepare-tasks must be a positive integer, got '$PREPARE_TASKS'"
 [[ "$INGEST_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--ingest-tasks must be a positive integer, got '$INGEST_TASKS'"
+
+# The site settings; --preset picks the preset whose shape they take (over the environment's).
+if [ -n "$PRESET" ]; then
+  SCDINO_PRESET=$PRESET
+  unset SCDINO_PARTITION SCDINO_GPUS_PER_NODE SCDINO_CPUS_PER_GPU SCDINO_INSTANCE_TYPE
+fi
+# shellcheck source=slurm/env.sh
+source "$HERE/env.sh"
+# shellcheck source=slurm/lib.sh
+source "$HERE/lib.sh"
+if [ -n "$PRESET" ]; then
+  [ -n "$SCDINO_CLUSTER_PRESETS" ] || fail "--preset $PRESET: no cluster site file at $SCDINO_CLUSTER_ENV (the node \
+bootstrap writes it); set SCDINO_PARTITION, SCDINO_GPUS_PER_NODE and SCDINO_CPUS_PER_GPU instead"
+  read -r shape_type shape_queue _ <<<"$SCDINO_SHAPE"
+  [ "$PRESET" = "$shape_type" ] || [ "$PRESET" = "$shape_queue" ] || fail "this cluster has no preset '$PRESET'; \
+its presets: $(awk '{printf "%s%s (partition %s)", sep, $1, $2; sep = ", "}' <<<"$SCDINO_CLUSTER_PRESETS")"
+fi
 
 LOG_DIR=${SCDINO_LOG_DIR:-logs}
 if ! mkdir -p "$LOG_DIR" 2>/dev/null || [ ! -w "$LOG_DIR" ]; then

@@ -212,6 +212,8 @@ def build_cluster_config(settings: Settings, refs: ClusterRefs) -> dict[str, Any
         "Scheduling": {
             "Scheduler": "slurm",
             "SlurmSettings": _slurm_settings(settings),
+            # The first queue is the cluster's default partition (ParallelCluster's rule): the first preset's,
+            # as the nodes' site file says (presets.node_shape).
             "SlurmQueues": [_gpu_queue(PRESETS[name], settings, refs) for name in settings.cluster.presets]
             + ([_cpu_spot_queue(settings, refs)] if settings.cluster.cpu_spot_instance_type else []),
         },

@@ -11,6 +11,7 @@ from stacks.shared.common import logs_key
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.node_bundle import NodeBundle
+from stacks.shared.presets import node_shape
 from stacks.shared.settings import PCLUSTER_VERSION, Settings
 
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
@@ -31,7 +32,8 @@ class ClusterStack(cdk.Stack):
                                      alarm_email=settings.cluster.alarm_email, logs_key=key)
         node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
                                  logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
-                                 monitoring=self.monitoring.names.pointer())
+                                 monitoring=self.monitoring.names.pointer(),
+                                 cluster=node_shape(settings.cluster.presets))
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,

@@ -40,6 +40,8 @@ class NodeGroupSpec:
     placement_group: bool = False
     capacity_reservation_id: str = ""
     gpu: bool = False
+    default_queue: bool = False
+    """The cluster's default partition: the first preset's queue (presets.node_shape)."""
 
     @property
     def capacity_block(self) -> bool:
@@ -47,7 +49,8 @@ class NodeGroupSpec:
 
 
 def _gpu_group(preset: GpuPreset, settings: Settings) -> NodeGroupSpec:
-    """A preset's group: named like its ParallelCluster partition; a reservation decides placement."""
+    """A preset's group: named like its ParallelCluster partition, the first preset's queue the default; a
+    reservation decides placement."""
     cluster = settings.cluster
     return NodeGroupSpec(
         name=preset.queue_name, instance_type=preset.instance_type, min_count=cluster.min_nodes,
@@ -55,7 +58,8 @@ def _gpu_group(preset: GpuPreset, settings: Settings) -> NodeGroupSpec:
         queue=preset.queue_name, node_type=COMPUTE_NODE,
         efa_interfaces=preset.network_cards if preset.efa else 0,
         placement_group=preset.placement_group and not cluster.capacity_reservation_id,
-        capacity_reservation_id=cluster.capacity_reservation_id, gpu=True)
+        capacity_reservation_id=cluster.capacity_reservation_id, gpu=True,
+        default_queue=preset.instance_type == cluster.presets[0])
 
 
 def pcs_node_groups(settings: Settings) -> list[NodeGroupSpec]:

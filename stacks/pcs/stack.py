@@ -20,6 +20,7 @@ from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY, NO
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
+from stacks.shared.presets import node_shape
 from stacks.shared.settings import PCS_SLURM_VERSION, Settings
 
 NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
@@ -48,7 +49,8 @@ class PcsClusterStack(cdk.Stack):
                                      parallelcluster_dashboard=False)
         self.node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
                                       logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
-                                      monitoring=self.monitoring.names.pointer())
+                                      monitoring=self.monitoring.names.pointer(),
+                                      cluster=node_shape(settings.cluster.presets))
         node_groups = [security_group_id, self._node_egress(vpc).security_group_id]
         self.cluster = self._cluster(security_group_id)
         policies = [data_policy, self.node_bundle.read_policy]
@@ -69,8 +71,16 @@ class PcsClusterStack(cdk.Stack):
                 self.queues[spec.queue] = pcs.CfnQueue(
                     self, f"{group_id(spec)}Queue", cluster_id=self.cluster.attr_id, name=spec.queue,
                     compute_node_group_configurations=[pcs.CfnQueue.ComputeNodeGroupConfigurationProperty(
-                        compute_node_group_id=group.attr_id)])
+                        compute_node_group_id=group.attr_id)],
+                    slurm_configuration=self._default_partition() if spec.default_queue else None)
         self._outputs()
+
+    @staticmethod
+    def _default_partition() -> pcs.CfnQueue.SlurmConfigurationProperty:
+        """Default=YES (a queue-level setting PCS takes): `sbatch` without --partition lands here, in the first
+        preset's queue, as on ParallelCluster, whose first queue is the default."""
+        return pcs.CfnQueue.SlurmConfigurationProperty(slurm_custom_settings=[
+            pcs.CfnQueue.SlurmCustomSettingProperty(parameter_name="Default", parameter_value="YES")])
 
     def _node_egress(self, vpc: ec2.IVpc) -> ec2.SecurityGroup:
         """What ParallelCluster's own node security group allows and the cluster group does not: the nodes'

@@ -2,17 +2,21 @@
 
     s3://<bucket>/bootstrap/on-node-configured.sh   the node action (bootstrap/)
     s3://<bucket>/bootstrap/current.json            {"bundle": "s3://<bucket>/bundles/<id>.zip", "id": "<id>",
-                                                     "monitoring": {gpu_namespace, training_namespace, log_group}}
+                                                     "monitoring": {gpu_namespace, training_namespace, log_group},
+                                                     "cluster": {"presets": [...]}}  (presets.node_shape)
+    s3://<bucket>/bootstrap/cluster-env.py          renders "cluster" into the site file slurm/env.sh reads
     s3://<bucket>/bootstrap/cloudwatch-agent.json   the CloudWatch agent template GPU nodes fill and append
     s3://<bucket>/bundles/<id>.zip                  training/ + slurm/ + configs/ + requirements (one per deploy)
 
 The cluster configuration names only the first two, so a change in training/ or slurm/ leaves the
-head node's OnNodeConfigured untouched; `cdk deploy` rewrites the pointer, and nodes follow it.
+head node's OnNodeConfigured untouched; `cdk deploy` rewrites the pointer, and nodes follow it. The
+pointer also carries the cluster's shape, so a change of `cluster.presets` reaches the nodes the same way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -47,7 +51,7 @@ class NodeBundle(Construct):
     """The deploy bucket, the bundle copied into it (kept per id) and the bootstrap files with the pointer."""
 
     def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int, logs_key: kms.IKey,
-                 access_logs_bucket_name: str, monitoring: dict[str, str]) -> None:
+                 access_logs_bucket_name: str, monitoring: dict[str, str], cluster: dict[str, Any]) -> None:
         super().__init__(scope, construct_id)
         self.bucket = self._bucket(access_logs_bucket_name)
         # The copy handler's own log group, named by CloudFormation and deleted with the stack. CDK's
@@ -71,7 +75,7 @@ class NodeBundle(Construct):
             sources=[s3_deployment.Source.asset(str(BOOTSTRAP_DIR)),
                      s3_deployment.Source.json_data(BUNDLE_POINTER_KEY.rsplit("/", 1)[1],
                                                     {"bundle": bundle_uri, "id": self.bundle_id,
-                                                     "monitoring": monitoring})])
+                                                     "monitoring": monitoring, "cluster": cluster})])
         self.bootstrap.node.add_dependency(bundles)
         self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()

@@ -3,14 +3,16 @@
 The facts of each instance type (GPUs, vCPUs, EFA, NVMe, GPU memory, peaks) come from the one
 table in training/costs/instances.py, which the nodes, the scaling model and the planner read
 too; this module adds what only the cluster needs (queue and compute resource names). It is also
-the machine-readable contract between the cluster and the Slurm scripts: `slurm/env.sh` must
-default to the partition, GPUs per node and CPUs per GPU of `DEFAULT_PRESET` (a test reads both
-files and compares them).
+the machine-readable contract between the cluster and the Slurm scripts: the deploy tells the nodes
+each enabled preset's queue, GPUs per node and CPUs per GPU (`node_shape`, in the bundle pointer;
+slurm/env.sh reads what the node bootstrap renders from it), and without that `slurm/env.sh`
+defaults to those of `DEFAULT_PRESET` (tests run both files and compare them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from training.costs.instances import DEFAULT_INSTANCE, INSTANCES, InstanceFacts, compute_resource_name, queue_name
 
@@ -64,3 +66,14 @@ SLURM_DEFAULTS: dict[str, str] = {
     "SCDINO_GPUS_PER_NODE": str(PRESETS[DEFAULT_PRESET].gpus_per_node),
     "SCDINO_CPUS_PER_GPU": str(PRESETS[DEFAULT_PRESET].cpus_per_gpu),
 }
+
+
+def node_shape(presets: Sequence[str]) -> dict[str, Any]:
+    """The cluster's shape as its nodes learn it (the bundle pointer's "cluster" entry): each enabled
+    preset's instance type, queue, GPUs per node and vCPUs per GPU, in `cluster.presets` order. The
+    first is the cluster's default partition on both back ends: ParallelCluster makes its first queue
+    the default, and the PCS stack sets Default=YES on that queue. bootstrap/cluster-env.py renders it
+    for slurm/env.sh."""
+    return {"presets": [{"instance_type": PRESETS[name].instance_type, "queue": PRESETS[name].queue_name,
+                         "gpus_per_node": PRESETS[name].gpus_per_node, "cpus_per_gpu": PRESETS[name].cpus_per_gpu}
+                        for name in presets]}

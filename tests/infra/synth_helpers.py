@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,17 @@ def exported(synth_result: Synth, value: dict[str, Any]) -> tuple[str, Any]:
 
 def cluster_config(synth_result: Synth) -> dict[str, Any]:
     return one(synth_result.json["cluster"], "Custom::PclusterCluster")["Properties"]["ClusterConfiguration"]
+
+
+def node_pointer(synth_result: Synth) -> dict[str, Any]:
+    """The bundle pointer (bootstrap/current.json) the cluster stack's deploy writes, read from its asset in the
+    cloud assembly; the values known only at deploy time (CDK's markers: bucket, bundle key) read "<deploy>"."""
+    (deployment,) = [resource["Properties"] for resource in
+                     resources(synth_result.json["cluster"], "Custom::CDKBucketDeployment").values()
+                     if resource["Properties"]["DestinationBucketKeyPrefix"] == "bootstrap/"]
+    (text,) = [path.read_text() for key in deployment["SourceObjectKeys"]
+               for path in [synth_result.outdir / f"asset.{key.removesuffix('.zip')}" / "current.json"] if path.is_file()]
+    return json.loads(re.sub(r'"?<<marker:0xbaba:\d+>>"?', '"<deploy>"', text))
 
 
 def run_pcluster(request: dict[str, Any]) -> dict[str, Any]:

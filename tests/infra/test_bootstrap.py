@@ -90,16 +90,20 @@ def node(tmp_path: Path, shared_venvs: Path) -> dict:
 
 
 def _publish(node: dict, bundle_id: str, *, mtime: int, requirements: str | None = REQUIREMENTS,
-             name: str = "current.json", monitoring: dict | None = None) -> str:
+             name: str = "current.json", monitoring: dict | None = None, cluster: dict | None = None) -> str:
     """Upload bundle <id>.zip and a pointer to it last modified at `mtime` (with the monitoring names
-    and the agent template beside it when given); return the pointer URI."""
+    and the agent template beside it, and the cluster's shape, when given), and the shape's renderer
+    beside it as every deploy does; return the pointer URI."""
     _bundle(node["s3"] / "bundles" / f"{bundle_id}.zip", requirements=requirements)
     pointer = node["s3"] / "bootstrap" / name
     pointer.parent.mkdir(exist_ok=True)
+    shutil.copy(REPO_ROOT / "bootstrap" / "cluster-env.py", pointer.parent / "cluster-env.py")
     content = {"bundle": f"s3://bucket/bundles/{bundle_id}.zip", "id": bundle_id}
     if monitoring:
         content["monitoring"] = monitoring
         shutil.copy(REPO_ROOT / "bootstrap" / "cloudwatch-agent.json", pointer.parent / "cloudwatch-agent.json")
+    if cluster:
+        content["cluster"] = cluster
     pointer.write_text(json.dumps(content))
     os.utime(pointer, (mtime, mtime))
     return f"s3://bucket/bootstrap/{name}"
@@ -196,6 +200,48 @@ def test_fails_loudly_without_leaving_a_ready_install(node, args, message):
     assert "ERROR" in result.stdout and message in result.stdout
     assert message in node["log"].read_text()
     assert not install_dir.exists()
+
+
+def _site_partition(install_dir: Path) -> str:
+    """The partition slurm/env.sh takes on a node whose bundle is `install_dir` (SCDINO_HOME)."""
+    env = {"PATH": "/usr/bin:/bin", "SCDINO_HOME": str(install_dir)}
+    return subprocess.run(["bash", "-c", 'source slurm/env.sh && echo "$SCDINO_PARTITION"'], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_cluster_shape_lands_beside_the_bundle_and_follows_the_newest_pointer(node):
+    from stacks.shared.presets import node_shape
+
+    install_dir = node["apps"] / "scdino"
+    _install(node, _publish(node, "abc123", mtime=1_000, cluster=node_shape(["g4dn.12xlarge", "p4d.24xlarge"])))
+    site = install_dir / "cluster.env"
+    assert stat.S_IMODE(site.stat().st_mode) == 0o644  # every user's jobs source it
+    assert _site_partition(install_dir) == "gpu-g4dn12xl"
+    # A deploy that changes only the presets: the same bundle, a newer pointer (the head node's OnNodeUpdated).
+    result = _install(node, _publish(node, "abc123", mtime=2_000, cluster=node_shape(["p5.48xlarge"])))
+    assert "already installed" in result.stdout and "cluster shape in" in result.stdout
+    assert _site_partition(install_dir) == "gpu-p548xl"
+    # A slow node that read an older pointer leaves the shape alone, as it leaves the bundle.
+    slow = _publish(node, "abc123", mtime=1_500, name="seen-by-a-slow-node.json", cluster=node_shape(["g5.12xlarge"]))
+    _install(node, slow)
+    assert _site_partition(install_dir) == "gpu-p548xl"
+
+
+def test_a_pointer_without_a_cluster_shape_leaves_env_sh_its_defaults(node):
+    result = _install(node, _publish(node, "abc123", mtime=1_000))
+    assert "the pointer has no cluster shape (an older deploy)" in result.stdout
+    assert not (node["apps"] / "scdino" / "cluster.env").exists()
+    assert _site_partition(node["apps"] / "scdino") == "gpu-g4dn12xl"
+
+
+def test_a_malformed_cluster_shape_fails_the_node_naming_the_field(node):
+    """The shape ends up in a file every job sources: a queue name that is not one is refused, not written."""
+    bad = {"presets": [{"instance_type": "p5.48xlarge", "queue": "gpu-p548xl; reboot", "gpus_per_node": 8,
+                        "cpus_per_gpu": 24}]}
+    result = _run(node, _publish(node, "abc123", mtime=1_000, cluster=bad), str(node["apps"] / "scdino"))
+    assert result.returncode != 0
+    assert '"cluster" preset 0: queue must match' in result.stdout and "ERROR: could not write" in result.stdout
+    assert not (node["apps"] / "scdino").exists()
 
 
 def test_lock_wait_stays_below_parallelcluster_node_bootstrap_timeout(pcluster_constants):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import cluster_config, exported, one, resources
+from infra.synth_helpers import cluster_config, exported, node_pointer, one, resources
+from stacks.shared.presets import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +121,23 @@ def test_deploy_writes_the_script_and_a_pointer_to_the_bundle_it_copies(synth):
     bundle_id = cluster_config(synth)["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][2]
     assert bundles["SourceObjectKeys"] == [f"{bundle_id}.zip"]
     assert _deployment_id(synth, "bootstrap/") in one(synth.json["cluster"], "Custom::PclusterCluster")["DependsOn"]
+
+
+@pytest.mark.parametrize("fixture", ["synth", "demo_synth"])
+def test_the_pointer_tells_the_nodes_each_gpu_queue_in_order_the_default_first(request, fixture):
+    """What the nodes render for slurm/env.sh is the configuration's own GPU queues, in its order: the first is
+    ParallelCluster's default partition (its rule), where `sbatch` without --partition goes."""
+    synth = request.getfixturevalue(fixture)
+    queues = [queue for queue in cluster_config(synth)["Scheduling"]["SlurmQueues"] if queue["Name"].startswith("gpu-")]
+    expected = []
+    for queue in queues:
+        (resource,) = queue["ComputeResources"]
+        preset = PRESETS[resource["InstanceType"]]
+        expected.append({"instance_type": preset.instance_type, "queue": queue["Name"],
+                         "gpus_per_node": preset.gpus_per_node, "cpus_per_gpu": preset.vcpus // preset.gpus_per_node})
+    pointer = node_pointer(synth)
+    assert pointer["cluster"] == {"presets": expected} and len(expected) == (3 if fixture == "demo_synth" else 1)
+    assert pointer["bundle"] == "<deploy>" and set(pointer) == {"bundle", "id", "monitoring", "cluster"}
 
 
 def _deployment_id(synth, prefix: str) -> str:

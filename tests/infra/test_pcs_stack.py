@@ -14,7 +14,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from infra.synth_helpers import exported, one, resources, synthesize
+from infra.synth_helpers import exported, node_pointer, one, resources, synthesize
 from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
 from stacks.pcs.config import MIME_BOUNDARY, NodeGroupSpec, pcs_node_groups
 from stacks.pcs.nodes import NODE_GROUP_TAG, NodeLaunchTemplate
@@ -132,6 +132,23 @@ def test_the_slurm_scripts_default_partition_is_a_queue_and_every_group_boots_th
     assert parameters[name]["Type"] == "AWS::SSM::Parameter::Value<String>"
     assert {json.dumps(group["AmiId"]) for group in _groups(pcs_synth).values()} == {json.dumps({"Ref": name})}
     pcs_synth.templates["image"].has_resource_properties("AWS::SSM::Parameter", {"Name": "/scdino/ami/gpu-pcs"})
+
+
+def test_the_first_preset_s_queue_is_the_default_partition_as_the_pointer_tells_the_nodes(pcs_synth):
+    """`sbatch` without --partition lands in the first preset's queue, as on ParallelCluster: PCS takes the
+    queue-level Default=YES; the pointer lists every GPU queue with its shape, that one first."""
+    shape = node_pointer(pcs_synth)["cluster"]["presets"]
+    assert [entry["instance_type"] for entry in shape] == list(PRESETS)  # conftest's order: every preset
+    default = {"SlurmCustomSettings": [{"ParameterName": "Default", "ParameterValue": "YES"}]}
+    queues = _queues(pcs_synth)
+    assert [name for name, queue in queues.items() if queue.get("SlurmConfiguration") == default] == [shape[0]["queue"]]
+    assert all("SlurmConfiguration" not in queue for name, queue in queues.items() if name != shape[0]["queue"])
+    assert {entry["queue"] for entry in shape} == set(queues) - {"cpu-spot"}
+    for entry in shape:
+        group = _groups(pcs_synth)[entry["queue"]]
+        assert group["InstanceConfigs"] == [{"InstanceType": entry["instance_type"]}]
+        assert (entry["gpus_per_node"], entry["cpus_per_gpu"]) == (PRESETS[entry["instance_type"]].gpus_per_node,
+                                                                   PRESETS[entry["instance_type"]].cpus_per_gpu)
 
 
 def test_the_login_group_is_one_static_on_demand_node_without_a_queue(pcs_synth):

@@ -1,19 +1,24 @@
-"""slurm/env.sh defaults must describe the cluster the CDK app creates (stacks/shared/presets.py)."""
+"""slurm/env.sh must describe the cluster the CDK app creates (stacks/shared/presets.py): each preset's
+shape from the site file the nodes render from the deploy's pointer, the default preset's without one."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from stacks.shared.constants import BUNDLE_DIR, FSX_MOUNT_DIR, IMAGE_VENV, NCCL_TESTS_BIN, SCRATCH_DIR
-from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
+from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS, node_shape
 
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_SH = REPO_ROOT / "slurm" / "env.sh"
+RENDERER = REPO_ROOT / "bootstrap" / "cluster-env.py"
+SHAPE = ("SCDINO_PARTITION", "SCDINO_GPUS_PER_NODE", "SCDINO_CPUS_PER_GPU", "SCDINO_INSTANCE_TYPE", "SCDINO_CPUS_PER_TASK")
 # VAR=${VAR:-default} or export VAR="${VAR:-default}"
 _ASSIGN = re.compile(r'^\s*(?:export\s+)?(?P<name>[A-Z_][A-Z0-9_]*)="?\$\{(?P=name):?-(?P<value>[^}]*)\}"?\s*$')
 # : "${VAR:=default}"
@@ -35,11 +40,46 @@ def test_parser_reads_both_idioms():
     assert env_defaults(text) == {"A": "one", "B": "two", "C": "three"}
 
 
-def test_slurm_env_defaults_match_the_default_preset():
+def env_sh_shape(site: Path, **env: str) -> dict[str, str]:
+    """The shape slurm/env.sh sets with `site` as the site file and `env` in the environment."""
+    script = 'source slurm/env.sh && for name in "$@"; do echo "$name=${!name}"; done'
+    out = subprocess.run(["bash", "-c", script, "env.sh", *SHAPE], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "SCDINO_CLUSTER_ENV": str(site), **env}, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def preset_shape(name: str) -> dict[str, str]:
+    preset = PRESETS[name]
+    return {"SCDINO_PARTITION": preset.queue_name, "SCDINO_GPUS_PER_NODE": str(preset.gpus_per_node),
+            "SCDINO_CPUS_PER_GPU": str(preset.cpus_per_gpu), "SCDINO_INSTANCE_TYPE": preset.instance_type,
+            "SCDINO_CPUS_PER_TASK": str(preset.cpus_per_gpu)}
+
+
+def test_slurm_env_without_a_site_file_describes_the_default_preset(tmp_path):
     assert ENV_SH.is_file(), "slurm/env.sh is missing: the Slurm scripts must ship their site defaults"
-    defaults = env_defaults(ENV_SH.read_text())
-    for name, value in SLURM_DEFAULTS.items():
-        assert defaults.get(name) == value, f"slurm/env.sh {name}={defaults.get(name)!r}, cluster has {value!r}"
+    shape = env_sh_shape(tmp_path / "no-cluster.env")
+    assert shape == preset_shape(DEFAULT_PRESET)
+    assert {name: shape[name] for name in SLURM_DEFAULTS} == SLURM_DEFAULTS
+
+
+@pytest.mark.parametrize("presets", [["p5.48xlarge"], ["g4dn.12xlarge", "p4d.24xlarge"], sorted(PRESETS)],
+                         ids=lambda presets: "+".join(presets))
+def test_slurm_env_takes_each_preset_s_shape_from_the_site_file_the_pointer_renders_to(tmp_path, presets):
+    """The deploy's pointer holds node_shape(cluster.presets); the nodes render it with bootstrap/cluster-env.py.
+    env.sh then takes the first preset's shape (the cluster's default partition), the one SCDINO_PRESET names
+    (by instance type or partition), inside a job the one of its partition; a value in the environment wins."""
+    pointer, site = tmp_path / "current.json", tmp_path / "cluster.env"
+    pointer.write_text(json.dumps({"bundle": "s3://b/bundles/x.zip", "id": "x", "cluster": node_shape(presets)}))
+    subprocess.run(["python3", str(RENDERER), str(pointer), str(site)], check=True)
+    assert env_sh_shape(site) == preset_shape(presets[0])
+    for name in presets:
+        queue = PRESETS[name].queue_name
+        assert env_sh_shape(site, SCDINO_PRESET=name) == preset_shape(name)
+        assert env_sh_shape(site, SCDINO_PRESET=queue) == preset_shape(name)
+        assert env_sh_shape(site, SLURM_JOB_PARTITION=queue) == preset_shape(name)
+    assert env_sh_shape(site, SLURM_JOB_PARTITION="cpu-spot") == preset_shape(presets[0])
+    mine = env_sh_shape(site, SCDINO_PRESET=presets[-1], SCDINO_PARTITION="mine", SCDINO_CPUS_PER_TASK="3")
+    assert mine == {**preset_shape(presets[-1]), "SCDINO_PARTITION": "mine", "SCDINO_CPUS_PER_TASK": "3"}
 
 
 def test_slurm_env_paths_match_the_cluster_layout():
@@ -47,8 +87,7 @@ def test_slurm_env_paths_match_the_cluster_layout():
     assert defaults.get("SCDINO_HOME") == BUNDLE_DIR
     assert defaults.get("SCDINO_FSX") == FSX_MOUNT_DIR
     assert defaults.get("SCDINO_SCRATCH") == SCRATCH_DIR
-    if "SCDINO_INSTANCE_TYPE" in defaults:
-        assert defaults["SCDINO_INSTANCE_TYPE"] == PRESETS[DEFAULT_PRESET].instance_type
+    assert defaults.get("SCDINO_CLUSTER_ENV") == "$SCDINO_HOME/cluster.env"  # where the bootstrap writes it
 
 
 def _sbatch_options() -> list[tuple[str, str, str]]:
@@ -62,23 +101,23 @@ def _sbatch_options() -> list[tuple[str, str, str]]:
     return options
 
 
-def test_sbatch_defaults_can_be_scheduled_on_the_default_cluster():
-    """A request the default cluster cannot satisfy would pend forever (the seeds' queue-size bug)."""
+def test_sbatch_defaults_can_be_scheduled_on_a_cluster_of_any_preset():
+    """A script submitted by hand goes to the cluster's default partition, whichever preset that is: a request
+    it cannot satisfy would pend forever (the seeds' queue-size bug), a partition it lacks is refused."""
     from stacks.shared.settings import build_settings
 
     cluster = build_settings().cluster
-    preset = PRESETS[DEFAULT_PRESET]
     options = _sbatch_options()
     assert options, "no #SBATCH lines found in slurm/*.slurm"
     for script, option, value in options:
-        if option == "partition":
-            assert value in {p.queue_name for p in PRESETS.values()}, f"{script}: unknown partition {value}"
-        elif option == "nodes":
+        assert option != "partition", f"{script}: --partition={value}, a partition the cluster may lack"
+        if option == "nodes":
             assert int(value.split("-")[-1]) <= cluster.max_nodes, f"{script}: --nodes={value} > max_nodes"
         elif option in ("cpus-per-task", "cpus-per-gpu"):
-            assert int(value) <= preset.cpus_per_gpu, f"{script}: --{option}={value}"
+            assert all(int(value) <= p.cpus_per_gpu for p in PRESETS.values()), f"{script}: --{option}={value}"
         elif option in ("gpus-per-node", "gres"):
-            assert int(value.rsplit(":", 1)[-1]) <= preset.gpus_per_node, f"{script}: --{option}={value}"
+            assert all(int(value.rsplit(":", 1)[-1]) <= p.gpus_per_node for p in PRESETS.values()), \
+                f"{script}: --{option}={value}"
 
 
 def _readonly(path: Path, name: str) -> str:

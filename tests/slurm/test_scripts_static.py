@@ -1,8 +1,10 @@
 """The sbatch scripts' conventions, checked without a cluster: shellcheck, commented #SBATCH lines,
-section order, and site defaults that match what the CDK app deploys (stacks/shared/presets.py)."""
+section order, no partition of their own, site defaults that match what the CDK app deploys
+(stacks/shared/presets.py), and the submitter's choice of preset from the cluster's site file."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -50,9 +52,50 @@ def test_every_sbatch_line_is_commented_and_sections_are_in_order(script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_partition_lines_match_the_site_default(script):
-    partitions = re.findall(r"^#SBATCH --partition=(\S+)", script.read_text(), re.M)
-    assert partitions == [env_sh_defaults()["SCDINO_PARTITION"]]
+def test_no_script_names_a_partition_the_cluster_may_lack(script):
+    """By hand, `sbatch` sends a script to the cluster's default partition; submit_pipeline.sh passes the site's."""
+    assert not re.findall(r"^#SBATCH\s+(?:--partition|-p)\b", script.read_text(), re.M)
+
+
+def _site_file(tmp_path: Path, presets: list[str]) -> Path:
+    """The site file the nodes write for a cluster of `presets`, rendered by the bootstrap's own code."""
+    from stacks.shared.presets import node_shape
+
+    pointer, site = tmp_path / "current.json", tmp_path / "cluster.env"
+    pointer.write_text(json.dumps({"cluster": node_shape(presets)}))
+    subprocess.run([sys.executable, str(REPO / "bootstrap" / "cluster-env.py"), str(pointer), str(site)], check=True)
+    return site
+
+
+def _dry_run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    (tmp_path / "run.yaml").write_text("run: {output_dir: out}\n")
+    return subprocess.run([str(REPO / "slurm" / "submit_pipeline.sh"), "run.yaml", "--dry-run", "--to", "mean-std",
+                           *args], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True)
+
+
+def test_the_submitter_takes_the_cluster_s_default_preset_or_the_one_named(tmp_path):
+    site = str(_site_file(tmp_path, ["g4dn.12xlarge", "p5.48xlarge"]))
+    default = _dry_run(tmp_path, SCDINO_CLUSTER_ENV=site)
+    assert default.returncode == 0, default.stderr
+    assert all("--partition=gpu-g4dn12xl " in line and "--cpus-per-task=12 " in line
+               for line in default.stdout.splitlines())
+    for name in ("p5.48xlarge", "gpu-p548xl"):  # the instance type as people know it, or the partition
+        named = _dry_run(tmp_path, "--preset", name, SCDINO_CLUSTER_ENV=site, SCDINO_PARTITION="gpu-g4dn12xl")
+        assert named.returncode == 0, named.stderr
+        lines = named.stdout.splitlines()
+        assert len(lines) == 2 and all("--partition=gpu-p548xl " in line and "--cpus-per-task=24 " in line
+                                       for line in lines)
+
+
+def test_the_submitter_refuses_a_preset_the_cluster_lacks_in_one_line(tmp_path):
+    site = str(_site_file(tmp_path, ["p5.48xlarge"]))
+    lacking = _dry_run(tmp_path, "--preset", "p4d.24xlarge", SCDINO_CLUSTER_ENV=site)
+    assert lacking.returncode == 2 and lacking.stdout == ""
+    assert lacking.stderr.splitlines()[-1] == ("submit_pipeline: error: this cluster has no preset 'p4d.24xlarge'; "
+                                               "its presets: p5.48xlarge (partition gpu-p548xl)")
+    no_site = _dry_run(tmp_path, "--preset", "p5.48xlarge", SCDINO_CLUSTER_ENV=str(tmp_path / "none.env"))
+    assert no_site.returncode == 2 and no_site.stdout == ""
+    assert "no cluster site file at" in no_site.stderr and "set SCDINO_PARTITION" in no_site.stderr
 
 
 def test_env_sh_defaults_match_the_cdk_cluster():
