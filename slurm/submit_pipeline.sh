@@ -40,8 +40,11 @@ EVALUATION=" features labels knn linear "
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
+# This file's leading comment, whole: the help.
+help_text() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
+
 usage() {
-  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  help_text >&2
   exit 2
 }
 
@@ -79,7 +82,7 @@ while [ $# -gt 0 ]; do
     --ingest-tasks) INGEST_TASKS=${2:?--ingest-tasks needs a number}; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --set) STEP_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
-    -h | --help) usage ;;
+    -h | --help) help_text; exit 0 ;;
     -*) fail "unknown option $1 (see --help)" ;;
     *) [ -z "$CONFIG" ] || fail "one CONFIG only, got '$CONFIG' and '$1'"; CONFIG=$1; shift ;;
   esac

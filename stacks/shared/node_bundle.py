@@ -34,9 +34,11 @@ from stacks.shared.storage_stack import DEPLOY_BUCKET_LOG_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
-# What the nodes install: the code, the Slurm scripts and the pinned requirements; everything else
-# in the repository (virtualenvs, node_modules, tests, infra code) stays out of the bundle.
-BUNDLE_CONTENTS = ["training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"]
+# What the nodes install: the code, the Slurm scripts, the configs, the examples the guides run and the
+# pinned requirements; everything else in the repository (virtualenvs, node_modules, tests, infra code)
+# stays out of the bundle.
+BUNDLE_CONTENTS = ["training", "slurm", "configs", "examples", "requirements.txt", "requirements-dali.txt",
+                   "pyproject.toml"]
 BUNDLE_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUNDLE_CONTENTS], *[f"!{item}/**" for item in BUNDLE_CONTENTS],
                   "**/__pycache__", "**/*.pyc", "**/*.egg-info"]
 NONCURRENT_VERSION_DAYS = 30

@@ -186,7 +186,8 @@ def test_bundle_asset_holds_the_code_and_nothing_else(synth):
     assert len(staged) == 1
     top_level = {path.name for path in staged[0].iterdir()}
     assert {"training", "slurm", "requirements.txt", "requirements-dali.txt", "pyproject.toml"} <= top_level
-    assert top_level <= {"training", "slurm", "configs", "requirements.txt", "requirements-dali.txt", "pyproject.toml"}
+    assert top_level <= {"training", "slurm", "configs", "examples", "requirements.txt", "requirements-dali.txt",
+                         "pyproject.toml"}
     assert not list(staged[0].rglob("__pycache__"))
 
 

@@ -1,6 +1,8 @@
-"""Every command in docs/deploy.md's shell blocks exists and takes the options shown: the pinned CDK
-CLI, ParallelCluster's CLI and the training CLI by their own --help, AWS CLI calls by botocore's
-service models (the AWS CLI is not installed here), repository scripts by their text."""
+"""Every command in the shell blocks of README.md, docs/deploy.md and docs/slurm.md exists and takes the
+options, files and keys shown: the pinned CDK CLI, ParallelCluster's CLI, sbatch and the training CLI by
+their own --help, AWS CLI calls by botocore's service models (the AWS CLI is not installed here),
+repository scripts and Makefile targets by their text, files by the repository (a node's /apps/scdino by
+the bundle), `--set` keys by the run configuration's schema and `-c` keys by the CDK settings'."""
 
 from __future__ import annotations
 
@@ -18,22 +20,27 @@ from stacks.shared.node_bundle import BUNDLE_CONTENTS
 pytestmark = pytest.mark.slow
 
 DOC = REPO_ROOT / "docs" / "deploy.md"
+DOCS = [REPO_ROOT / "README.md", DOC, REPO_ROOT / "docs" / "slurm.md"]
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
-# Commands of the operating system and Slurm that the guide runs on the head node.
-SYSTEM = {"cd", "ls", "mkdir", "cp", "sudo", "sinfo", "squeue", "tail"}
+# Commands of the operating system and Slurm that the guides run on the head node.
+SYSTEM = {"cd", "ls", "mkdir", "cp", "sinfo", "squeue", "tail"}
+# What the guides may source: files a repository script writes (the local cluster's job environment).
+SOURCED = {".local-slurm/scdino-env.sh": "scripts/local-slurm.sh"}
+# CDK context keys the app reads besides the settings' own dotted keys (app.py, stacks/shared/settings.py).
+CONTEXT_KEYS = {"settings"}
 AWS_GLOBAL = {"--region", "--query", "--output", "--profile"}
 # The AWS CLI's hand-written `aws s3` commands (not in botocore's models) and the options used here.
 AWS_S3 = {"sync": set(), "cp": set(), "ls": set()}
 # Python entry points the guide runs: the training CLI and the deployment's commands (each with a
 # subcommand), and the zone picker.
-PYTHON_MODULES = {"training", "stacks.deployment", "stacks.pick_az"}
+PYTHON_MODULES = {"training", "stacks.deployment", "stacks.pick_az", "training.benchmarks.speed.allreduce"}
 WITH_SUBCOMMANDS = {"training", "stacks.deployment"}
 
 
-def doc_commands() -> list[list[str]]:
+def doc_commands(doc=DOC) -> list[list[str]]:
     """Each simple command of the ```bash blocks, as words; $(...) substitutions are commands too."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
         for line in block.replace("\\\n", " ").splitlines():
             for inner in re.findall(r"\$\((.*?)\)(?!\S*\))", line):
                 commands.append(shlex.split(inner, comments=True))
@@ -47,8 +54,83 @@ def doc_commands() -> list[list[str]]:
     return commands
 
 
+def all_doc_commands() -> list[tuple[str, list[str]]]:
+    return [(doc.name, words) for doc in DOCS for words in doc_commands(doc)]
+
+
 def options(words: list[str]) -> list[str]:
     return [word.split("=", 1)[0] for word in words if word.startswith("-")]
+
+
+def pairs_after(flag: str, words: list[str]) -> list[str]:
+    """The key=value words that follow each `flag` (e.g. --set, -c)."""
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word == flag]
+
+
+@cache
+def config_keys() -> frozenset[str]:
+    from training.config.dotted import dotted_keys
+    from training.config.schema import Config
+
+    return frozenset(dotted_keys(Config))
+
+
+def check_config_keys(words: list[str]) -> None:
+    """Every `--set key=value` names a key of the run configuration."""
+    for pair in pairs_after("--set", words):
+        key = pair.split("=", 1)[0]
+        assert "=" in pair and key in config_keys(), f"--set {pair}: no config key {key!r}"
+
+
+def check_setting_keys(words: list[str]) -> None:
+    """Every `-c key=value` names a CDK setting (or the settings file)."""
+    from stacks.shared.settings import setting_keys
+
+    for pair in pairs_after("-c", words):
+        key = pair.split("=", 1)[0]
+        assert "=" in pair and (key in setting_keys() or key in CONTEXT_KEYS), f"-c {pair}: no setting {key!r}"
+
+
+def check_files(words: list[str]) -> None:
+    """Repository files the command names (configs, scripts, examples) exist."""
+    for word in words:
+        if re.fullmatch(r"(configs|slurm|scripts|examples)/[\w./-]+\.(yaml|sh|slurm|py)", word):
+            assert (REPO_ROOT / word).is_file(), f"{word} does not exist"
+
+
+def check_sbatch(words: list[str]) -> None:
+    """sbatch's options by its --help, the script in the repository (or the bundle), the step's options by
+    the training step's --help, where the script passes them on."""
+    index = next((i for i, word in enumerate(words) if word.endswith(".slurm")), None)
+    assert index is not None, f"no slurm/*.slurm script in {words}"
+    text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=60).stdout
+    for option in options(words[1:index]):
+        assert re.search(rf"(^|[\s,]){re.escape(option)}[\s=,]", text, re.M), f"sbatch has no {option}"
+    script = words[index].removeprefix(f"{BUNDLE_DIR}/")
+    in_bundle(f"{BUNDLE_DIR}/{script}")
+    # The step the script runs with its arguments after CONFIG (none for the launcher and the tools).
+    step = re.search(r"(?:-m training|^run_step) ([a-z-]+) (?:--config )?\"\$CONFIG\"", (REPO_ROOT / script).read_text(),
+                     re.M)
+    if step:
+        check_help(words, (str(VENV_PYTHON), "-m", "training", step[1]), words[index + 2:])
+
+
+def check_make(words: list[str]) -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    for target in words[1:]:
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"the Makefile has no target {target}"
+
+
+def check_script(words: list[str]) -> None:
+    """A repository script's subcommand or options by its text."""
+    script = (REPO_ROOT / words[0]).read_text()
+    for word in words[1:]:
+        if word.startswith("-"):
+            assert f"{word.split('=')[0]})" in script or f'"{word}"' in script, f"{words[0]} does not parse {word}"
+        elif not word.startswith("["):
+            assert re.search(rf"^\s*{re.escape(word)}\)", script, re.M) or word.startswith("node"), \
+                f"{words[0]} has no subcommand {word}"
+            break
 
 
 @cache
@@ -105,9 +187,17 @@ def in_bundle(path: str) -> str:
 
 def check(words: list[str]) -> None:
     program = words[0]
+    if program == "sudo":
+        if words[1:2] == ["-iu"]:
+            return
+        words, program = words[1:], words[1]
     if program.startswith(f"{BUNDLE_DIR}/"):
         words = [in_bundle(program), *words[1:]]
         program = words[0]
+    check_files(words)
+    check_config_keys(words)
+    if program in ("npx", ".venv/bin/python"):  # the CDK CLI, stacks.deployment and `training plan` take -c
+        check_setting_keys(words)
     if program == ".venv/bin/python" and words[1:3] == ["-m", "training"]:
         check_help(words, (str(VENV_PYTHON), "-m", "training", words[3]), words[4:])
     elif program == "npx":
@@ -115,8 +205,17 @@ def check(words: list[str]) -> None:
         check_cdk(words)
     elif program == "aws":
         check_aws(words)
-    elif program == "pcluster":
+    elif program in ("pcluster", ".venv-pcluster/bin/pcluster"):
         check_help(words, (str(PCLUSTER_PYTHON.parent / "pcluster"), words[1]), words[2:])
+    elif program == "sbatch":
+        check_sbatch(words)
+    elif program == "make":
+        check_make(words)
+    elif program == "source":
+        assert words[1] in SOURCED and words[1].rsplit("/", 1)[1] in (REPO_ROOT / SOURCED[words[1]]).read_text(), \
+            f"nothing writes {words[1]}"
+    elif program.startswith("scripts/"):
+        check_script(words)
     elif program == ".venv/bin/python":
         assert words[1] == "-m" and words[2] in PYTHON_MODULES, words
         if words[2] in WITH_SUBCOMMANDS:
@@ -128,9 +227,11 @@ def check(words: list[str]) -> None:
     elif program.startswith("slurm/"):
         script = (REPO_ROOT / program).read_text()
         for option in options(words[1:]):
-            assert f"{option})" in script, f"{program} does not parse {option}"
+            assert f"{option})" in script or f"{option} |" in script, f"{program} does not parse {option}"
+        config = next((word for word in words[1:] if word.endswith(".yaml")), None)
+        assert config is None or "/" not in config or (REPO_ROOT / config).is_file(), f"{config} does not exist"
     else:
-        assert program in SYSTEM, f"unknown command {program!r} in docs/deploy.md"
+        assert program in SYSTEM, f"unknown command {program!r}"
 
 
 def test_the_guide_covers_deploy_update_image_rebuild_and_destroy():
@@ -138,17 +239,19 @@ def test_the_guide_covers_deploy_update_image_rebuild_and_destroy():
     for topic in ("First deploy", "Update the code", "rebuild the GPU image", "Destroy"):
         assert any(topic in heading for heading in headings), topic
     programs = {words[0] for words in doc_commands()}
-    assert {"npx", "aws", "pcluster", ".venv/bin/python"} <= programs
+    assert {"npx", "aws", ".venv-pcluster/bin/pcluster", ".venv/bin/python"} <= programs
 
 
-@pytest.mark.parametrize("words", doc_commands(), ids=lambda words: " ".join(words[:3]))
-def test_every_command_exists_with_the_options_shown(words):
+@pytest.mark.parametrize(("doc", "words"), all_doc_commands(), ids=lambda item: item if isinstance(item, str) else
+                         " ".join(item[:3]))
+def test_every_command_exists_with_the_options_shown(doc, words):
     check(words)
 
 
-def test_every_bundle_path_the_guide_names_is_in_the_bundle():
-    named = {word for words in doc_commands() for word in words if word.startswith(f"{BUNDLE_DIR}/")}
-    assert {f"{BUNDLE_DIR}/slurm/submit_pipeline.sh", f"{BUNDLE_DIR}/configs/demo.yaml"} <= named
+def test_every_bundle_path_the_guides_name_is_in_the_bundle():
+    named = {word for _, words in all_doc_commands() for word in words if word.startswith(f"{BUNDLE_DIR}/")}
+    assert {f"{BUNDLE_DIR}/slurm/submit_pipeline.sh", f"{BUNDLE_DIR}/configs/demo.yaml",
+            f"{BUNDLE_DIR}/examples/ddp_minimal.py"} <= named
     for path in named:
         in_bundle(path)
 
@@ -191,7 +294,7 @@ def test_after_the_deploy_every_command_reaches_the_recorded_deployment():
     commands = doc_commands()
     assert [words for words in commands if words[:3] in (["npx", "cdk", "deploy"], ["npx", "cdk", "destroy"])] == []
     regional = [words for words in commands
-                if words[0] == "pcluster" or (words[0] == "aws" and words[1] not in ("sts", "s3"))]
+                if words[0].endswith("pcluster") or (words[0] == "aws" and words[1] not in ("sts", "s3"))]
     assert regional and [words for words in regional
                          if "--region" not in words or words[words.index("--region") + 1] != "$REGION"] == []
     text = DOC.read_text()
@@ -212,6 +315,16 @@ def test_after_the_deploy_every_command_reaches_the_recorded_deployment():
     [".venv/bin/python", "-m", "stacks.pick_zone", "--region", "us-east-1"],
     [".venv/bin/python", "-m", "stacks.deployment", "destroy", "--all"],
     [".venv/bin/python", "-m", "stacks.deployment", "remove"],
+    [".venv/bin/python", "-m", "training", "plan", "--config", "configs/demo.yaml", "--set", "optim.lrr=1"],
+    [".venv/bin/python", "-m", "training", "plan", "--config", "configs/no-such.yaml"],
+    [".venv/bin/python", "-m", "stacks.deployment", "deploy", "-c", "cluster.max_node=4"],
+    ["sbatch", "--nodes=2", "slurm/no_such_step.slurm", "run.yaml"],
+    ["sbatch", "--nodez=2", "slurm/knn.slurm", "run.yaml"],
+    ["sbatch", "slurm/ingest.slurm", "run.yaml", "--merge", "--partz", "16"],
+    ["make", "demos"],
+    ["scripts/local-slurm.sh", "restart"],
+    ["source", ".local-slurm/other-env.sh"],
+    ["/apps/scdino/slurm/submit_pipeline.sh", "run.yaml", "--set", "data.chanels=0"],
 ])
 def test_the_checks_reject_a_wrong_command(words):
     with pytest.raises(AssertionError):
