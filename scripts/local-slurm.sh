@@ -20,7 +20,8 @@
 #                            (GPUs x CPUs per GPU), so the scripts' resource requests fit unchanged
 #                            (slurmd is told to trust slurm.conf over the real core count)
 #   SCDINO_CLUSTER_ENV       a cluster's site file (slurm/env.sh): the local cluster gets its partitions,
-#                            the first the default, and the default preset's CPUs; without one,
+#                            the first the default, and the default preset's CPUs, and
+#                            .local-slurm/scdino-env.sh names it for the jobs; without one,
 #                            slurm/env.sh's default partition alone
 #   SLURM_LOCAL_PARTITIONS   extra partition names, after those
 #   SLURM_LOCAL_CRED_EXPIRE  seconds; a requeued job becomes eligible this + 1 s later (30)
@@ -285,6 +286,10 @@ export SCDINO_SCRATCH=$BASE/scratch
 # All nodes share this machine's $(nproc) cores: one thread per process.
 export OMP_NUM_THREADS=1
 EOF
+  # The site file this cluster's partitions come from, for the jobs and the submitter alike.
+  if [ -n "${SCDINO_CLUSTER_ENV:-}" ]; then
+    echo "export SCDINO_CLUSTER_ENV=$(readlink -f "$SCDINO_CLUSTER_ENV")" >>"$BASE/scdino-env.sh.tmp"
+  fi
   mv "$BASE/scdino-env.sh.tmp" "$BASE/scdino-env.sh"
 }
 
