@@ -2,7 +2,9 @@
 
 `pcs_node_groups(settings)` says what the PCS stack creates: one compute node group and queue per
 enabled GPU preset, named like ParallelCluster's partitions so that slurm/ runs unchanged, the
-optional Spot CPU queue, and the login node group (no queue). `mime_user_data` wraps the node script
+optional Spot CPU queue, and the login node group (no queue). A group whose instance type is a setting
+(login, cpu-spot) carries the type in its name: PCS cannot change a group's type in place, and
+CloudFormation creates the replacement before it deletes the old group. `mime_user_data` wraps the node script
 in the MIME multi-part archive PCS requires of a launch template's user data. Nothing here touches
 CDK or AWS, so tests check every purchase option without synthesising.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from stacks.shared.constants import CPU_SPOT_QUEUE
 from stacks.shared.presets import PRESETS, GpuPreset
-from stacks.shared.settings import Settings
+from stacks.shared.settings import PCS_GROUP_IDLE_SLURM, Settings, slurm_release
 
 LOGIN_GROUP = "login"
 COMPUTE_NODE = "ComputeFleet"
@@ -28,7 +30,10 @@ MIME_BOUNDARY = "==SCDINO-PCS-NODE=="
 class NodeGroupSpec:
     """One PCS compute node group, its launch template's choices, and its queue (empty: none)."""
 
+    key: str
+    """What the group is, whatever its instance type: its construct id and its nodes' tag (<cluster>/<key>)."""
     name: str
+    """Its name in PCS (unique in the cluster, at most 25 characters)."""
     instance_type: str
     min_count: int
     max_count: int
@@ -42,10 +47,22 @@ class NodeGroupSpec:
     gpu: bool = False
     default_queue: bool = False
     """The cluster's default partition: the first preset's queue (presets.node_shape)."""
+    scaledown_idle_seconds: int = 0
+    """Seconds an idle node of this group runs before PCS stops it; 0: the group carries none (the login group,
+    or a Slurm release before 25.11, where only the cluster's applies)."""
 
     @property
     def capacity_block(self) -> bool:
         return self.purchase_option == "CAPACITY_BLOCK"
+
+
+def idle_seconds(queue: str, settings: Settings) -> int:
+    """The queue's group's scale-down idle time: its override, else the cluster's; 0 where the Slurm release
+    takes none per group. Every queued group carries it, so that removing an override sets the group back
+    to the cluster's time (a group keeps an override PCS is no longer sent)."""
+    if slurm_release(settings.image.pcs_slurm_version) < slurm_release(PCS_GROUP_IDLE_SLURM):
+        return 0
+    return settings.cluster.idle_minutes_by_queue.get(queue, settings.cluster.scaledown_idle_minutes) * 60
 
 
 def _gpu_group(preset: GpuPreset, settings: Settings) -> NodeGroupSpec:
@@ -53,13 +70,14 @@ def _gpu_group(preset: GpuPreset, settings: Settings) -> NodeGroupSpec:
     reservation decides placement."""
     cluster = settings.cluster
     return NodeGroupSpec(
-        name=preset.queue_name, instance_type=preset.instance_type, min_count=cluster.min_nodes,
+        key=preset.queue_name, name=preset.queue_name, instance_type=preset.instance_type, min_count=cluster.min_nodes,
         max_count=cluster.max_nodes, purchase_option=PURCHASE_OPTIONS[cluster.capacity_type],
         queue=preset.queue_name, node_type=COMPUTE_NODE,
         efa_interfaces=preset.network_cards if preset.efa else 0,
         placement_group=preset.placement_group and not cluster.capacity_reservation_id,
         capacity_reservation_id=cluster.capacity_reservation_id, gpu=True,
-        default_queue=preset.instance_type == cluster.presets[0])
+        default_queue=preset.instance_type == cluster.presets[0],
+        scaledown_idle_seconds=idle_seconds(preset.queue_name, settings))
 
 
 def pcs_node_groups(settings: Settings) -> list[NodeGroupSpec]:
@@ -68,19 +86,19 @@ def pcs_node_groups(settings: Settings) -> list[NodeGroupSpec]:
     groups = [_gpu_group(PRESETS[name], settings) for name in cluster.presets]
     if cluster.cpu_spot_instance_type:
         groups.append(NodeGroupSpec(
-            name=CPU_SPOT_QUEUE, instance_type=cluster.cpu_spot_instance_type, min_count=0,
-            max_count=cluster.cpu_spot_max_nodes, purchase_option="SPOT", queue=CPU_SPOT_QUEUE,
-            node_type=COMPUTE_NODE))
+            key=CPU_SPOT_QUEUE, name=settings.pcs_cpu_spot_group, instance_type=cluster.cpu_spot_instance_type,
+            min_count=0, max_count=cluster.cpu_spot_max_nodes, purchase_option="SPOT", queue=CPU_SPOT_QUEUE,
+            node_type=COMPUTE_NODE, scaledown_idle_seconds=idle_seconds(CPU_SPOT_QUEUE, settings)))
     logins = settings.pcs_login_nodes
     groups.append(NodeGroupSpec(
-        name=LOGIN_GROUP, instance_type=cluster.login_node_instance_type, min_count=logins, max_count=logins,
-        purchase_option="ONDEMAND", queue="", node_type=LOGIN_NODE))
+        key=LOGIN_GROUP, name=settings.pcs_login_group, instance_type=cluster.login_node_instance_type,
+        min_count=logins, max_count=logins, purchase_option="ONDEMAND", queue="", node_type=LOGIN_NODE))
     return groups
 
 
 def group_id(spec: NodeGroupSpec) -> str:
-    """A construct id for a group: PascalCase of its name (gpu-g4dn12xl -> GpuG4dn12xl)."""
-    return "".join(part[:1].upper() + part[1:] for part in spec.name.split("-"))
+    """A construct id for a group: PascalCase of its key (gpu-g4dn12xl -> GpuG4dn12xl), the same whatever its type."""
+    return "".join(part[:1].upper() + part[1:] for part in spec.key.split("-"))
 
 
 def mime_user_data(script: str) -> str:

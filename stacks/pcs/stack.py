@@ -1,6 +1,11 @@
-"""Cluster on AWS PCS (backend=pcs): the managed Slurm controller, one node group and queue per preset,
-the login node group, and the same deploy bucket, node bootstrap and monitoring as the ParallelCluster
-cluster stack."""
+"""Cluster on AWS PCS (backend=pcs): the managed Slurm controller and its logs, one node group and queue per
+preset, the login node group, and the same deploy bucket, node bootstrap and monitoring as the ParallelCluster
+cluster stack.
+
+What a deploy does to a running cluster: a newer Slurm release (image.pcs_slurm_version) and the idle times
+are updates in place; another size replaces the cluster, under a name that carries the size, and with it
+its node groups and queues and the delivery of its logs (docs/deploy.md, "Slurm version and size of a PCS
+cluster"; tests/infra/test_pcs_updates.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +20,14 @@ from constructs import Construct
 
 from stacks.pcs.config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
 from stacks.pcs.nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
+from stacks.pcs.scheduler_logs import SchedulerLogs
 from stacks.shared.common import logs_key
 from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY, NODE_GROUP_TAG
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
 from stacks.shared.presets import node_shape
-from stacks.shared.settings import PCS_SLURM_VERSION, Settings
+from stacks.shared.settings import Settings
 
 NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
 """The node preparation the user data runs (it ends with the same bootstrap as ParallelCluster's nodes)."""
@@ -53,6 +59,9 @@ class PcsClusterStack(cdk.Stack):
                                       cluster=node_shape(settings.cluster.presets))
         node_groups = [security_group_id, self._node_egress(vpc).security_group_id]
         self.cluster = self._cluster(security_group_id)
+        self.scheduler_logs = SchedulerLogs(
+            self, "SchedulerLogs", cluster_arn=self.cluster.attr_arn, source_name=settings.pcs_cluster_name,
+            cluster_name=settings.cluster_name, log_retention_days=settings.cluster.log_retention_days, logs_key=key)
         policies = [data_policy, self.node_bundle.read_policy]
         self.profiles = {
             "compute": PcsNodeProfile(self, "ComputeNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
@@ -64,8 +73,10 @@ class PcsClusterStack(cdk.Stack):
         self.queues: dict[str, pcs.CfnQueue] = {}
         for spec in pcs_node_groups(settings):
             group = self._node_group(spec, ami, node_groups, file_system_dns_name, file_system_mount_name)
-            # Nodes download packages and the bundle while booting: the route and the pointer come first.
-            group.node.add_dependency(egress, self.node_bundle.bootstrap)
+            # Nodes download packages and the bundle while booting: the route and the pointer come first. They
+            # register with the cluster as they boot: their role's grant on it (a new cluster's, after a
+            # replacement) comes first too.
+            group.node.add_dependency(egress, self.node_bundle.bootstrap, self._profile(spec))
             self.groups[spec.name] = group
             if spec.queue:
                 self.queues[spec.queue] = pcs.CfnQueue(
@@ -96,8 +107,8 @@ class PcsClusterStack(cdk.Stack):
         it: slurmctld, slurmd and the nodes), with Slurm accounting on."""
         settings = self._settings
         return pcs.CfnCluster(
-            self, "Cluster", name=settings.cluster_name, size=settings.cluster.pcs_size,
-            scheduler=pcs.CfnCluster.SchedulerProperty(type="SLURM", version=PCS_SLURM_VERSION),
+            self, "Cluster", name=settings.pcs_cluster_name, size=settings.cluster.pcs_size,
+            scheduler=pcs.CfnCluster.SchedulerProperty(type="SLURM", version=settings.image.pcs_slurm_version),
             networking=pcs.CfnCluster.NetworkingProperty(subnet_ids=[self._subnet_id],
                                                          security_group_ids=[security_group_id]),
             slurm_configuration=pcs.CfnCluster.SlurmConfigurationProperty(
@@ -124,11 +135,10 @@ class PcsClusterStack(cdk.Stack):
         template = NodeLaunchTemplate(
             self, f"{construct_id}Launch", spec=spec, subnet_id=self._subnet_id, security_group_ids=security_group_ids,
             user_data=self._user_data(spec, dns_name, mount_name), root_device=ROOT_DEVICES[settings.image.os],
-            root_gib=settings.cluster.root_volume_gib, group_tag=f"{settings.cluster_name}/{spec.name}").template
-        profile = self.profiles["compute" if spec.node_type == "ComputeFleet" else "login"]
+            root_gib=settings.cluster.root_volume_gib, group_tag=f"{settings.cluster_name}/{spec.key}").template
         return pcs.CfnComputeNodeGroup(
             self, f"{construct_id}Group", cluster_id=self.cluster.attr_id, name=spec.name,
-            iam_instance_profile_arn=profile.profile.instance_profile_arn,
+            iam_instance_profile_arn=self._profile(spec).profile.instance_profile_arn,
             instance_configs=[pcs.CfnComputeNodeGroup.InstanceConfigProperty(instance_type=spec.instance_type)],
             scaling_configuration=pcs.CfnComputeNodeGroup.ScalingConfigurationProperty(
                 min_instance_count=spec.min_count, max_instance_count=spec.max_count),
@@ -136,7 +146,12 @@ class PcsClusterStack(cdk.Stack):
             spot_options=(pcs.CfnComputeNodeGroup.SpotOptionsProperty(allocation_strategy="price-capacity-optimized")
                           if spec.purchase_option == "SPOT" else None),
             custom_launch_template=pcs.CfnComputeNodeGroup.CustomLaunchTemplateProperty(
-                template_id=template.ref, version=template.attr_latest_version_number))
+                template_id=template.ref, version=template.attr_latest_version_number),
+            slurm_configuration=(pcs.CfnComputeNodeGroup.SlurmConfigurationProperty(
+                scale_down_idle_time_in_seconds=spec.scaledown_idle_seconds) if spec.scaledown_idle_seconds else None))
+
+    def _profile(self, spec: NodeGroupSpec) -> PcsNodeProfile:
+        return self.profiles["compute" if spec.node_type == "ComputeFleet" else "login"]
 
     def _outputs(self) -> None:
         settings = self._settings
@@ -144,8 +159,10 @@ class PcsClusterStack(cdk.Stack):
         find_login = ("$(aws ec2 describe-instances --region " + self.region
                       + f" --filters Name=tag:{NODE_GROUP_TAG},Values={login_tag} Name=instance-state-name,Values=running"
                       " --query 'Reservations[0].Instances[0].InstanceId' --output text)")
-        cdk.CfnOutput(self, "ClusterName", value=settings.cluster_name)
+        cdk.CfnOutput(self, "ClusterName", value=settings.pcs_cluster_name)
         cdk.CfnOutput(self, "ClusterId", value=self.cluster.attr_id)
+        cdk.CfnOutput(self, "SchedulerLogGroup", description="slurmctld's log (streams AWSLogs/PCS/<ClusterId>/...)",
+                      value=self.scheduler_logs.log_group.log_group_name)
         cdk.CfnOutput(self, "ConnectCommand", description="Open a shell on the login node (SSM Session Manager)",
                       value=f"aws ssm start-session --region {self.region} --target {find_login}")
         cdk.CfnOutput(self, "DashboardName", description="GPUs and training (CloudWatch dashboard)",

@@ -15,7 +15,7 @@ from constructs import Construct
 
 from stacks.shared.common import allow_cloudwatch_logs
 from stacks.shared.nag import acknowledge
-from stacks.shared.settings import PCLUSTER_VERSION, PCS_SLURM_VERSION, ImageSettings
+from stacks.shared.settings import PCLUSTER_VERSION, ImageSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The build reads ami/ and the pinned requirements the image's Python environment is built from.
@@ -42,7 +42,7 @@ def _build_spec(settings: ImageSettings, backend: str, subnet_id: str, build_tag
         f'-var "pcluster_version={PCLUSTER_VERSION}"', f'-var "os={settings.os}"',
         f'-var "instance_type={settings.build_instance_type}"', '-var "ssh_source_cidr=${BUILDER_IP}/32"',
         f'-var "build_tag={build_tag}"',
-        *([f'-var "pcs_slurm_version={PCS_SLURM_VERSION}"'] if backend == "pcs" else []),
+        *([f'-var "pcs_slurm_version={settings.pcs_slurm_version}"'] if backend == "pcs" else []),
     ])
     return codebuild.BuildSpec.from_object({
         "version": "0.2",

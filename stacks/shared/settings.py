@@ -16,8 +16,10 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from stacks.shared.constants import CPU_SPOT_QUEUE
 from stacks.shared.presets import PRESETS
 from training.config.dotted import CONTEXT, ConversionError, dotted_keys, flatten_dotted, set_dotted
+from training.costs.instances import compute_resource_name
 
 PCLUSTER_VERSION = "3.16.1"
 """The ParallelCluster release deployed (provider template, base AMI, AMI tags) and whose own code checks the
@@ -34,12 +36,22 @@ STACKS = ("network", "storage", "image", "cluster")
 BACKENDS = ("parallelcluster", "pcs")
 """What runs Slurm: ParallelCluster's head node (custom resource), or AWS PCS's managed controller."""
 PCS_SLURM_VERSION = "25.11"
-"""The Slurm release PCS runs and the PCS image installs (ParallelCluster 3.16.1 ships 25.11.8 too)."""
+"""The Slurm release PCS runs and the PCS image installs by default (ParallelCluster 3.16.1 ships 25.11.8 too)."""
+PCS_SLURM_VERSIONS = ("24.11", "25.05", "25.11", "26.05")
+"""Slurm releases PCS creates clusters with (CreateCluster's values in botocore's PCS model, 2026-11). A deploy
+moves a cluster to a newer one in place (UpdateCluster: AWS::PCS::Cluster's Scheduler is not create-only),
+never to an older one."""
+PCS_GROUP_IDLE_SLURM = "25.11"
+"""The first release whose PCS node groups take their own ScaleDownIdleTimeInSeconds (PCS API reference)."""
 PCS_SIZES = {"SMALL": 32, "MEDIUM": 512, "LARGE": 2048}
 """PCS controller sizes and the instances each manages (aws_pcs.CfnCluster's `size`: SMALL 32 nodes and
 256 jobs, MEDIUM 512 and 8,192, LARGE 2,048 and 16,384); the fee is per size (training/costs/prices.py)."""
 PCS_CLUSTER_NAME_MAX = 40
 """PCS's limit on cluster names (the CloudFormation schema's `[A-Za-z][A-Za-z0-9-]{1,40}`)."""
+PCS_GROUP_NAME_MAX = 25
+"""PCS's limit on node group and queue names (botocore's PCS model: 3..25 characters)."""
+DEFAULT_PCS_SIZE = "SMALL"
+DEFAULT_LOGIN_INSTANCE_TYPE = "c6i.xlarge"
 PCS_OSES = {"alinux2023": "Amazon Linux 2023", "ubuntu2204": "Ubuntu 22.04"}
 PCS_CAPACITY_BLOCK_FAMILIES = ("p4d", "p5", "p5e", "p5en", "p6-b200", "p6-b300")
 """Instance families whose Capacity Blocks PCS supports (AWS PCS User Guide, "Using Amazon EC2 Capacity
@@ -134,8 +146,13 @@ class ImageSettings:
     os: str = "alinux2023"
     """Os of every node: the head node boots ParallelCluster's official AMI of it, the image pipeline builds on it."""
     build_instance_type: str = "g4dn.xlarge"
+    pcs_slurm_version: str = PCS_SLURM_VERSION
+    """backend=pcs: the Slurm release the PCS image installs and the PCS cluster runs (docs/deploy.md, "Slurm
+    version and size of a PCS cluster", says how to move to a newer one)."""
 
     def __post_init__(self) -> None:
+        _check(self.pcs_slurm_version in PCS_SLURM_VERSIONS, "image.pcs_slurm_version",
+               f"must be one of PCS's Slurm releases {PCS_SLURM_VERSIONS}, got {self.pcs_slurm_version!r}")
         _check(self.os not in REFUSED_OSES, "image.os",
                f"{self.os} cannot work: {REFUSED_OSES.get(self.os)}; choose one of {SUPPORTED_OSES}")
         _check(self.os in SUPPORTED_OSES, "image.os", f"must be one of {SUPPORTED_OSES}, got {self.os!r}")
@@ -201,6 +218,11 @@ class ClusterSettings:
     apps_volume_gib: int = 200
     root_volume_gib: int = 200
     scaledown_idle_minutes: int = 10
+    """Minutes an idle dynamic node runs before it is stopped (ParallelCluster's ScaledownIdletime; PCS's
+    cluster-wide ScaleDownIdleTimeInSeconds)."""
+    scaledown_idle_minutes_per_queue: tuple[str, ...] = ()
+    """backend=pcs: QUEUE=MINUTES pairs that override scaledown_idle_minutes for one node group, QUEUE a preset
+    (p5.48xlarge) or a queue (gpu-p548xl, cpu-spot), e.g. `p5.48xlarge=3,cpu-spot=2`: idle p5 nodes stop sooner."""
     log_retention_days: int = 30
     capacity_type: str = "ONDEMAND"
     """GPU queues: ONDEMAND, SPOT (interruptible; pretraining resumes from its checkpoints), or CAPACITY_BLOCK
@@ -214,9 +236,10 @@ class ClusterSettings:
     cpu_spot_max_nodes: int = 4
     login_nodes: int = 0
     """Login nodes (billed while the cluster exists) where users work instead of on the head node."""
-    login_node_instance_type: str = "c6i.xlarge"
-    pcs_size: str = "SMALL"
-    """backend=pcs: the managed controller's size, which caps the instances it manages and sets its hourly fee."""
+    login_node_instance_type: str = DEFAULT_LOGIN_INSTANCE_TYPE
+    pcs_size: str = DEFAULT_PCS_SIZE
+    """backend=pcs: the managed controller's size, which caps the instances it manages and sets its hourly fee.
+    Another size is another cluster: the deploy creates it beside the old one, which it then deletes."""
     alarm_email: str = ""
     """E-mail address subscribed to the alarms' SNS topic (AWS mails a confirmation first); empty: none."""
     slurm_accounting: SlurmAccountingSettings = field(default_factory=SlurmAccountingSettings)
@@ -238,6 +261,7 @@ class ClusterSettings:
         for key in ("apps_volume_gib", "root_volume_gib"):
             _check(40 <= getattr(self, key) <= 16384, f"cluster.{key}", f"must be 40..16384, got {getattr(self, key)}")
         _check(self.scaledown_idle_minutes >= 1, "cluster.scaledown_idle_minutes", "must be >= 1")
+        self._check_idle_per_queue()
         _check(self.log_retention_days in _LOG_RETENTIONS, "cluster.log_retention_days",
                f"must be one of CloudWatch's values {_LOG_RETENTIONS}, got {self.log_retention_days}")
         self._check_capacity()
@@ -250,6 +274,26 @@ class ClusterSettings:
                f"expected an EC2 instance type such as c6i.xlarge, got {self.login_node_instance_type!r}")
         _check(self.alarm_email == "" or bool(_EMAIL.match(self.alarm_email)), "cluster.alarm_email",
                f"expected empty or an e-mail address such as ops@example.org, got {self.alarm_email!r}")
+
+    def _check_idle_per_queue(self) -> None:
+        key = "cluster.scaledown_idle_minutes_per_queue"
+        queues = {PRESETS[name].queue_name for name in self.presets if name in PRESETS}
+        queues |= {CPU_SPOT_QUEUE} if self.cpu_spot_instance_type else set()
+        seen: set[str] = set()
+        for entry in self.scaledown_idle_minutes_per_queue:
+            name, _, minutes = entry.partition("=")
+            queue = PRESETS[name].queue_name if name in PRESETS else name
+            _check(queue in queues, key, f"{entry!r} names no queue of this cluster: write QUEUE=MINUTES with QUEUE "
+                   f"one of {sorted(queues)} or its preset")
+            _check(minutes.isdigit() and int(minutes) >= 1, key, f"{entry!r}: MINUTES must be a whole number >= 1")
+            _check(queue not in seen, key, f"names queue {queue} twice")
+            seen.add(queue)
+
+    @property
+    def idle_minutes_by_queue(self) -> dict[str, int]:
+        """{queue: minutes} of scaledown_idle_minutes_per_queue, presets given as their queue names."""
+        pairs = (entry.partition("=") for entry in self.scaledown_idle_minutes_per_queue)
+        return {(PRESETS[name].queue_name if name in PRESETS else name): int(minutes) for name, _, minutes in pairs}
 
     def _check_capacity(self) -> None:
         _check(self.capacity_type in CAPACITY_TYPES, "cluster.capacity_type",
@@ -304,13 +348,26 @@ class Settings:
         self._check_accounting()
         if self.backend == "pcs":
             self._check_pcs()
+        else:
+            _check(not self.cluster.scaledown_idle_minutes_per_queue, "cluster.scaledown_idle_minutes_per_queue",
+                   "ParallelCluster stops idle nodes after one time for the whole cluster (SlurmSettings/"
+                   "ScaledownIdletime): leave it empty and set cluster.scaledown_idle_minutes, or use backend=pcs")
 
     def _check_pcs(self) -> None:
         """What PCS cannot do the ParallelCluster way, each refused with its fix."""
         cluster = self.cluster
-        _check(len(self.cluster_name) <= PCS_CLUSTER_NAME_MAX, "cluster.name",
-               f"the cluster name {self.cluster_name!r} (prefix-name) is longer than {PCS_CLUSTER_NAME_MAX} characters, "
-               "PCS's limit")
+        _check(len(self.pcs_cluster_name) <= PCS_CLUSTER_NAME_MAX, "cluster.name",
+               f"the cluster name {self.pcs_cluster_name!r} (prefix-name, then the size unless {DEFAULT_PCS_SIZE}) is "
+               f"longer than {PCS_CLUSTER_NAME_MAX} characters, PCS's limit")
+        for group, setting in ((self.pcs_login_group, "login_node_instance_type"),
+                               (self.pcs_cpu_spot_group, "cpu_spot_instance_type")):
+            _check(len(group) <= PCS_GROUP_NAME_MAX, f"cluster.{setting}",
+                   f"the PCS node group name {group!r} it gives is longer than {PCS_GROUP_NAME_MAX} characters, PCS's "
+                   "limit: choose an instance type with a shorter name")
+        _check(not cluster.scaledown_idle_minutes_per_queue or slurm_release(self.image.pcs_slurm_version)
+               >= slurm_release(PCS_GROUP_IDLE_SLURM), "cluster.scaledown_idle_minutes_per_queue",
+               f"PCS node groups take their own idle time from Slurm {PCS_GROUP_IDLE_SLURM} on, image.pcs_slurm_version "
+               f"is {self.image.pcs_slurm_version}: leave it empty or choose a newer release")
         _check(not cluster.slurm_accounting.enabled and not cluster.slurm_accounting.database_name,
                "cluster.slurm_accounting", "PCS runs its own accounting database (always on with backend=pcs): leave "
                "cluster.slurm_accounting empty")
@@ -329,6 +386,29 @@ class Settings:
         _check(managed <= limit, "cluster.pcs_size",
                f"{cluster.pcs_size} manages up to {limit} instances, the node groups may run {managed} (max_nodes per "
                f"preset, cpu_spot_max_nodes, login nodes): choose a larger size of {tuple(PCS_SIZES)} or fewer nodes")
+
+    @property
+    def pcs_cluster_name(self) -> str:
+        """The PCS cluster's name: cluster_name, with the size after it unless SMALL (scdino-hpc-medium). PCS names
+        are unique in a region and CloudFormation replaces a cluster whose size changes, creating the new one
+        before it deletes the old: the name changes with the size, so both can exist (the default keeps the name
+        clusters had before the size was in it)."""
+        size = self.cluster.pcs_size
+        return self.cluster_name + ("" if size == DEFAULT_PCS_SIZE else f"-{size.lower()}")
+
+    @property
+    def pcs_login_group(self) -> str:
+        """The PCS login node group's name: `login`, or `login-<type>` for another type than the default. A node
+        group's instance type cannot change in place: CloudFormation creates the new group before it deletes the
+        old one, and names are unique in a cluster, so the name follows the type."""
+        instance_type = self.cluster.login_node_instance_type
+        return "login" + ("" if instance_type == DEFAULT_LOGIN_INSTANCE_TYPE else f"-{compute_resource_name(instance_type)}")
+
+    @property
+    def pcs_cpu_spot_group(self) -> str:
+        """The PCS node group behind the cpu-spot queue, named after its instance type (see pcs_login_group)."""
+        instance_type = self.cluster.cpu_spot_instance_type
+        return f"{CPU_SPOT_QUEUE}-{compute_resource_name(instance_type)}" if instance_type else ""
 
     @property
     def pcs_login_nodes(self) -> int:
@@ -374,6 +454,11 @@ class Settings:
         """SSM parameter the image pipeline publishes its AMI id to (per prefix and back end: the PCS image
         carries the PCS agent and Slurm, the ParallelCluster one ParallelCluster's own stack)."""
         return f"/{self.prefix}/ami/gpu" + ("-pcs" if self.backend == "pcs" else "")
+
+
+def slurm_release(version: str) -> tuple[int, ...]:
+    """A Slurm release as numbers, so that 25.11 < 26.05 compares as releases do."""
+    return tuple(int(part) for part in version.split("."))
 
 
 def setting_keys(cls: type = Settings) -> list[str]:

@@ -126,6 +126,13 @@ CONTROLS = {
 }
 
 
+# Settings changes whose rating depends on the compute fleet: (label, settings, fleet running).
+FLEET_PATCHES = {
+    f"{label}-fleet-{'running' if running else 'stopped'}": (layer, running)
+    for label, layer in (("os-change", {"image.os": "ubuntu2204"}), ("idle-time", {"cluster.scaledown_idle_minutes": 20}))
+    for running in (True, False)}
+
+
 @pytest.fixture(scope="module")
 def patches() -> dict:
     request = dict(PATCHES)
@@ -133,6 +140,8 @@ def patches() -> dict:
         target = _rendering()
         change(target)
         request[label] = (_rendering(), target)
+    for label, (layer, running) in FLEET_PATCHES.items():
+        request[label] = (_rendering(), _rendering(**layer), running)
     return run_pcluster({"patches": request})["patches"]
 
 
@@ -153,6 +162,25 @@ def test_a_code_change_touches_only_the_head_node_update_action(patches):
 def test_the_update_check_refuses_what_parallelcluster_refuses(patches, label):
     assert {policy for _, policy in patches[label]["changes"]} == {"UNSUPPORTED"}
     assert not patches[label]["allowed"]
+
+
+@pytest.mark.parametrize("fleet", ["running", "stopped"])
+def test_another_os_is_a_new_cluster_even_with_the_fleet_stopped(patches, fleet):
+    """image.os (and with it the head node's Slurm build, the official AMI of that OS): ParallelCluster updates
+    no cluster to another OS, so the custom resource's update fails and CloudFormation rolls back. docs/deploy.md
+    ("Another OS or ParallelCluster release") gives the way: destroy the cluster stack, deploy it again."""
+    result = patches[f"os-change-fleet-{fleet}"]
+    assert ["Image.Os", "UNSUPPORTED"] in result["changes"], result["changes"]
+    assert not result["allowed"]
+
+
+def test_the_idle_time_deploys_once_the_compute_fleet_is_stopped(patches):
+    """cluster.scaledown_idle_minutes is ScaledownIdletime, which ParallelCluster changes with the fleet stopped
+    only (docs/deploy.md, "Queue changes", gives the commands)."""
+    running, stopped = patches["idle-time-fleet-running"], patches["idle-time-fleet-stopped"]
+    assert running["changes"] == stopped["changes"] == [["Scheduling.SlurmSettings.ScaledownIdletime",
+                                                         "COMPUTE_FLEET_STOP"]]
+    assert (running["allowed"], stopped["allowed"]) == (False, True)
 
 
 def test_asset_hashes_reach_the_cluster_config_only_as_the_update_action_bundle_id(synth):

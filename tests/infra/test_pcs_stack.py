@@ -101,6 +101,7 @@ def test_each_preset_is_a_node_group_and_queue_named_like_its_parallelcluster_pa
     assert group["InstanceConfigs"] == [{"InstanceType": name}]
     assert group["ScalingConfiguration"] == {"MinInstanceCount": 0, "MaxInstanceCount": 2}
     assert group["PurchaseOption"] == "ONDEMAND" and "SpotOptions" not in group
+    assert group["SlurmConfiguration"] == {"ScaleDownIdleTimeInSeconds": 600}  # the cluster's, stated per group
     assert group["IamInstanceProfileArn"]["Fn::GetAtt"][0].startswith("ComputeNodesProfile")
     queue = _queues(pcs_synth)[preset.queue_name]
     assert queue["ComputeNodeGroupConfigurations"] == [
@@ -158,9 +159,11 @@ def test_the_login_group_is_one_static_on_demand_node_without_a_queue(pcs_synth)
     assert login["IamInstanceProfileArn"]["Fn::GetAtt"][0].startswith("LoginNodesProfile")
     assert "login" not in _queues(pcs_synth)
     assert "NetworkInterfaces" not in _launch_data(pcs_synth, login)
-    cpu = _groups(pcs_synth)["cpu-spot"]
+    assert "SlurmConfiguration" not in login  # static: nothing to scale down
+    cpu = _groups(pcs_synth)["cpu-spot-c6i8xl"]  # named after its type, which cannot change in place
     assert cpu["PurchaseOption"] == "SPOT" and cpu["SpotOptions"] == {"AllocationStrategy": "price-capacity-optimized"}
     assert cpu["ScalingConfiguration"] == {"MinInstanceCount": 0, "MaxInstanceCount": 4} and "cpu-spot" in _queues(pcs_synth)
+    assert cpu["SlurmConfiguration"] == {"ScaleDownIdleTimeInSeconds": 600}
 
 
 def test_the_connect_command_finds_the_instance_the_login_template_tags(pcs_synth):
@@ -174,7 +177,7 @@ def test_the_connect_command_finds_the_instance_the_login_template_tags(pcs_synt
 # --- the user data ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("group, node_type", [("gpu-g4dn12xl", "ComputeFleet"), ("gpu-p5en48xl", "ComputeFleet"),
-                                               ("cpu-spot", "ComputeFleet"), ("login", "LoginNode")])
+                                               ("cpu-spot-c6i8xl", "ComputeFleet"), ("login", "LoginNode")])
 def test_user_data_is_one_mime_shell_part_running_the_node_script(pcs_synth, group, node_type):
     text, _ = _user_data(pcs_synth, _groups(pcs_synth)[group])
     assert len(text.encode()) < 16 * 1024, "EC2 takes at most 16 KB of user data"
@@ -298,6 +301,15 @@ def test_spot_gpu_nodes_are_a_spot_group_with_their_placement_group():
     assert (spec.purchase_option, spec.placement_group, spec.capacity_reservation_id) == ("SPOT", True, "")
     data = _launch_template(spec)
     assert "Placement" in data and "InstanceMarketOptions" not in data
+
+
+def test_idle_times_per_group_follow_the_settings_where_the_slurm_release_takes_them():
+    layer = {"backend": "pcs", "cluster.presets": "g4dn.12xlarge,p5.48xlarge", "cluster.cpu_spot_instance_type": "c6i.8xlarge",
+             "cluster.scaledown_idle_minutes": 20, "cluster.scaledown_idle_minutes_per_queue": "p5.48xlarge=4,cpu-spot=1"}
+    idle = {spec.name: spec.scaledown_idle_seconds for spec in pcs_node_groups(build_settings(layer))}
+    assert idle == {"gpu-g4dn12xl": 1200, "gpu-p548xl": 240, "cpu-spot-c6i8xl": 60, "login": 0}
+    older = build_settings({**layer, "cluster.scaledown_idle_minutes_per_queue": "", "image.pcs_slurm_version": "25.05"})
+    assert {spec.scaledown_idle_seconds for spec in pcs_node_groups(older)} == {0}  # only the cluster's applies
 
 
 CAPACITY_BLOCK = {"cluster.presets": "p5.48xlarge", "cluster.capacity_type": "CAPACITY_BLOCK",

@@ -93,11 +93,40 @@ SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf"
      "setting cluster.pcs_size: SMALL manages up to 32 instances, the node groups may run 33"),
     ({"cluster.capacity_type": "SPOT", "cluster.capacity_reservation_id": "cr-0123456789abcdef0"},
      "setting cluster.capacity_reservation_id: Spot instances cannot run in a capacity reservation"),
+    ({**PCS, "cluster.pcs_size": "MEDIUM", "cluster.name": "n" * 27},
+     "setting cluster.name: the cluster name 'scdino-nnnnnnnnnnnnnnnnnnnnnnnnnnn-medium' (prefix-name, then the size"),
+    ({"image.pcs_slurm_version": "23.11"}, "setting image.pcs_slurm_version: must be one of PCS's Slurm releases"),
+    ({"cluster.scaledown_idle_minutes_per_queue": "g4dn.12xlarge=5"},
+     "setting cluster.scaledown_idle_minutes_per_queue: ParallelCluster stops idle nodes after one time"),
+    ({**PCS, "cluster.scaledown_idle_minutes_per_queue": "p5.48xlarge=5"},
+     "setting cluster.scaledown_idle_minutes_per_queue: 'p5.48xlarge=5' names no queue of this cluster"),
+    ({**PCS, "cluster.scaledown_idle_minutes_per_queue": "g4dn.12xlarge=0"},
+     "setting cluster.scaledown_idle_minutes_per_queue: 'g4dn.12xlarge=0': MINUTES must be a whole number >= 1"),
+    ({**PCS, "cluster.scaledown_idle_minutes_per_queue": "g4dn.12xlarge=5,gpu-g4dn12xl=6"},
+     "setting cluster.scaledown_idle_minutes_per_queue: names queue gpu-g4dn12xl twice"),
+    ({**PCS, "cluster.scaledown_idle_minutes_per_queue": "g4dn.12xlarge=5", "image.pcs_slurm_version": "25.05"},
+     "setting cluster.scaledown_idle_minutes_per_queue: PCS node groups take their own idle time from Slurm 25.11"),
+    ({**PCS, "cluster.login_node_instance_type": "x9abcdefghijklmnop.48xlarge"},
+     "setting cluster.login_node_instance_type: the PCS node group name 'login-x9abcdefghijklmnop48xl' it gives is longer"),
 ])
 def test_what_a_back_end_cannot_do_is_refused_naming_the_setting_and_the_fix(layer, named):
     with pytest.raises(SettingsError) as error:
         build_settings(layer)
     assert str(error.value).startswith(named), str(error.value)
+
+
+def test_pcs_names_carry_what_cannot_change_in_place_and_keep_the_defaults_names():
+    """Size (the cluster) and instance type (login and cpu-spot groups) are create-only in PCS: the name follows
+    them, so the replacement a deploy creates never meets the old resource's name; the defaults keep the names
+    deployments had before."""
+    default = build_settings(PCS)
+    assert (default.pcs_cluster_name, default.pcs_login_group, default.pcs_cpu_spot_group) == ("scdino-hpc", "login", "")
+    other = build_settings({**PCS, "cluster.pcs_size": "LARGE", "cluster.login_node_instance_type": "c6i.2xlarge",
+                            "cluster.cpu_spot_instance_type": "c6i.8xlarge"})
+    assert (other.pcs_cluster_name, other.pcs_login_group, other.pcs_cpu_spot_group) == (
+        "scdino-hpc-large", "login-c6i2xl", "cpu-spot-c6i8xl")
+    assert build_settings({**PCS, "cluster.scaledown_idle_minutes_per_queue": "g4dn.12xlarge=3"}).cluster \
+        .idle_minutes_by_queue == {"gpu-g4dn12xl": 3}
 
 
 def test_pcs_boots_the_pipeline_image_has_a_login_node_and_its_own_ami_parameter():

@@ -1,16 +1,17 @@
 """The standing cost's counts (training/planning/standing.py) against what the synthesised stacks hold:
 the KMS keys per stack and which ones `cdk destroy --all` keeps, the NAT gateway and its address, the
-dashboards and the alarms' metrics, the file system's size and tier and the head node's volumes, for
-the default deployment, backend=pcs and the throw-away variant (storage.retain=false)."""
+dashboards and the alarms' metrics, the file system's size and tier, the head node's volumes and PCS's
+login nodes, for the default deployment, backend=pcs and the throw-away variant (storage.retain=false)."""
 
 from __future__ import annotations
 
 import pytest
 
 from infra.synth_helpers import cdk_json_context, cluster_config, one, resources
+from stacks.shared.presets import PRESETS
 from stacks.shared.settings import build_settings
 from training.planning.inputs import PlanSettings
-from training.planning.standing import ALARM_METRICS, DASHBOARDS, KMS_KEYS, standing_items
+from training.planning.standing import ALARM_METRICS, DASHBOARDS, HOURS_PER_MONTH, KMS_KEYS, standing_items
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +68,21 @@ def test_the_file_system_and_head_node_volumes_priced_are_the_ones_deployed(synt
     volumes = [item.quantity for name, item in items.items() if "volume" in name]
     assert sorted(volumes) == sorted([root, apps])
     assert any(config["HeadNode"]["InstanceType"] in name for name in items)
+
+
+def test_the_pcs_login_nodes_priced_are_the_login_group_deployed(pcs_synth):
+    """backend=pcs bills its login nodes all the time: their count, type and root volumes as the login node
+    group and its launch template deploy them (tests/infra/test_pcs_updates.py checks another count and type)."""
+    cluster = pcs_synth.json["cluster"]
+    (login,) = [value["Properties"] for value in resources(cluster, "AWS::PCS::ComputeNodeGroup").values()
+                if value["Properties"]["Name"].startswith("login")]
+    data = cluster["Resources"][login["CustomLaunchTemplate"]["TemplateId"]["Ref"]]["Properties"]["LaunchTemplateData"]
+    count = login["ScalingConfiguration"]["MinInstanceCount"]
+    assert count == login["ScalingConfiguration"]["MaxInstanceCount"] >= 1  # static: billed while deployed
+    plan = PlanSettings.of(build_settings(cdk_json_context()["scdino"], {
+        "backend": "pcs", "cluster.presets": ",".join(PRESETS), "cluster.cpu_spot_instance_type": "c6i.8xlarge"}))
+    items = {item.resource: item for item in standing_items(plan)}
+    nodes = items[f"login nodes ({count} x {login['InstanceConfigs'][0]['InstanceType']})"]
+    volumes = items[f"login nodes' root volumes ({count} x {data['BlockDeviceMappings'][0]['Ebs']['VolumeSize']} GiB gp3)"]
+    assert (nodes.quantity, volumes.quantity) == (count * HOURS_PER_MONTH,
+                                                  count * data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"])
