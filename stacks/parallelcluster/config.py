@@ -34,7 +34,7 @@ class ClusterRefs:
     security_group_id: str
     file_system_id: str
     data_policy_arn: str
-    """Managed policy giving nodes read/write on the data prefix of the bucket."""
+    """Managed policy giving nodes read access to the data prefix of the bucket (they write through /fsx)."""
     deploy_bucket: str
     """Bucket holding the bootstrap script, the bundle pointer and the bundles, at fixed keys."""
     bundle_id: str
@@ -44,6 +44,9 @@ class ClusterRefs:
     partition: str = "aws"
     custom_ami: str = ""
     """An AMI id for the compute queues, or empty for the official ParallelCluster AMI."""
+    agent_limits_policy_arn: str = ""
+    """Managed policy capping the CloudWatch agent's policy to this cluster's namespaces and log groups, on every
+    node (the cluster stack's `AgentLimitsPolicy`); empty: none (a configuration rendered without the stack)."""
 
 
 def _s3_uri(refs: ClusterRefs, key: str) -> str:
@@ -51,7 +54,12 @@ def _s3_uri(refs: ClusterRefs, key: str) -> str:
 
 
 def _node_policies(refs: ClusterRefs) -> list[dict[str, str]]:
-    return [{"Policy": refs.data_policy_arn}, {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}]
+    """Every node's: the data prefix, Session Manager, and the limits on the CloudWatch agent's managed policy,
+    which ParallelCluster attaches to every node role itself while Monitoring/Logs/CloudWatch is on."""
+    policies = [{"Policy": refs.data_policy_arn}, {"Policy": f"arn:{refs.partition}:iam::aws:policy/{SSM_POLICY}"}]
+    if refs.agent_limits_policy_arn:
+        policies.append({"Policy": refs.agent_limits_policy_arn})
+    return policies
 
 
 def _node_iam(refs: ClusterRefs, *, monitored: bool = False) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
@@ -10,12 +11,18 @@ from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
 from stacks.shared.common import logs_key
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
+from stacks.shared.nag import acknowledge
 from stacks.shared.node_bundle import NodeBundle
 from stacks.shared.presets import node_shape
 from stacks.shared.settings import PCLUSTER_VERSION, Settings
 
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
                          "/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")
+AGENT_NAMESPACE = "CWAgent"
+"""Where ParallelCluster's own agent configuration puts its metrics (it names no namespace: the agent's default);
+its dashboard and head-node alarms read the head node's memory and disk there."""
+AGENT_WRITES = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:PutRetentionPolicy"]
+TRACE_WRITES = ["xray:PutTraceSegments", "xray:PutTelemetryRecords"]
 
 
 class ClusterStack(cdk.Stack):
@@ -39,7 +46,8 @@ class ClusterStack(cdk.Stack):
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
             bundle_id=node_bundle.bundle_id,
             deploy_read_policy_arn=node_bundle.read_policy.managed_policy_arn, partition=self.partition,
-            custom_ami=self._ami(settings))
+            custom_ami=self._ami(settings),
+            agent_limits_policy_arn=self._agent_limits(settings.cluster_name).managed_policy_arn)
         self.provider = cdk.CfnStack(
             self, "PclusterProvider",
             template_url=cdk.Fn.sub(PROVIDER_TEMPLATE_URL, {"Version": PCLUSTER_VERSION}))
@@ -57,6 +65,32 @@ class ClusterStack(cdk.Stack):
         # The script and the pointer the configuration names must be in place before any node boots.
         self.cluster.node.add_dependency(node_bundle.bootstrap)
         self._outputs(settings)
+
+    def _agent_limits(self, cluster_name: str) -> iam.ManagedPolicy:
+        """What the AWS managed CloudWatchAgentServerPolicy lets a node do, cut down to this cluster's own.
+
+        ParallelCluster attaches that policy to every node role while its CloudWatch logs are on
+        (aws-parallelcluster 3.16, templates/cdk_builder_utils.py, _add_node_role), and its provider attaches
+        no policy of ours but those under policy/parallelcluster*: so the managed one stays, and these explicit
+        denials, which win over any allow, leave it metrics in the GPU namespace and ParallelCluster's, lines
+        into this cluster's log groups only (ParallelCluster's /aws/parallelcluster/<cluster>-<timestamp> and
+        the monitoring group), and no traces. Everything else it allows is read-only (describe calls, the
+        agent's own AmazonCloudWatch-* parameters). PCS nodes get the same allowances granted directly
+        (stacks/pcs/nodes.py)."""
+        names = self.monitoring.names
+        own_groups = [self.monitoring.log_group.log_group_arn,
+                      f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:/aws/parallelcluster/"
+                      f"{cluster_name}-*"]
+        policy = iam.ManagedPolicy(self, "AgentLimitsPolicy", path="/parallelcluster/", statements=[
+            iam.PolicyStatement(effect=iam.Effect.DENY, actions=["cloudwatch:PutMetricData"], resources=["*"],
+                                conditions={"StringNotEquals": {"cloudwatch:namespace": [names.gpu_namespace,
+                                                                                        AGENT_NAMESPACE]}}),
+            iam.PolicyStatement(effect=iam.Effect.DENY, actions=AGENT_WRITES, not_resources=own_groups),
+            iam.PolicyStatement(effect=iam.Effect.DENY, actions=TRACE_WRITES, resources=["*"]),
+        ])
+        acknowledge(policy, "IAM5[Resource::*]", "Denials only: every metric namespace but this cluster's two, "
+                    "and every trace; they narrow what the AWS managed CloudWatch agent policy allows.")
+        return policy
 
     def _ami(self, settings: Settings) -> str:
         """The AMI the nodes boot: empty means ParallelCluster's official one for `image.os`."""

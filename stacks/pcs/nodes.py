@@ -21,15 +21,16 @@ ROOT_DEVICES = {"alinux2023": "/dev/xvda", "ubuntu2204": "/dev/sda1"}
 
 class PcsNodeProfile(Construct):
     """The role and instance profile of one kind of PCS node: register with this cluster only, read the
-    deploy bucket, use the data prefix, Session Manager, and on GPU nodes put the CloudWatch agent's
-    GPU metrics and log lines (`monitoring`) into this cluster's namespace and log group."""
+    deploy bucket and the data prefix (writes reach the bucket through /fsx: storage_stack._data_policy),
+    Session Manager, and on GPU nodes put the CloudWatch agent's GPU metrics and log lines (`monitoring`)
+    into this cluster's namespace and log group, the only ones it may write (no AWS managed agent policy)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster_arn: str,
                  policies: list[iam.IManagedPolicy], monitoring: Monitoring | None) -> None:
         super().__init__(scope, construct_id)
         self.role = iam.Role(
             self, "Role", path=PCS_ROLE_PATH, assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="scDINO PCS nodes: register with the cluster, read the bundle, use the data prefix",
+            description="scDINO PCS nodes: register with the cluster, read the bundle and the data prefix",
             managed_policies=[*policies, iam.ManagedPolicy.from_aws_managed_policy_name(SSM_POLICY)])
         # AWSPCSComputeNodePolicy grants this on every cluster of the account; here, on this one only.
         self.role.add_to_policy(iam.PolicyStatement(actions=["pcs:RegisterComputeNodeGroupInstance"],

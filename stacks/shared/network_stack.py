@@ -8,7 +8,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.shared.common import logs_key, retention
-from stacks.shared.nag import skip_checkov_on_cdk_handler
+from stacks.shared.nag import log_cdk_handler, skip_checkov_on_cdk_handler
 from stacks.shared.settings import NetworkSettings
 
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
@@ -39,11 +39,14 @@ class NetworkStack(cdk.Stack):
         # The feature flag restrictDefaultSecurityGroup adds CDK's handler that empties the default group.
         skip_checkov_on_cdk_handler(self, "Custom::VpcRestrictDefaultSGCustomResourceProvider",
                                     "CDK's handler that removes the default security group's rules")
+        key = logs_key(self, "FlowLogKey", description="scDINO: VPC flow logs")
         flow_log_group = logs.LogGroup(
             self, "FlowLogGroup",
             retention=retention(settings.flow_log_retention_days),
-            encryption_key=logs_key(self, "FlowLogKey", description="scDINO: VPC flow logs"),
+            encryption_key=key,
             removal_policy=cdk.RemovalPolicy.DESTROY)
+        log_cdk_handler(self, "Custom::VpcRestrictDefaultSGCustomResourceProvider",
+                        retention_days=settings.flow_log_retention_days, key=key)
         self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group))
         self.private_subnet = self.vpc.isolated_subnets[0]
         self.public_subnet = self.vpc.public_subnets[0]

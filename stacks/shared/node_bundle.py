@@ -29,7 +29,7 @@ from constructs import Construct
 
 from stacks.shared.common import retention
 from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_KEY_PREFIX, BUNDLE_POINTER_KEY
-from stacks.shared.nag import acknowledge, skip_checkov_on_cdk_handler
+from stacks.shared.nag import acknowledge, log_cdk_handler, skip_checkov_on_cdk_handler
 from stacks.shared.storage_stack import DEPLOY_BUCKET_LOG_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,8 @@ class NodeBundle(Construct):
                  access_logs_bucket_name: str, monitoring: dict[str, str], cluster: dict[str, Any]) -> None:
         super().__init__(scope, construct_id)
         self.bucket = self._bucket(access_logs_bucket_name)
+        log_cdk_handler(cdk.Stack.of(self), "Custom::S3AutoDeleteObjectsCustomResourceProvider",
+                        retention_days=log_retention_days, key=logs_key)
         # The copy handler's own log group, named by CloudFormation and deleted with the stack. CDK's
         # managed one (/aws/lambda/<handler>) is retained on destroy, and on a first deploy the
         # handler can create that name itself before CloudFormation does, which fails the deploy

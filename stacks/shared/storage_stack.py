@@ -10,11 +10,29 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from stacks.shared.common import allow_cloudwatch_logs
 from stacks.shared.constants import FSX_MOUNT_DIR
-from stacks.shared.nag import acknowledge, skip_checkov, skip_checkov_on_cdk_handler
+from stacks.shared.nag import acknowledge, log_cdk_handler, skip_checkov, skip_checkov_on_cdk_handler
 from stacks.shared.settings import StorageSettings
 
 _EVENTS = ["NEW", "CHANGED", "DELETED"]
+"""Both ways, deletions included, on purpose. Auto-import of DELETED carries a deletion in the bucket onto
+/fsx: only the owner (the deployer's credentials) can delete there, as no node role may (`NODE_ROLE_PATHS`),
+so it carries the owner's deletions only, and a dataset removed from the bucket stops taking file-system
+space. Auto-export of DELETED carries what a node deletes on /fsx, under the file system's POSIX permissions,
+into the bucket as a delete marker: the versioned bucket keeps the object as a noncurrent version for
+`storage.noncurrent_version_days`, so the owner can restore it (docs/deploy.md, Security)."""
+NODE_ROLE_PATHS = ("/parallelcluster/", "/aws-pcs/")
+"""IAM paths of the node roles: ParallelCluster puts its node roles under /parallelcluster/<cluster>/, PCS takes
+only roles under /aws-pcs/ (stacks/pcs/nodes.py). The data bucket's policy refuses any role under them a write
+or a deletion, whatever policy a role is given later; FSx's own service-linked role, which imports and exports
+for the association, is not under them."""
+NODE_DENIED_ACTIONS = ["s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObject", "s3:PutLifecycleConfiguration",
+                       "s3:PutBucketVersioning", "s3:PutBucketPolicy", "s3:DeleteBucketPolicy"]
+"""What no node role may do on the data bucket: write or delete an object or a version, or change what keeps
+the versions (versioning, lifecycle, the policy itself)."""
+HANDLER_LOG_RETENTION_DAYS = 30
+"""The throw-away variant's bucket-emptying handler runs when the stack is deleted; its log group goes with it."""
 DATA_BUCKET_LOG_PREFIX = "data-bucket/"
 DEPLOY_BUCKET_LOG_PREFIX = "deploy-bucket/"
 """Where the access-log bucket keeps the cluster stack's deploy bucket's server access logs."""
@@ -41,6 +59,10 @@ class StorageStack(cdk.Stack):
         if not settings.retain:
             skip_checkov_on_cdk_handler(self, "Custom::S3AutoDeleteObjectsCustomResourceProvider",
                                         "CDK's handler that empties the buckets when the stack is deleted")
+            # The stack's one key serves its log group too: a key of its own would bill for a stack deleted whole.
+            allow_cloudwatch_logs(self.key)
+            log_cdk_handler(self, "Custom::S3AutoDeleteObjectsCustomResourceProvider",
+                            retention_days=HANDLER_LOG_RETENTION_DAYS, key=self.key)
         self.file_system = fsx.LustreFileSystem(
             self, "DataFileSystem",
             vpc=vpc, vpc_subnet=subnet, security_group=fsx_security_group, kms_key=self.key,
@@ -82,8 +104,9 @@ class StorageStack(cdk.Stack):
 
     def _data_bucket(self) -> s3.Bucket:
         """SSE-S3 rather than SSE-KMS: FSx's per-file-system service-linked role must read the bucket,
-        and a customer key would need that role (named after the file system id) in its key policy."""
-        return s3.Bucket(
+        and a customer key would need that role (named after the file system id) in its key policy.
+        Its policy refuses every node role a write or a deletion (`NODE_ROLE_PATHS`)."""
+        bucket = s3.Bucket(
             self, "DataBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True, versioned=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL, removal_policy=self._removal,
             auto_delete_objects=not self._settings.retain, server_access_logs_bucket=self.access_logs_bucket,
@@ -91,6 +114,12 @@ class StorageStack(cdk.Stack):
             lifecycle_rules=[s3.LifecycleRule(
                 noncurrent_version_expiration=cdk.Duration.days(self._settings.noncurrent_version_days),
                 abort_incomplete_multipart_upload_after=cdk.Duration.days(7))])
+        bucket.add_to_resource_policy(iam.PolicyStatement(
+            effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=NODE_DENIED_ACTIONS,
+            resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+            conditions={"ArnLike": {"aws:PrincipalArn": [f"arn:{self.partition}:iam::{self.account}:role{path}*"
+                                                         for path in NODE_ROLE_PATHS]}}))
+        return bucket
 
     def _link_bucket(self) -> None:
         """Data repository association: s3://bucket/<prefix>/ <-> /fsx/<prefix>, imported and exported both ways."""
@@ -106,7 +135,14 @@ class StorageStack(cdk.Stack):
         association.apply_removal_policy(self._removal)
 
     def _data_policy(self) -> iam.ManagedPolicy:
-        """What cluster nodes may do on the bucket: list, read and write under the data prefix only.
+        """What cluster nodes may do on the bucket: list and read under the data prefix, nothing else.
+
+        Nodes write through the file system: what a job writes under /fsx/<prefix>/ (the users' work
+        folders and their runs, /fsx/<prefix>/work) reaches s3://<bucket>/<prefix>/ by the association's
+        export, which FSx makes with its own service-linked role (AWSServiceRoleForFSxS3Access_<file system>),
+        under the file system's POSIX permissions. A write with a node role would bypass those: every user
+        of a node holds the role's credentials, and an overwrite of another user's object would reach their
+        /fsx file by the auto-import of CHANGED. Uploads and deletions in the bucket are the owner's.
 
         Under the IAM path /parallelcluster/: ParallelCluster's provider may attach to node roles only
         policies whose ARN matches policy/parallelcluster* (or a few AWS managed ones); the name is
@@ -115,11 +151,9 @@ class StorageStack(cdk.Stack):
         policy = iam.ManagedPolicy(self, "ClusterDataAccessPolicy", path="/parallelcluster/", statements=[
             iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn],
                                 conditions={"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}),
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=[self.bucket.arn_for_objects(f"{prefix}/*")]),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{prefix}/*")]),
         ])
         acknowledge(policy, f"IAM5[Resource::<{self.get_logical_id(self.bucket.node.default_child)}.Arn>/{prefix}/*]",
-                    "Nodes read and write any object under the data prefix (datasets and run outputs); "
-                    "the wildcard is confined to that prefix of this one bucket.")
+                    "Nodes read any object under the data prefix (the datasets and the runs exported there); "
+                    "read-only, and the wildcard is confined to that prefix of this one bucket.")
         return policy

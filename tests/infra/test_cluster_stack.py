@@ -218,8 +218,8 @@ def test_the_deploy_handler_logs_to_a_group_that_goes_with_the_stack(synth):
     template = synth.json["cluster"]
     groups = resources(template, "AWS::Logs::LogGroup")
     assert all("LogGroupName" not in group["Properties"] for group in groups.values())
-    (handler,) = [fn for fn in resources(template, "AWS::Lambda::Function").values()
-                  if "LoggingConfig" in fn["Properties"]]
+    (handler,) = [fn for name, fn in resources(template, "AWS::Lambda::Function").items()
+                  if name.startswith("CustomCDKBucketDeployment")]
     target = handler["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
     assert groups[target]["DeletionPolicy"] == groups[target]["UpdateReplacePolicy"] == "Delete"
     assert groups[target]["Properties"]["RetentionInDays"] == 30

@@ -56,7 +56,8 @@ REFS = ClusterRefs(
     subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0",
     file_system_id="fs-0123456789abcdef0", data_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/data",
     deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64,
-    deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read")
+    deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read",
+    agent_limits_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/agent-limits")
 EVERY_OPTION = {"cluster.presets": ",".join(PRESETS), "cluster.custom_ami": "ssm", "cluster.gpu_health_checks": "true",
                 "cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.login_nodes": 1}
 ACCOUNTING = {"cluster.slurm_accounting.uri": "slurmdb.example.internal:3306",

@@ -72,14 +72,33 @@ def test_noncurrent_object_versions_expire(synth):
     assert rules[0]["Status"] == "Enabled" and "Prefix" not in rules[0]
 
 
-def test_node_data_policy_is_confined_to_the_data_prefix(synth):
+def test_node_data_policy_lists_and_reads_the_data_prefix_only(synth):
+    """Nodes write through /fsx (FSx exports with its own role); tests/infra/test_node_roles.py holds every
+    node role's S3 actions by prefix."""
     policy = one(synth.json["storage"], "AWS::IAM::ManagedPolicy")["Properties"]["PolicyDocument"]
     list_statement, object_statement = policy["Statement"]
     assert list_statement["Action"] == "s3:ListBucket"
     assert list_statement["Condition"] == {"StringLike": {"s3:prefix": ["data/*", "data"]}}
+    assert object_statement["Action"] == "s3:GetObject"
     assert object_statement["Resource"] == {
         "Fn::Join": ["", [{"Fn::GetAtt": ["DataBucketE3889A50", "Arn"]}, "/data/*"]]}
-    assert not any("*" == action or action.endswith(":*") for action in object_statement["Action"])
+
+
+def test_deletions_reach_fsx_only_from_the_owner_and_leave_a_restorable_version(synth):
+    """The association imports DELETED on purpose (storage_stack._EVENTS): the bucket refuses node roles a
+    deletion, so the deletions it carries onto /fsx are the owner's; a deletion exported from /fsx is a delete
+    marker over a version the lifecycle keeps storage.noncurrent_version_days (30)."""
+    storage = synth.json["storage"]
+    dra = storage["Resources"]["DataRepositoryAssociation"]["Properties"]["S3"]
+    assert "DELETED" in dra["AutoImportPolicy"]["Events"] and "DELETED" in dra["AutoExportPolicy"]["Events"]
+    (policy,) = [p for p in resources(storage, "AWS::S3::BucketPolicy").values()
+                 if p["Properties"]["Bucket"] == {"Ref": "DataBucketE3889A50"}]
+    (denial,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "ArnLike" in s.get("Condition", {})]
+    assert denial["Effect"] == "Deny" and {"s3:DeleteObject", "s3:DeleteObjectVersion"} <= set(denial["Action"])
+    bucket = storage["Resources"]["DataBucketE3889A50"]["Properties"]
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
+    (rule,) = bucket["LifecycleConfiguration"]["Rules"]
+    assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30} and "ExpirationInDays" not in rule
 
 
 def test_stateful_resources_are_retained_and_protected_by_default(synth):
