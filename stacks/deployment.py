@@ -3,6 +3,7 @@
     .venv/bin/python -m stacks.deployment deploy --no-rollback -c region=us-west-2 -c network.availability_zone=us-west-2a
     .venv/bin/python -m stacks.deployment update           # the cluster stack again (new code, changed settings)
     .venv/bin/python -m stacks.deployment image            # start the GPU image build (--published: its AMI id)
+    .venv/bin/python -m stacks.deployment images --prune   # deregister old built images, delete their snapshots
     .venv/bin/python -m stacks.deployment ssm              # a shell on the head node (backend=pcs: the login node)
     .venv/bin/python -m stacks.deployment show region      # one recorded value; no name: the whole record
     .venv/bin/python -m stacks.deployment destroy          # every stack of the recorded deployment
@@ -34,8 +35,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from stacks.images import KEEP, built_images, images_in_use, listing_command, plan, prune
 from stacks.pcs.config import LOGIN_GROUP
-from stacks.shared.constants import NODE_GROUP_TAG
+from stacks.shared.constants import BUILD_TAG_KEY, NODE_GROUP_TAG
 from stacks.shared.settings import STACKS, Settings, SettingsError, load_settings_file, settings_from
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -341,6 +343,44 @@ def image(request: Request, *, published: bool) -> int:
                    request.print_only)
 
 
+def images(request: Request, *, remove: bool, keep: int) -> int:
+    """Each image the pipeline built for the deployment, kept (and why) or not; `remove`: deregister those
+    not kept and delete their snapshots (stacks/images.py)."""
+    record = recorded(request, "images")
+    if keep < 0:
+        raise DeploymentError(f"--keep {keep}: give how many of the newest images to keep, 0 or more")
+    if request.print_only:
+        print(shlex.join(listing_command(record.region, record.prefix)))
+        return 0
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    removed = snapshots = 0
+    try:
+        session = boto3.Session(region_name=record.region)
+        ec2, ssm_client = session.client("ec2"), session.client("ssm")
+        found = built_images(ec2, record.prefix)
+        decisions = plan(found, images_in_use(ec2, ssm_client, record.ami_parameter,
+                                              [image.image_id for image in found]), keep)
+        for image, why in decisions:
+            if why:
+                verdict = f"kept: {why}"
+            elif remove:
+                prune(ec2, image)
+                removed, snapshots = removed + 1, snapshots + len(image.snapshots)
+                verdict = f"deregistered, {len(image.snapshots)} snapshot(s) deleted"
+            else:
+                verdict = "not kept (--prune removes it)"
+            print(f"{image.image_id}  {image.created}  {image.name}  {verdict}")
+    except (BotoCoreError, ClientError) as error:
+        raise DeploymentError(f"images of {record.prefix} in {record.region}: {str(error).splitlines()[0]}"
+                              f"{f' (after {removed} deregistered)' if removed else ''}") from None
+    left = sum(1 for _, why in decisions if not why) - removed
+    print(f"{len(decisions)} image(s) tagged {BUILD_TAG_KEY}={record.prefix} in {record.region}: "
+          f"{removed} deregistered with {snapshots} snapshot(s), {left} more not kept", file=sys.stderr)
+    return 0
+
+
 def login_node_finder(record: Deployment) -> list[str]:
     """backend=pcs: the AWS CLI call that prints a running login node's instance id."""
     key, _, value = record.login_node_tag.partition("=")
@@ -479,6 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--yes", action="store_true", help="do not ask before deleting")
     command = sub.add_parser("image", parents=[common, region], help="start the GPU image build")
     command.add_argument("--published", action="store_true", help="print the AMI id the pipeline published instead")
+    command = sub.add_parser("images", parents=[common, region],
+                             help="the GPU images the pipeline built, and which an --prune would remove")
+    command.add_argument("--prune", action="store_true",
+                         help="deregister the images not kept and delete their snapshots")
+    command.add_argument("--keep", type=int, default=KEEP,
+                         help=f"how many of the newest images to keep besides those in use (default {KEEP})")
     command = sub.add_parser("ssm", parents=[common, region], help="a shell on the head node or PCS login node")
     command.add_argument("--target", help="another instance id of the deployment (e.g. a login node)")
     command = sub.add_parser("show", parents=[common], help="the record, or one value of it")
@@ -503,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return destroy(request, args.stacks, extra, confirmed=args.yes)
         if args.command == "image":
             return image(request, published=args.published)
+        if args.command == "images":
+            return images(request, remove=args.prune, keep=args.keep)
         if args.command == "ssm":
             return ssm(request, args.target)
         return show(request, args.name)

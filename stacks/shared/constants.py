@@ -24,6 +24,11 @@ BOOTSTRAP_SCRIPT_KEY = "bootstrap/on-node-configured.sh"
 BUNDLE_POINTER_KEY = "bootstrap/current.json"
 BUNDLE_KEY_PREFIX = "bundles/"
 
+BUILD_TAG_KEY = "scdino:image-build"
+"""Tag Packer puts on its build instance, the AMI and its snapshots (run_tags, tags, snapshot_tags), valued
+with the prefix: the image pipeline's role may stop, terminate, deregister or delete only what carries it,
+and `python -m stacks.deployment images` finds a deployment's images by it."""
+
 NODE_GROUP_TAG = "scdino:node-group"
 """Tag on every PCS node: <cluster>/<node group>, how the login node is found (the ConnectCommand output,
 `python -m stacks.deployment ssm`)."""

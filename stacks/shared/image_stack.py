@@ -14,6 +14,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.shared.common import allow_cloudwatch_logs
+from stacks.shared.constants import BUILD_TAG_KEY
 from stacks.shared.nag import acknowledge
 from stacks.shared.settings import PCLUSTER_VERSION, ImageSettings
 
@@ -24,9 +25,6 @@ BUILD_EXCLUDE = ["*", ".*", *[f"!{item}" for item in BUILD_SOURCES], *[f"!{item}
 PACKER_VERSION = "1.11.2"
 PACKER_BUILDS = {"parallelcluster": "parallelcluster.amazon-ebs.gpu", "pcs": "pcs.amazon-ebs.pcs"}
 """The build of ami/gpu-image.pkr.hcl each back end's nodes boot (`packer build -only=...`)."""
-BUILD_TAG_KEY = "scdino:image-build"
-"""Tag Packer puts on its build instance, the AMI and its snapshots (run_tags, tags, snapshot_tags);
-the build role may stop, terminate, deregister or delete only what carries it with this prefix."""
 PACKER_READ_ACTIONS = [
     "ec2:DescribeImageAttribute", "ec2:DescribeImages", "ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
     "ec2:DescribeRegions", "ec2:DescribeSecurityGroups", "ec2:DescribeSnapshots", "ec2:DescribeSubnets",
