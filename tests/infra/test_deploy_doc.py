@@ -158,7 +158,8 @@ def check_aws(words: list[str]) -> None:
     if service == "s3":
         assert operation in AWS_S3 and given <= AWS_S3[operation], words
         return
-    model = botocore.session.get_session().get_service_model(service)
+    # `aws s3api` is the AWS CLI's name for botocore's generated S3 model (`aws s3` being the hand-written one).
+    model = botocore.session.get_session().get_service_model("s3" if service == "s3api" else service)
     name = "".join(part.capitalize() for part in operation.split("-"))
     assert name in model.operation_names, f"aws {service} has no {operation}"
     members = {re.sub(r"(?<!^)(?=[A-Z])", "-", member).lower()
