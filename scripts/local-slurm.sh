@@ -39,6 +39,7 @@ NODES=${SLURM_LOCAL_NODES:-2}
 CPUS=${SLURM_LOCAL_CPUS:-}
 CRED_EXPIRE=${SLURM_LOCAL_CRED_EXPIRE:-30}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-600}
+SITE_FILE=${SCDINO_CLUSTER_ENV:-}
 BASE=${SLURM_LOCAL_BASE:-$REPO/.local-slurm}
 SUBNET=${SLURM_LOCAL_SUBNET:-10.99.0}
 BRIDGE=slurmbr0
@@ -287,8 +288,8 @@ export SCDINO_SCRATCH=$BASE/scratch
 export OMP_NUM_THREADS=1
 EOF
   # The site file this cluster's partitions come from, for the jobs and the submitter alike.
-  if [ -n "${SCDINO_CLUSTER_ENV:-}" ]; then
-    echo "export SCDINO_CLUSTER_ENV=$(readlink -f "$SCDINO_CLUSTER_ENV")" >>"$BASE/scdino-env.sh.tmp"
+  if [ -n "$SITE_FILE" ]; then
+    echo "export SCDINO_CLUSTER_ENV=$(readlink -f "$SITE_FILE")" >>"$BASE/scdino-env.sh.tmp"
   fi
   mv "$BASE/scdino-env.sh.tmp" "$BASE/scdino-env.sh"
 }
