@@ -18,7 +18,15 @@
 #   pinned requirements by the first node that needs it (the official AMI's head node, at creation).
 # One lock serialises installs; waits are bounded well below ParallelCluster's node bootstrap timeout.
 # <install dir> switches only to a bundle whose pointer is at least as new as the active one's, so a
-# slow node never flips it back; bundles other than the active and the previous one are removed.
+# slow node never flips it back. This node's /opt/scdino-venv then follows the active bundle's requirements
+# (a slow node's older pointer included); jobs do not depend on it: slurm/env.sh takes, on every node, an
+# environment built from their own bundle's requirements (this node's, the image's set aside, or FSx's).
+# Pruning, at the end of every run and under the same lock, keeps the active bundle, the previous one and
+# every bundle a job that has not ended names in its comment ("scdino-bundle:<folder>": slurm/env.sh's
+# mark, which submit_pipeline.sh gives each job at submission and slurm/lib.sh gives a job submitted by
+# hand when it starts), asked from Slurm with squeue; it removes the other bundles, then the environments
+# on FSx that no kept bundle's requirements name. When Slurm cannot be asked (no squeue, or squeue fails,
+# e.g. on a node whose Slurm is not configured yet), it removes nothing and says so in the log.
 # Beside the bundle it switches to, <install dir>/cluster.env holds the cluster's shape (each enabled
 # preset's partition, GPUs per node and vCPUs per GPU, the default first), which slurm/env.sh reads:
 # cluster-env.py, from beside the pointer, renders it from the pointer's "cluster" entry. On the shared
@@ -51,6 +59,14 @@ readonly LOCK_WAIT_SECONDS=1500
 readonly REQUIREMENT_FILES=(requirements.txt requirements-dali.txt)
 readonly CLUSTER_ENV=cluster.env
 readonly CLUSTER_ENV_RENDERER=cluster-env.py
+# A job's comment names the bundle it runs with this mark (slurm/env.sh's SCDINO_BUNDLE_MARK).
+readonly BUNDLE_MARK=scdino-bundle:
+# Where squeue is when it is not on PATH: ParallelCluster's Slurm, then PCS's (one folder per release).
+readonly SQUEUE_PLACES=(/opt/slurm/bin/squeue /opt/aws/pcs/scheduler/slurm-*/bin/squeue)
+readonly SQUEUE_TIMEOUT_SECONDS=60
+# Job states after which a job runs nothing any more (squeue's JOB STATE CODES); any other state, an
+# unknown one included, holds the job's bundle.
+readonly ENDED_STATES=" BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED REVOKED TIMEOUT "
 
 exec > >(tee -a "${LOG_FILE}") 2>&1
 
@@ -182,23 +198,87 @@ write_cluster_env() {
 
 activate() {
   # Switch <install dir> to $2, with the cluster's shape of pointer $5 (from $4) beside it, unless a newer
-  # pointer's bundle is already active; prune old bundles.
-  local install_dir=$1 version_dir=$2 stamp=$3 pointer_uri=$4 pointer=$5 active_stamp=0 previous="" dir
+  # pointer's bundle is already active. The bundle it replaces becomes <install dir>.previous; a run that
+  # activates the active bundle again (every node that boots on the same pointer) leaves that link alone.
+  local install_dir=$1 version_dir=$2 stamp=$3 pointer_uri=$4 pointer=$5 active_stamp=0 active=""
   [[ -f "${install_dir}.stamp" ]] && active_stamp=$(cat "${install_dir}.stamp")
   if ((stamp < active_stamp)); then
     log "keeping ${install_dir} -> $(readlink "${install_dir}"): its pointer (${active_stamp}) is newer than ours (${stamp})"
     return 0
   fi
   write_cluster_env "${pointer_uri}" "${pointer}" "${version_dir}"
-  [[ -L "${install_dir}" ]] && previous=$(readlink "${install_dir}")
+  [[ -L "${install_dir}" ]] && active=$(readlink "${install_dir}")
+  if [[ -n "${active}" && "${active}" != "${version_dir}" ]]; then
+    ln -sfn "${active}" "${install_dir}.previous"
+  fi
   ln -sfn "${version_dir}" "${install_dir}.next"
   mv -T "${install_dir}.next" "${install_dir}"
   echo "${stamp}" > "${install_dir}.stamp"
   log "${install_dir} -> ${version_dir}"
+}
+
+squeue_command() {
+  # The path of squeue: on PATH, else where ParallelCluster or PCS installs Slurm.
+  local place
+  command -v squeue && return 0
+  for place in "${SQUEUE_PLACES[@]}"; do
+    [[ -x "${place}" ]] && { echo "${place}"; return 0; }
+  done
+  return 1
+}
+
+bundles_in_use() {
+  # "<bundle folder> <job id>", one a line, for each job that has not ended and whose comment carries the
+  # bundle mark, the folder as readlink -m writes it. Fails, saying why on stderr, when Slurm cannot be asked.
+  local squeue listing paths=() ids=() path id i
+  squeue=$(squeue_command) || { log "no squeue on PATH nor in ${SQUEUE_PLACES[*]}" >&2; return 1; }
+  listing=$(timeout "${SQUEUE_TIMEOUT_SECONDS}" "${squeue}" --noheader --all --states=all --format='%i %T %k') \
+    || { log "${squeue} failed (exit $?)" >&2; return 1; }
+  while read -r path id; do
+    paths+=("${path}")
+    ids+=("${id}")
+  done < <(awk -v ended="${ENDED_STATES}" -v mark="${BUNDLE_MARK}" '
+    index(ended, " " $2 " ") { next }
+    { for (i = 3; i <= NF; i++) if (index($i, mark) == 1) print substr($i, length(mark) + 1), $1 }' <<< "${listing}")
+  ((${#paths[@]})) || return 0
+  mapfile -t paths < <(readlink -m "${paths[@]}")
+  for i in "${!paths[@]}"; do
+    echo "${paths[i]} ${ids[i]}"
+  done
+}
+
+prune() {
+  # Remove the bundles of <install dir> that are neither active nor previous nor named by a job that has not
+  # ended, then the shared environments on FSx that no kept bundle's requirements name (see the top).
+  local install_dir=$1 in_use keep dir real jobs kept=() wanted=" "
+  if ! in_use=$(bundles_in_use); then
+    log "Slurm could not be asked which bundles its jobs use (see above): no bundle or environment removed"
+    return 0
+  fi
+  keep=" $(readlink -f "${install_dir}") "
+  [[ -L "${install_dir}.previous" ]] && keep+="$(readlink -f "${install_dir}.previous") "
   for dir in "${install_dir}"-*/; do
     dir=${dir%/}
-    [[ -d "${dir}" && "${dir}" != "${version_dir}" && "${dir}" != "${previous}" ]] || continue
-    log "removing old bundle ${dir}"
+    [[ -d "${dir}" ]] || continue
+    real=$(readlink -f "${dir}")
+    jobs=$(awk -v dir="${real}" '$1 == dir { printf " %s", $2 }' <<< "${in_use}")
+    if [[ "${keep}" == *" ${real} "* ]]; then
+      kept+=("${dir}")
+    elif [[ -n "${jobs}" ]]; then
+      log "keeping ${dir}: job(s)${jobs} use it"
+      kept+=("${dir}")
+    else
+      log "removing old bundle ${dir}"
+      rm -rf "${dir}"
+    fi
+  done
+  for dir in "${kept[@]}"; do
+    wanted+="$(requirements_id "${dir}") "
+  done
+  for dir in "${SHARED_VENVS}"/*/; do
+    dir=${dir%/}
+    [[ -d "${dir}" && "${wanted}" != *" ${dir##*/} "* ]] || continue
+    log "removing the shared environment ${dir}: no kept bundle has its requirements"
     rm -rf "${dir}"
   done
 }
@@ -247,6 +327,20 @@ configure_monitoring() {
   fi
 }
 
+start_rest_api() {
+  # Head node, when the pointer has a "rest" entry (ParallelCluster): slurmrestd with JWT auth and the token's
+  # renewal for the laptop's remote commands (slurm-rest.sh, beside the pointer). Called as a condition:
+  # a failure is logged, and the cluster works without it.
+  local pointer_uri=$1 pointer=$2 script status=0
+  [[ "$(node_type)" == HeadNode ]] || return 0
+  python3 -c 'import json, sys; sys.exit("rest" not in json.load(open(sys.argv[1])))' "${pointer}" || return 0
+  script=$(mktemp) || return 1
+  aws s3 cp --only-show-errors "${pointer_uri%/*}/slurm-rest.sh" "${script}" || return 1
+  bash "${script}" install "${pointer}" || status=$?
+  rm -f "${script}"
+  return "${status}"
+}
+
 prepare_work_dir() {
   # Where people run from: on FSx, so every node sees a job's logs, under data/, so results reach S3.
   # The bundle's directory belongs to root; here each user makes a folder of their own (sticky, as /tmp).
@@ -262,7 +356,7 @@ prepare_scratch() {
 
 main() {
   [[ $# -ge 1 && $# -le 3 ]] || die "usage: $0 s3://bucket/bootstrap/current.json [install-dir [bundle-id]]"
-  local pointer_uri=$1 install_dir=${2:-/apps/scdino} expected_id=${3:-} pointer stamp bundle_uri bundle_id
+  local pointer_uri=$1 install_dir=${2:-/apps/scdino} expected_id=${3:-} pointer stamp bundle_uri bundle_id active_dir
   local gpu_namespace training_namespace log_group
   [[ "${pointer_uri}" == s3://*/*.json ]] || die "the pointer must be an s3://...json URI, got '${pointer_uri}'"
   log "node type $(node_type); pointer ${pointer_uri}; install dir ${install_dir}"
@@ -283,11 +377,20 @@ main() {
     unpack_bundle "${bundle_uri}" "${version_dir}"
   fi
   link_environment "${version_dir}"
-  add_to_path "${install_dir}"
   (cd / && PYTHONPATH="${version_dir}" "${IMAGE_VENV}/bin/python" -c "import training") \
     || die "the training package does not import with ${IMAGE_VENV}"
   activate "${install_dir}" "${version_dir}" "${stamp}" "${pointer_uri}" "${pointer}"
+  active_dir=$(readlink -f "${install_dir}")
+  if [[ "${active_dir}" != "$(readlink -f "${version_dir}")" ]]; then
+    log "this node's environment follows the active bundle ${active_dir}"
+    link_environment "${active_dir}"
+  fi
+  add_to_path "${install_dir}"
+  prune "${install_dir}"
   flock -u 9
+  if ! start_rest_api "${pointer_uri}" "${pointer}"; then
+    log "WARNING: the Slurm REST API was not set up (see above): python -m training remote cannot reach this cluster"
+  fi
   rm -f "${pointer}"
   prepare_scratch
   prepare_work_dir || log "WARNING: could not make ${WORK_DIR} (see above): users need a folder of their own on /fsx"

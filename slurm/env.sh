@@ -10,10 +10,55 @@
 # This file only sets variables (and reads the site and monitoring files): sourcing it anywhere is safe.
 
 # --- paths ---
-# The installed training/ + slurm/ bundle (bootstrap copies it to the shared /apps volume).
+# The installed training/ + slurm/ bundle (bootstrap copies it to the shared /apps volume). /apps/scdino
+# is a link that each code update switches: resolved here once, to the bundle's own folder, so that a job
+# keeps the code it was submitted with (submit_pipeline.sh exports it, and sbatch gives it to the job and
+# to the job requeued) or, submitted by hand, the code it started with.
 SCDINO_HOME=${SCDINO_HOME:-/apps/scdino}
-# Its Python environment (torch, timm, ...), identical on every node.
-SCDINO_VENV=${SCDINO_VENV:-$SCDINO_HOME/.venv}
+if _scdino_real=$(readlink -f "$SCDINO_HOME" 2>/dev/null) && [ -d "$_scdino_real" ]; then
+  SCDINO_HOME=$_scdino_real
+fi
+# The mark a job's comment carries to keep its bundle through later updates ("scdino-bundle:<folder>"):
+# the node bootstrap removes no bundle that a pending or running job names (bootstrap/on-node-configured.sh).
+# Empty outside an installed bundle (one with the bootstrap's .ready marker, e.g. a checkout).
+SCDINO_BUNDLE_MARK=""
+if [ -f "$SCDINO_HOME/.ready" ]; then
+  SCDINO_BUNDLE_MARK="scdino-bundle:$SCDINO_HOME"
+fi
+# Where the node bootstrap builds one Python environment per set of pinned requirements, on FSx.
+SCDINO_SHARED_VENVS=${SCDINO_SHARED_VENVS:-/fsx/.scdino/venvs}
+# Its Python environment (torch, timm, ...). The bundle's .venv is this node's environment, which follows
+# the active bundle's requirements: a job of an older bundle, or on a static node that booted before a
+# change of requirements, takes instead one built from its own bundle's requirements, by the bootstrap's
+# requirements id: the image's, set aside beside this node's, or the shared one on FSx. Without any, the
+# bundle's .venv, and SCDINO_VENV_NOTE says so (slurm/lib.sh logs it).
+SCDINO_VENV_NOTE=""
+if [ -z "${SCDINO_VENV:-}" ]; then
+  SCDINO_VENV=$SCDINO_HOME/.venv
+  if [ -n "$SCDINO_BUNDLE_MARK" ]; then
+    _scdino_requirements=$(cat "$SCDINO_HOME/requirements.txt" "$SCDINO_HOME/requirements-dali.txt" 2>/dev/null |
+      sha256sum | cut -c1-16) || true
+    SCDINO_VENV_NOTE="no environment on this node was built from the bundle's requirements ($_scdino_requirements)"
+    _scdino_node=$(readlink "$SCDINO_VENV") || _scdino_node=$SCDINO_VENV  # /opt/scdino-venv on a cluster node
+    for _scdino_env in "$SCDINO_VENV" "$_scdino_node.image" "$SCDINO_SHARED_VENVS/$_scdino_requirements"; do
+      _scdino_real=$(readlink -f "$_scdino_env" 2>/dev/null) || continue
+      if [ -f "$_scdino_real/scdino-requirements/requirements.txt" ]; then  # an image's (ami/scripts/20-python-env.sh)
+        _scdino_id=$(cat "$_scdino_real/scdino-requirements/requirements.txt" \
+          "$_scdino_real/scdino-requirements/requirements-dali.txt" 2>/dev/null | sha256sum | cut -c1-16) || true
+      elif [ -f "$_scdino_real/.ready" ]; then  # a shared one, named by its id
+        _scdino_id=${_scdino_real##*/}
+      else
+        continue
+      fi
+      if [ "$_scdino_id" = "$_scdino_requirements" ]; then
+        SCDINO_VENV=$_scdino_env
+        # shellcheck disable=SC2034  # slurm/lib.sh's require_python logs it
+        SCDINO_VENV_NOTE=""
+        break
+      fi
+    done
+  fi
+fi
 SCDINO_PYTHON=${SCDINO_PYTHON:-$SCDINO_VENV/bin/python}
 # FSx for Lustre mount; <mount>/data is linked to s3://<bucket>/data/.
 SCDINO_FSX=${SCDINO_FSX:-/fsx}
@@ -54,7 +99,8 @@ SCDINO_GPUS_PER_NODE=${SCDINO_GPUS_PER_NODE:-${_scdino_gpus:-4}}
 SCDINO_CPUS_PER_GPU=${SCDINO_CPUS_PER_GPU:-${_scdino_cpus:-12}}
 # Instance type, for the expected all-reduce bandwidth in the NCCL test.
 SCDINO_INSTANCE_TYPE=${SCDINO_INSTANCE_TYPE:-${_scdino_type:-g4dn.12xlarge}}
-unset _scdino_want _scdino_type _scdino_queue _scdino_gpus _scdino_cpus _scdino_rest
+unset _scdino_want _scdino_type _scdino_queue _scdino_gpus _scdino_cpus _scdino_rest _scdino_real \
+  _scdino_requirements _scdino_node _scdino_env _scdino_id
 # CPUs of a single-process step (prepare, mean-std, kNN, ...): one GPU's share of a node.
 SCDINO_CPUS_PER_TASK=${SCDINO_CPUS_PER_TASK:-$SCDINO_CPUS_PER_GPU}
 # CPUs of each `ingest` job or array task: its cropping runs on one core, a second reads ahead;

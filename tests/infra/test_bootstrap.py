@@ -10,6 +10,7 @@ are tested on real block devices in tests/infra/test_pcs_node_disks.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,6 +43,16 @@ echo "$*" >> "${FAKE_CTL_LOG}"
 """
 MONITORING = {"gpu_namespace": "scdino-hpc/GPU", "training_namespace": "scdino-hpc/Training",
               "log_group": "scdino-cluster-MonitoringLogs0185DD8B-abc"}
+FAKE_SQUEUE = """#!/usr/bin/env bash
+# Fake squeue: prints the lines of $FAKE_SQUEUE_JOBS, as the real one prints "%i %T %k" (job id, state,
+# comment) with --noheader --all --states=all, or fails as it does when the controller cannot be reached.
+echo "$*" >> "${FAKE_SQUEUE_LOG}"
+if [[ -n "${FAKE_SQUEUE_FAILS:-}" ]]; then
+  echo "squeue: error: Unable to contact slurm controller (connect failure)" >&2
+  exit 1
+fi
+cat "${FAKE_SQUEUE_JOBS}" 2>/dev/null || true
+"""
 
 
 def _bundle(path: Path, *, requirements: str | None = REQUIREMENTS) -> None:
@@ -67,6 +78,10 @@ def node(tmp_path: Path, shared_venvs: Path) -> dict:
     bin_dir.mkdir()
     (bin_dir / "aws").write_text(FAKE_AWS)
     (bin_dir / "aws").chmod(stat.S_IRWXU)
+    # The bootstrap asks Slurm which bundles its jobs use. No Slurm cluster here: a fake squeue prints the jobs
+    # a test describes (none by default). tests/slurm/test_bundle_pruning.py asks the local cluster's real one.
+    (bin_dir / "squeue").write_text(FAKE_SQUEUE)
+    (bin_dir / "squeue").chmod(stat.S_IRWXU)
     (tmp_path / "agent").mkdir()
     (tmp_path / "agent" / "amazon-cloudwatch-agent-ctl").write_text(FAKE_CTL)
     (tmp_path / "agent" / "amazon-cloudwatch-agent-ctl").chmod(stat.S_IRWXU)
@@ -81,12 +96,13 @@ def node(tmp_path: Path, shared_venvs: Path) -> dict:
            "SCDINO_EMF_DIR": str(tmp_path / "var" / "log" / "scdino"),
            "FAKE_CTL_LOG": str(tmp_path / "ctl.log"),
            "SCDINO_WORK_DIR": str(tmp_path / "fsx-data" / "work"),
+           "FAKE_SQUEUE_JOBS": str(tmp_path / "squeue-jobs"), "FAKE_SQUEUE_LOG": str(tmp_path / "squeue.log"),
            "PIP_NO_INDEX": "1"}
     (tmp_path / "opt").mkdir()
     return {"env": env, "s3": s3_dir, "apps": tmp_path / "apps", "log": tmp_path / "bootstrap.log",
             "work": tmp_path / "fsx-data" / "work",
             "image_venv": tmp_path / "opt" / "scdino-venv", "shared": shared_venvs, "root": tmp_path,
-            "bin": bin_dir}
+            "bin": bin_dir, "jobs": tmp_path / "squeue-jobs"}
 
 
 def _publish(node: dict, bundle_id: str, *, mtime: int, requirements: str | None = REQUIREMENTS,
@@ -180,6 +196,135 @@ def test_keeps_only_the_active_and_the_previous_bundle(node):
         _install(node, _publish(node, bundle_id, mtime=1_000 * stamp))
     remaining = sorted(path.name for path in node["apps"].glob("scdino-*") if path.is_dir())
     assert remaining == ["scdino-three333", "scdino-two222"]
+
+
+def _bundles(node: dict) -> list[str]:
+    return sorted(path.name for path in node["apps"].glob("scdino-*") if path.is_dir())
+
+
+def _activate_in_turn(node: dict, *bundle_ids: str, start: int = 1, requirements: dict | None = None) -> None:
+    """Deploy each bundle in turn (pointers 1,000 s apart) and run the bootstrap after each deploy."""
+    for stamp, bundle_id in enumerate(bundle_ids, start=start):
+        _install(node, _publish(node, bundle_id, mtime=1_000 * stamp,
+                                requirements=(requirements or {}).get(bundle_id, REQUIREMENTS)))
+
+
+def test_a_node_booting_on_the_same_pointer_keeps_the_previous_bundle(node):
+    """Each node that boots after a deploy activates the same bundle again: the previous one stays."""
+    _activate_in_turn(node, "one111", "two222")
+    again = _publish(node, "two222", mtime=2_500)  # a later deploy that changed only the cluster's settings
+    _install(node, again)
+    _install(node, again)
+    assert _bundles(node) == ["scdino-one111", "scdino-two222"]
+
+
+def test_two_activations_spare_the_bundle_a_job_names_and_the_next_prunes_it_once_the_job_ended(node):
+    held = node["apps"] / "scdino-one111"
+    _activate_in_turn(node, "one111")
+    # What squeue prints: a running job and a pending array naming the first bundle in their comments (the
+    # array by another spelling of the folder, with a user's own comment before the mark), a finished job
+    # naming the second (finished: it holds nothing), and a job without a comment.
+    node["jobs"].write_text(f"17 RUNNING scdino-bundle:{held}\n"
+                            f"18_[3-5] PENDING my screen scdino-bundle:{node['apps']}/scdino/../scdino-one111\n"
+                            f"16 COMPLETED scdino-bundle:{node['apps']}/scdino-two222\n"
+                            "19 RUNNING (null)\n")
+    _activate_in_turn(node, "two222", "three333", start=2)
+    assert _bundles(node) == ["scdino-one111", "scdino-three333", "scdino-two222"]
+    assert f"keeping {held}: job(s) 17 18_[3-5] use it" in node["log"].read_text()
+    assert _imports_training(held / ".venv" / "bin" / "python") and (held / "training").is_dir()
+    asked = Path(node["env"]["FAKE_SQUEUE_LOG"]).read_text().splitlines()
+    assert asked[-1] == "--noheader --all --states=all --format=%i %T %k"
+    node["jobs"].write_text(f"17 COMPLETED scdino-bundle:{held}\n18_5 CANCELLED scdino-bundle:{held}\n")
+    _activate_in_turn(node, "four444", start=4)
+    assert _bundles(node) == ["scdino-four444", "scdino-three333"]
+    assert f"removing old bundle {held}" in node["log"].read_text()
+
+
+def test_when_squeue_fails_nothing_is_removed(node):
+    node["env"]["FAKE_SQUEUE_FAILS"] = "1"
+    _activate_in_turn(node, "one111", "two222", "three333")
+    assert _bundles(node) == ["scdino-one111", "scdino-three333", "scdino-two222"]
+    log = node["log"].read_text()
+    assert "Unable to contact slurm controller" in log and "squeue failed (exit 1)" in log
+    assert "Slurm could not be asked which bundles its jobs use (see above): no bundle or environment removed" in log
+    del node["env"]["FAKE_SQUEUE_FAILS"]
+    _activate_in_turn(node, "four444", start=4)  # Slurm answers again: the next run catches up
+    assert _bundles(node) == ["scdino-four444", "scdino-three333"]
+
+
+def _requirements_id(requirements: str) -> str:
+    """The bootstrap's name for an environment: its requirement files' text, hashed (requirements_id)."""
+    return hashlib.sha256(requirements.encode()).hexdigest()[:16]
+
+
+def _shared_environment(directory: Path) -> None:
+    """A finished shared environment, as the first node to need it leaves it. Made here without pip, which
+    the bootstrap then finds ready: building each with pip would take ~8 s on the 2-core machine."""
+    subprocess.run(["python3.11", "-m", "venv", "--without-pip", str(directory)], check=True)
+    (directory / ".ready").touch()
+
+
+def test_shared_environments_are_pruned_to_those_of_the_kept_bundles(node, tmp_path):
+    shared = tmp_path / "fsx" / "venvs"  # this test's own: pruning removes environments other tests reuse
+    node["env"]["SCDINO_SHARED_VENVS"] = str(shared)
+    requirements = {bundle_id: f"pip\n# {bundle_id}\n" for bundle_id in ("one111", "two222", "three333", "four444")}
+    ids = {bundle_id: _requirements_id(text) for bundle_id, text in requirements.items()}
+    for name in [*ids.values(), "0123456789abcdef"]:  # the last: an environment of requirements no bundle has
+        _shared_environment(shared / name)
+    _activate_in_turn(node, "one111", requirements=requirements)
+    node["jobs"].write_text(f"17 SUSPENDED scdino-bundle:{node['apps']}/scdino-one111\n")
+    _activate_in_turn(node, "two222", "three333", "four444", start=2, requirements=requirements)
+    assert _bundles(node) == ["scdino-four444", "scdino-one111", "scdino-three333"]
+    assert sorted(path.name for path in shared.iterdir()) == sorted([ids["one111"], ids["three333"], ids["four444"]])
+    assert node["image_venv"].resolve() == shared / ids["four444"]
+    assert f"removing the shared environment {shared / ids['two222']}" in node["log"].read_text()
+
+
+def _env_sh_venv(home: Path, node: dict) -> tuple[str, str]:
+    """SCDINO_VENV and SCDINO_VENV_NOTE as slurm/env.sh sets them in a job whose SCDINO_HOME is `home`."""
+    env = {"PATH": "/usr/bin:/bin", "SCDINO_HOME": str(home), "SCDINO_SHARED_VENVS": node["env"]["SCDINO_SHARED_VENVS"]}
+    out = subprocess.run(["bash", "-c", 'source slurm/env.sh && echo "$SCDINO_VENV" && echo "$SCDINO_VENV_NOTE"'],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    venv, note = out.split("\n")[:2]
+    return venv, note
+
+
+def test_a_node_follows_the_active_bundle_and_each_job_takes_its_own_bundle_s_environment(node, tmp_path):
+    """A static node booted with the old requirements; another node installed a bundle with new ones."""
+    shared = tmp_path / "fsx" / "venvs"
+    node["env"]["SCDINO_SHARED_VENVS"] = str(shared)
+    old, new = "torch==0.1\n", "pip\n"
+    _image_venv(node, old)  # this node's image was built from the old requirements
+    old_pointer = _publish(node, "old111", mtime=1_000, requirements=old, name="seen-by-this-node.json")
+    _install(node, old_pointer)
+    assert not node["image_venv"].is_symlink()
+    _shared_environment(shared / _requirements_id(new))
+    # Another node, from the official image, installs a later deploy's bundle: its own /opt in place of this one's.
+    (node["root"] / "opt").rename(node["root"] / "opt-this-node")
+    (node["root"] / "opt").mkdir()
+    _install(node, _publish(node, "new222", mtime=2_000, requirements=new))
+    (node["root"] / "opt").rename(node["root"] / "opt-other-node")
+    (node["root"] / "opt-this-node").rename(node["root"] / "opt")
+    assert (node["apps"] / "scdino").resolve() == node["apps"] / "scdino-new222"
+    # A job of the old bundle, on this node: its bundle's environment is this node's (the image's).
+    assert _env_sh_venv(node["apps"] / "scdino-old111", node) == (str(node["apps"] / "scdino-old111" / ".venv"), "")
+    # A job of the new bundle here finds no environment of its requirements on this node but the one on FSx.
+    assert _env_sh_venv(node["apps"] / "scdino", node) == (str(shared / _requirements_id(new)), "")
+    # The bootstrap runs again here with the pointer it read before the deploy: it leaves the newer bundle
+    # active, and this node's environment now follows that bundle's requirements.
+    result = _install(node, old_pointer)
+    assert "is newer than ours" in result.stdout and "follows the active bundle" in result.stdout
+    assert node["image_venv"].resolve() == shared / _requirements_id(new)
+    assert _imports_training(node["image_venv"] / "bin" / "python")  # the .pth names /apps/scdino there too
+    assert _env_sh_venv(node["apps"] / "scdino", node) == (str(node["apps"] / "scdino-new222" / ".venv"), "")
+    # The old bundle's job now takes the image's environment, set aside beside this node's.
+    assert _env_sh_venv(node["apps"] / "scdino-old111", node) == (f"{node['image_venv']}.image", "")
+    # Requirements no environment was built from: the bundle's .venv, and a note naming them.
+    (node["apps"] / "scdino-old111" / "requirements.txt").write_text("numpy==0.1\n")
+    venv, note = _env_sh_venv(node["apps"] / "scdino-old111", node)
+    assert venv == str(node["apps"] / "scdino-old111" / ".venv")
+    assert note == f"no environment on this node was built from the bundle's requirements " \
+                   f"({_requirements_id('numpy==0.1' + chr(10))})"
 
 
 def test_the_head_node_notes_a_pointer_newer_than_its_configuration(node):
