@@ -27,18 +27,12 @@
 # channel-adaptive pretraining ("pretrain:adaptive-KIND") after mean-std, then per combination its
 # evaluation features..linear ("STEP:adaptive-KIND-COMBINATION"; one whose linear probe exists is
 # skipped, and the pretraining too when all are), before `compare`.
+# The chain is computed by the package (`python -m training chain`, training/chain/graph.py), with
+# $SCDINO_PYTHON, else the venv beside this script's bundle; this script submits it in order.
 set -euo pipefail
 
-STEPS=(prepare mean-std pretrain features labels knn linear export plots report)
-# Steps every channel combination shares, with the run file that shows each is done.
-declare -A SHARED_OUTPUT=([prepare]=split [ingest]=split [mean-std]=mean_std)
-# Steps that start their own processes on whole nodes; the others run one process on a CPU share.
-MULTI_NODE=" pretrain features "
-# Steps that evaluate the channel-adaptive model on one combination: no plots or report, whose
-# attention maps take no channel subset of a channel-adaptive checkpoint.
-EVALUATION=" features labels knn linear "
-
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUNDLE=$(dirname "$HERE")
 
 # This file's leading comment, whole: the help.
 help_text() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
@@ -53,35 +47,22 @@ fail() {
   exit 2
 }
 
-step_index() {
-  local i
-  for i in "${!STEPS[@]}"; do
-    [ "${STEPS[$i]}" = "$1" ] && { echo "$i"; return 0; }
-  done
-  fail "unknown step '$1'; steps: ${STEPS[*]}"
-}
-
 CONFIG=""
-FROM=""
-TO=report
-NODES=""
-AFTER=""
-PRESET=""
-PREPARE_TASKS=1
-INGEST_TASKS=1
 DRY_RUN=0
-STEP_ARGS=()
+PRESET=""
+# The planner's options (python -m training chain), as given; it checks them and the config.
+PLAN_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --from) FROM=${2:?--from needs a step}; shift 2 ;;
-    --to) TO=${2:?--to needs a step}; shift 2 ;;
-    --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
-    --after) AFTER=${2:?--after needs a job id}; shift 2 ;;
+    --from) PLAN_ARGS+=(--from "${2:?--from needs a step}"); shift 2 ;;
+    --to) PLAN_ARGS+=(--to "${2:?--to needs a step}"); shift 2 ;;
+    --nodes) PLAN_ARGS+=(--nodes "${2:?--nodes needs a number}"); shift 2 ;;
+    --after) PLAN_ARGS+=(--after "${2:?--after needs a job id}"); shift 2 ;;
     --preset) PRESET=${2:?--preset needs a preset name, e.g. p4d.24xlarge}; shift 2 ;;
-    --prepare-tasks) PREPARE_TASKS=${2:?--prepare-tasks needs a number}; shift 2 ;;
-    --ingest-tasks) INGEST_TASKS=${2:?--ingest-tasks needs a number}; shift 2 ;;
+    --prepare-tasks) PLAN_ARGS+=(--prepare-tasks "${2:?--prepare-tasks needs a number}"); shift 2 ;;
+    --ingest-tasks) PLAN_ARGS+=(--ingest-tasks "${2:?--ingest-tasks needs a number}"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    --set) STEP_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
+    --set) PLAN_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
     -h | --help) help_text; exit 0 ;;
     -*) fail "unknown option $1 (see --help)" ;;
     *) [ -z "$CONFIG" ] || fail "one CONFIG only, got '$CONFIG' and '$1'"; CONFIG=$1; shift ;;
@@ -89,9 +70,6 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$CONFIG" ] || usage
 [ -f "$CONFIG" ] || fail "config file not found: $CONFIG"
-[ -z "$NODES" ] || [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || fail "--nodes must be a positive integer, got '$NODES'"
-[[ "$PREPARE_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--prepare-tasks must be a positive integer, got '$PREPARE_TASKS'"
-[[ "$INGEST_TASKS" =~ ^[1-9][0-9]*$ ]] || fail "--ingest-tasks must be a positive integer, got '$INGEST_TASKS'"
 
 # The site settings; --preset picks the preset whose shape they take (over the environment's).
 if [ -n "$PRESET" ]; then
@@ -100,8 +78,6 @@ if [ -n "$PRESET" ]; then
 fi
 # shellcheck source=slurm/env.sh
 source "$HERE/env.sh"
-# shellcheck source=slurm/lib.sh
-source "$HERE/lib.sh"
 if [ -n "$PRESET" ]; then
   [ -n "$SCDINO_CLUSTER_PRESETS" ] || fail "--preset $PRESET: no cluster site file at $SCDINO_CLUSTER_ENV (the node \
 bootstrap writes it); set SCDINO_PARTITION, SCDINO_GPUS_PER_NODE and SCDINO_CPUS_PER_GPU instead"
@@ -115,199 +91,68 @@ if ! mkdir -p "$LOG_DIR" 2>/dev/null || [ ! -w "$LOG_DIR" ]; then
   fail "cannot write the log folder '$LOG_DIR' from $(pwd): submit from a folder of your own (on a cluster \
 /fsx/data/work/\$USER) or set SCDINO_LOG_DIR"
 fi
+
+# The package plans the chain: with the jobs' Python, else the venv of this script's bundle (a checkout's).
+PLANNER=$SCDINO_PYTHON
+[ -x "$PLANNER" ] || PLANNER=$BUNDLE/.venv/bin/python
+[ -x "$PLANNER" ] || fail "no Python at $SCDINO_PYTHON or $PLANNER to plan the chain with: set SCDINO_VENV \
+(slurm/env.sh) to the venv that has the training bundle"
+
+# The chain, planned before anything is submitted: per job its label, the count of sbatch's arguments and
+# the arguments, each ending in NUL; "<LABEL>" in a --dependency stands for that earlier job's id.
+PLAN=$(mktemp)
+PLAN_ERRORS=$(mktemp)
+trap 'rm -f "$PLAN" "$PLAN_ERRORS"' EXIT
+if ! PYTHONPATH=$BUNDLE${PYTHONPATH:+:$PYTHONPATH} "$PLANNER" -m training chain --config "$CONFIG" "${PLAN_ARGS[@]}" \
+  --partition "$SCDINO_PARTITION" --cpus-per-task "$SCDINO_CPUS_PER_TASK" \
+  --ingest-cpus-per-task "$SCDINO_INGEST_CPUS_PER_TASK" --output="$LOG_DIR/%x_%j.out" --bundle "$BUNDLE" \
+  --comment="${SCDINO_BUNDLE_MARK:-}" --format nul >"$PLAN" 2>"$PLAN_ERRORS"; then
+  error=$(tail -n 1 "$PLAN_ERRORS")
+  [[ "$error" == "error: "* ]] || { cat "$PLAN_ERRORS" >&2; fail "planning the chain failed (see above)"; }
+  head -n -1 "$PLAN_ERRORS" >&2
+  fail "${error#error: }"
+fi
+cat "$PLAN_ERRORS" >&2
+((DRY_RUN)) || [ -x "$SCDINO_PYTHON" ] || fail "no Python at $SCDINO_PYTHON, which the jobs run: set SCDINO_VENV \
+(slurm/env.sh) to the venv that has the training bundle"
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
-COMBINATIONS=() ADAPTIVE_COMBINATIONS=() ADAPTIVE_KINDS=()
-if [ -x "$SCDINO_PYTHON" ]; then
-  # Checks the config (and --set keys) now, rather than in the first job.
-  RUN_DIR=$(run_dir "$CONFIG" "${STEP_ARGS[@]}") || fail "bad configuration (see above)"
-  echo "run directory: $RUN_DIR" >&2
-  mapfile -t COMBINATIONS < <(run_combinations "$CONFIG" "${STEP_ARGS[@]}")
-  if ((${#COMBINATIONS[@]})); then
-    mapfile -t ADAPTIVE_COMBINATIONS < <(run_adaptive_combinations "$CONFIG" "${STEP_ARGS[@]}")
-    mapfile -t ADAPTIVE_KINDS < <(run_adaptive_kinds "$CONFIG" "${STEP_ARGS[@]}")
-  fi
-  # A screen's load table: the chain starts by cutting its cells out of the fields of view.
-  [ -z "$(run_path --ingest-table "$CONFIG" "${STEP_ARGS[@]}")" ] || STEPS[0]=ingest
-else
-  echo "note: no Python at $SCDINO_PYTHON: config not checked, data.channel_combinations not read" >&2
-fi
-FIRST=$(step_index "${FROM:-${STEPS[0]}}")
-LAST=$(step_index "$TO")
-((FIRST <= LAST)) || fail "--from $FROM comes after --to $TO"
 
-# sbatch options of one step: site settings from env.sh override the scripts' #SBATCH defaults.
-step_options() {
-  local step=$1 options=(--parsable --partition="$SCDINO_PARTITION" --output="$LOG_DIR/%x_%j.out")
-  if [[ "$MULTI_NODE" == *" $step "* ]]; then
-    [ "$step" = pretrain ] && [ -n "$NODES" ] && options+=(--nodes="$NODES")
-  elif [ "$step" = ingest ]; then
-    options+=(--cpus-per-task="$SCDINO_INGEST_CPUS_PER_TASK")
-  else
-    options+=(--cpus-per-task="$SCDINO_CPUS_PER_TASK")
-  fi
-  printf '%s\n' "${options[@]}"
+declare -A JOB_IDS=()
+
+# ARG with each "<LABEL>" replaced by the id of the job submitted as LABEL.
+with_job_ids() {
+  local arg=$1 label
+  while [[ "$arg" =~ \<([^<>]+)\> ]]; do
+    label=${BASH_REMATCH[1]}
+    [ -n "${JOB_IDS[$label]:-}" ] || fail "internal: '$label' is waited for before it was submitted"
+    arg=${arg//"<$label>"/${JOB_IDS[$label]}}
+  done
+  echo "$arg"
 }
 
-# Submits STEP after job AFTER (may be empty) with extra step arguments and prints "LABEL JOBID";
-# under --dry-run prints the sbatch command instead and uses "<LABEL>" as the job id. Leaves the
-# job id in JOB_ID. A combination's jobs are named scdino-STEP-COMBINATION, a channel-adaptive
-# model's scdino-STEP-adaptive-KIND and scdino-STEP-adaptive-KIND-COMBINATION.
+# `sbatch ARGS...` for the job called LABEL: prints "LABEL JOBID"; under --dry-run prints the command
+# instead, the jobs it waits for as "<LABEL>".
 submit() {
-  local step=$1 after=$2 label=$3 options
-  shift 3
-  if [ "$step" = prepare ] && ((PREPARE_TASKS > 1)); then
-    submit_parts prepare "$PREPARE_TASKS" "$after" --exclusive -- "$@"
-    return 0
-  fi
-  if [ "$step" = ingest ] && ((INGEST_TASKS > 1)); then
-    submit_parts ingest "$INGEST_TASKS" "$after" -- "$@"
-    return 0
-  fi
-  mapfile -t options < <(step_options "$step")
-  [ "$label" = "$step" ] || options+=(--job-name="scdino-${label/:/-}")
-  [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  run_sbatch "$label" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@"
-}
-
-# `sbatch ARGS...` for the job called LABEL: prints "LABEL JOBID" and leaves the id in JOB_ID; under
-# --dry-run prints the command instead and uses "<LABEL>" as the id.
-run_sbatch() {
-  local label=$1
+  local label=$1 arg args=() id
   shift
   if ((DRY_RUN)); then
     echo "sbatch $*"
-    JOB_ID="<$label>"
     return 0
   fi
-  JOB_ID=$(sbatch "$@")
-  JOB_ID=${JOB_ID%%;*}
-  echo "$label $JOB_ID"
-}
-
-# STEP (prepare or ingest) as an array of TASKS tasks after job AFTER, then its merge: prints
-# "STEP-parts JOBID" and "STEP JOBID", and leaves the merge's id in JOB_ID. The sbatch options
-# before "--" go to the array only: prepare's tasks take --exclusive, one task per node, each with
-# the node's cores and its own link to FSx (decoding and reading are what a part spends its time
-# on); ingest's tasks crop on one core each, so Slurm packs several onto a node.
-submit_parts() {
-  local step=$1 tasks=$2 after=$3 options array_options=()
-  shift 3
-  while (($#)) && [ "$1" != -- ]; do
-    array_options+=("$1")
-    shift
+  for arg in "$@"; do
+    [[ "$arg" != --dependency=* ]] || arg=$(with_job_ids "$arg")
+    args+=("$arg")
   done
-  shift
-  mapfile -t options < <(step_options "$step")
-  options+=(--job-name="scdino-$step-parts" --array="0-$((tasks - 1))" "${array_options[@]}")
-  [ -z "$after" ] || options+=(--dependency="afterok:$after" --kill-on-invalid-dep=yes)
-  run_sbatch "$step-parts" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --parts "$tasks"
-  mapfile -t options < <(step_options "$step")
-  options+=(--dependency="afterok:$JOB_ID" --kill-on-invalid-dep=yes)
-  run_sbatch "$step" "${options[@]}" "$HERE/$step.slurm" "$CONFIG" "${STEP_ARGS[@]}" "$@" --merge --parts "$tasks"
+  id=$(sbatch "${args[@]}")
+  JOB_IDS[$label]=${id%%;*}
+  echo "$label ${JOB_IDS[$label]}"
 }
 
-# The --set arguments that pick one run by the name its job labels carry, one a line: "" the run
-# itself, COMBINATION that combination's own run, "adaptive-KIND" the channel-adaptive model of KIND
-# (kinds have no hyphen), "adaptive-KIND-COMBINATION" that model evaluated on COMBINATION.
-run_selector() {
-  local rest
-  case "$1" in
-    "") ;;
-    adaptive-*-*)
-      rest=${1#adaptive-}
-      printf '%s\n' --set "run.channel_adaptive=${rest%%-*}" --set "run.combination=${rest#*-}" ;;
-    adaptive-*) printf '%s\n' --set "run.channel_adaptive=${1#adaptive-}" ;;
-    *) printf '%s\n' --set "run.combination=$1" ;;
-  esac
-}
-
-# Path NAME (training/rundir/layout.py) of the run called RUN (as in run_selector).
-path_of() {
-  local selector
-  mapfile -t selector < <(run_selector "$2")
-  run_path "$1" "$CONFIG" "${STEP_ARGS[@]}" "${selector[@]}"
-}
-
-# Submits STEPS... as an afterok chain after job AFTER, in the run called RUN (run_selector; empty:
-# the run itself), labelled STEP:RUN; leaves the last job id (else AFTER) in CHAIN_END.
-submit_chain() {
-  local after=$1 run=$2 step label extra
-  shift 2
-  mapfile -t extra < <(run_selector "$run")
-  for step in "$@"; do
-    label=$step
-    [ -z "$run" ] || label=$step:$run
-    submit "$step" "$after" "$label" "${extra[@]}"
-    after=$JOB_ID
-  done
-  CHAIN_END=$after
-}
-
-# The channel-adaptive model of KIND after job AFTER, given the selected per-combination steps
-# STEPS...: its pretraining if among them, then for each combination not yet evaluated the EVALUATION
-# steps among them; adds each evaluation's last job id to ENDS. Nothing once every combination is
-# evaluated.
-submit_channel_adaptive() {
-  local kind=$1 after=$2 step combination steps=() pending=()
-  shift 2
-  for combination in "${ADAPTIVE_COMBINATIONS[@]}"; do
-    if [ -e "$(path_of linear_json "adaptive-$kind-$combination")" ]; then
-      echo "channel-adaptive $kind model on $combination: evaluated (its linear probe exists), skipped" >&2
-    else
-      pending+=("$combination")
-    fi
-  done
-  ((${#pending[@]})) || return 0
-  for step in "$@"; do
-    [[ "$EVALUATION" == *" $step "* ]] && steps+=("$step")
-  done
-  if [[ " $* " == *" pretrain "* ]]; then
-    submit_chain "$after" "adaptive-$kind" pretrain
-    after=$CHAIN_END
-  fi
-  ((${#steps[@]})) || return 0
-  for combination in "${pending[@]}"; do
-    submit_chain "$after" "adaptive-$kind-$combination" "${steps[@]}"
-    [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
-  done
-}
-
-CHAIN_END=""
-SELECTED=("${STEPS[@]:FIRST:LAST-FIRST+1}")
-if ((${#COMBINATIONS[@]} == 0)); then
-  submit_chain "$AFTER" "" "${SELECTED[@]}"
-  exit 0
-fi
-
-# Channel combinations: the shared steps once, unless their files are there already.
-shared=() per_combination=()
-for step in "${SELECTED[@]}"; do
-  if [ -z "${SHARED_OUTPUT[$step]:-}" ]; then
-    per_combination+=("$step")
-  elif [ -e "$(run_path "${SHARED_OUTPUT[$step]}" "$CONFIG" "${STEP_ARGS[@]}")" ]; then
-    echo "$step: skipped, its output is there" >&2
-  else
-    shared+=("$step")
-  fi
+mapfile -d '' -t FIELDS <"$PLAN"
+i=0
+while ((i < ${#FIELDS[@]})); do
+  label=${FIELDS[i]} words=${FIELDS[i + 1]}
+  submit "$label" "${FIELDS[@]:i+2:words}"
+  i=$((i + 2 + words))
 done
-submit_chain "$AFTER" "" "${shared[@]}"
-shared_end=${CHAIN_END:-$AFTER}
-ENDS=()
-for combination in "${COMBINATIONS[@]}"; do
-  if [ -e "$(path_of report "$combination")" ]; then
-    echo "channels $combination: finished (its report exists), skipped" >&2
-    continue
-  fi
-  submit_chain "$shared_end" "$combination" "${per_combination[@]}"
-  [ -z "$CHAIN_END" ] || ENDS+=("$CHAIN_END")
-done
-if ((${#ADAPTIVE_COMBINATIONS[@]})); then
-  for kind in "${ADAPTIVE_KINDS[@]}"; do
-    submit_channel_adaptive "$kind" "$shared_end" "${per_combination[@]}"
-  done
-fi
-if [ "$TO" = report ]; then
-  dependency=$(IFS=:; echo "${ENDS[*]}")
-  submit compare "${dependency:-$shared_end}" compare
-fi

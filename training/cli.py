@@ -2,7 +2,7 @@
 
 Steps, in pipeline order: synth-data, prepare (or ingest: cells cut out of fields of view),
 mean-std, pretrain, features, labels, knn, linear, export, plots, report, summary; `compare` after one
-chain per channel combination. `bench step|loader`
+chain per channel combination; `chain` the Slurm jobs of them all for a config. `bench step|loader`
 prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
 prints where a run's files are (for shell scripts);
 `upload-data` copies images to the data bucket.
@@ -49,8 +49,9 @@ STEPS: dict[str, str] = {
     "plan": "plan",
     "upload-data": "upload_data",
     "paths": "paths",
+    "chain": "chain",
 }
-UTILITIES = ("synth-data", "bench", "plan", "upload-data", "paths", "summary")
+UTILITIES = ("synth-data", "bench", "plan", "upload-data", "paths", "summary", "chain")
 """Commands that are not pipeline steps: they write no config.yaml and no timing into a run."""
 
 
@@ -92,6 +93,8 @@ def run_step(args: argparse.Namespace) -> int:
 
 
 def _run_step(args: argparse.Namespace) -> int:
+    if getattr(args.module, "READS_ITS_OWN_CONFIG", False):  # `chain`: a bad config is its own one-line error
+        return int(args.module.run(args) or 0)
     config: Config = load_config(args.config, args.overrides)
     layout = RunLayout.from_config(config)
     pipeline_step = args.step not in UTILITIES and not getattr(args, "verify", False)  # a check writes nothing

@@ -139,7 +139,11 @@ def test_submitter_rejects_unknown_steps_and_missing_configs(tmp_path):
 
 
 def _as_nobody(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command], cwd=cwd,
+    """COMMAND as the user nobody. The submitter plans the chain with the bundle's Python, which every user
+    reads on a cluster (/apps/scdino/.venv); this checkout's venv may link into a home folder that only root
+    reads, so nobody may read and search anywhere (CAP_DAC_READ_SEARCH), and still write only where nobody may."""
+    caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *caps, *command], cwd=cwd,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)}, capture_output=True, text=True)
 
 
