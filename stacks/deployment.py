@@ -54,6 +54,8 @@ RESOURCES = {
     "pcs_cluster_id": ("cluster", "ClusterId"),
     "dashboard": ("cluster", "DashboardName"),
     "alarm_topic_arn": ("cluster", "AlarmTopicArn"),
+    "rest_token_secret": ("cluster", "RestTokenSecretArn"),
+    "rest_client_policy": ("cluster", "RestClientPolicyArn"),
 }
 """What a reader of the record asks for -> (stack, CfnOutput id) it is read from (a test holds the ids)."""
 SET_ASIDE = "move it aside and give the deployment's -c options (region, prefix, ...) on the command line"

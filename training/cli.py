@@ -5,7 +5,8 @@ mean-std, pretrain, features, labels, knn, linear, export, plots, report, summar
 chain per channel combination; `chain` the Slurm jobs of them all for a config. `bench step|loader`
 prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
 prints where a run's files are (for shell scripts);
-`upload-data` copies images to the data bucket.
+`upload-data` copies images to the data bucket; `remote` submits, watches, fetches and cancels a run on
+the cluster from a laptop.
 
 Step modules import only the standard library and the configuration at module level (torch and the
 libraries load inside `run`), so `--help` and the light steps start quickly.
@@ -50,8 +51,9 @@ STEPS: dict[str, str] = {
     "upload-data": "upload_data",
     "paths": "paths",
     "chain": "chain",
+    "remote": "remote",
 }
-UTILITIES = ("synth-data", "bench", "plan", "upload-data", "paths", "summary", "chain")
+UTILITIES = ("synth-data", "bench", "plan", "upload-data", "paths", "summary", "chain", "remote")
 """Commands that are not pipeline steps: they write no config.yaml and no timing into a run."""
 
 

@@ -38,5 +38,8 @@ SSM_POLICY = "AmazonSSMManagedInstanceCore"
 CLOUDWATCH_AGENT_POLICY = "CloudWatchAgentServerPolicy"
 """AWS managed policy the CloudWatch agent needs to put GPU metrics and the training's log lines (compute
 nodes, stacks/shared/monitoring.py); ParallelCluster's provider may attach it."""
+DEFAULT_USERS = {"alinux2023": "ec2-user", "rhel9": "ec2-user", "ubuntu2204": "ubuntu"}
+"""Each image.os's default user (uid and gid 1000 on each), who the Slurm REST API's jobs run as: the user a
+Session Manager shell becomes with `sudo -iu`, the owner of what a remote run writes."""
 CPU_SPOT_QUEUE = "cpu-spot"
 """The Slurm partition of Spot CPU nodes, for the steps that need no GPU (both back ends)."""

@@ -1,0 +1,262 @@
+"""`python -m training remote` without Slurm: the REST job descriptions of both API generations, the
+one-line errors, status read from the bucket alone, and the resumable fetch, against moto's server on
+loopback (S3, STS, Secrets Manager). tests/slurm/test_remote.py runs the chain through a real slurmrestd."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import boto3
+import pytest
+
+from training.chain import ChainOptions, Site, plan
+from training.cli import main
+from training.errors import UserError
+from training.remote.fields import JobRequest, job_description, minutes
+from training.remote.jobs import job_options
+from training.remote.rest import RestError, SlurmRest
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "scdino-remote-unit"
+ACCOUNT = "123456789012"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-west-2"}
+SITE = Site(partition="gpu-g4dn12xl", cpus_per_task=12, ingest_cpus_per_task=2)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("text, expected", [("90", 90), ("01:00:00", 60), ("12:00:00", 720), ("2-00:00:00", 2880),
+                                            ("1-6", 1800), ("0:30", 1), ("10:30", 11)])
+def test_slurm_times_are_whole_minutes_rounded_up(text, expected):
+    assert minutes(text) == expected
+
+
+def test_a_bad_time_is_one_line_with_the_forms():
+    with pytest.raises(UserError, match="--time=soon: write a Slurm time"):
+        minutes("soon")
+
+
+@pytest.fixture
+def chain(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run: {{output_dir: {tmp_path / 'run'}}}\n")
+    return list(plan(config, ChainOptions(prepare_tasks=2), SITE, exists=lambda path: False,
+                     config_arg="/fsx/data/runs/x.yaml").jobs)
+
+
+def test_pretraining_as_v0_0_38_and_as_the_data_parser_versions(chain):
+    """The script's #SBATCH lines under the planner's options, mapped onto each generation's fields."""
+    pretrain = next(job for job in chain if job.label == "pretrain")
+    ids = {label: str(100 + i) for i, label in enumerate(job.label for job in chain)}
+    options = job_options(pretrain, REPO, "/fsx/data/runs/x/logs", ids)
+    request = JobRequest("#!/bin/bash\n", pretrain.args, {"PATH": "/usr/bin"}, "/fsx/data/runs/x", options)
+    legacy = job_description(request, "v0.0.38")
+    assert legacy["nodes"] == [2, 2] and legacy["time_limit"] == 720 and legacy["exclusive"] == "true"
+    assert legacy["signal"] == "B:USR1@600" and legacy["requeue"] is True and legacy["open_mode"] == "append"
+    assert legacy["dependency"] == f"afterok:{ids['mean-std']}" and legacy["kill_on_invalid_dependency"] is True
+    assert legacy["standard_output"] == "/fsx/data/runs/x/logs/%x_%j.out" and legacy["environment"] == {"PATH": "/usr/bin"}
+    assert legacy["argv"] == ["/fsx/data/runs/x.yaml"] and legacy["partition"] == "gpu-g4dn12xl"
+    newer = job_description(request, "v0.0.43")
+    assert newer["nodes"] == "2" and newer["time_limit"] == {"set": True, "infinite": False, "number": 720}
+    assert newer["shared"] == ["none"] and newer["open_mode"] == ["APPEND"] and newer["environment"] == ["PATH=/usr/bin"]
+    assert (newer["kill_warning_signal"], newer["kill_warning_delay"]["number"], newer["kill_warning_flags"]) == \
+        ("USR1", 600, ["BATCH_JOB"])
+    assert newer["flags"] == ["KILL_INVALID_DEPENDENCY"] and newer["wait_all_nodes"] is True
+
+
+def test_the_prepare_array_keeps_its_array_and_whole_nodes(chain):
+    parts = next(job for job in chain if job.label == "prepare-parts")
+    assert parts.after == ()
+    options = job_options(replace(parts, after=("arrival",)), REPO, "/fsx/data/runs/x/logs", {"arrival": "7"})
+    assert options["array"] == "0-1" and "exclusive" in options and options["exclusive"] is None
+    assert options["dependency"] == "afterok:7" and options["kill-on-invalid-dep"] == "yes"
+    assert options["output"] == "/fsx/data/runs/x/logs/%x_%j.out"
+
+
+def test_an_sbatch_option_without_a_rest_field_is_refused_naming_it():
+    request = JobRequest("#!/bin/bash\n", options={"job-name": "scdino-x", "mail-user": "someone"})
+    with pytest.raises(UserError, match="sbatch option --mail-user .*job scdino-x.* has no REST field"):
+        job_description(request, "v0.0.43")
+
+
+class _FakeSlurmrestd(http.server.BaseHTTPRequestHandler):
+    """A stand-in for a Slurm >= 23.02 slurmrestd (none runs here: Debian 12 packages 22.05): it serves an
+    OpenAPI document whose v0.0.43 job description lacks the fields of warning signals, and records what
+    reaches /job/submit."""
+
+    received: list[dict] = []
+    document = {"paths": {f"/slurm/{v}/job/submit": {} for v in ("v0.0.41", "v0.0.42", "v0.0.43")}
+                | {"/slurmdb/v0.0.43/jobs": {}},
+                "components": {"schemas": {"v0.0.43_job_desc_msg": {"properties": {
+                    name: {} for name in ("script", "argv", "environment", "current_working_directory", "name",
+                                          "partition", "cpus_per_task", "standard_output", "time_limit")}}}}}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self._answer(200, self.document)
+
+    def do_POST(self):  # noqa: N802
+        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._answer(200, {"job_id": 42})
+
+    def _answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def newer_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSlurmrestd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _FakeSlurmrestd.received.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_newest_known_version_is_used_and_a_field_the_server_lacks_is_refused(newer_server):
+    api = SlurmRest(newer_server, "token")
+    assert api.offered() == ["v0.0.41", "v0.0.42", "v0.0.43"] and api.version == "v0.0.43"
+    simple = JobRequest("#!/bin/bash\n", ("a.yaml",), {"PATH": "/bin"}, "/tmp",
+                        {"job-name": "scdino-knn", "cpus-per-task": "12", "time": "01:00:00"})
+    assert api.submit(simple) == "42"
+    sent = _FakeSlurmrestd.received[-1]
+    assert set(sent) == {"job"} and sent["job"]["script"] == "#!/bin/bash\n" and sent["job"]["cpus_per_task"] == 12
+    warned = JobRequest("#!/bin/bash\n", options={"job-name": "scdino-pretrain", "signal": "B:USR1@600"})
+    with pytest.raises(RestError, match="v0.0.43 .* has no job field kill_warning_signal, kill_warning_delay"):
+        api.submit(warned)
+    assert len(_FakeSlurmrestd.received) == 1, "nothing was sent"
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch):
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    s3 = boto3.client("s3", region_name="us-west-2")
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    yield s3
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            s3.delete_object(Bucket=BUCKET, Key=item["Key"])
+    s3.delete_bucket(Bucket=BUCKET)
+
+
+def record_at(path: Path, *, account: str = ACCOUNT, secret: str = "arn:aws:secretsmanager:us-west-2:"
+              "123456789012:secret:none") -> Path:
+    from stacks.deployment import Deployment, resolve, save
+
+    context = {"region": "us-west-2", "network.availability_zone": "us-west-2a"}
+    outputs = {"scdino-storage": {"BucketName": BUCKET},
+               "scdino-cluster": {"HeadNodeInstanceId": "i-0123456789abcdef0", "RestTokenSecretArn": secret}}
+    save(Deployment.of(resolve(context), context, account).with_outputs(outputs), path)
+    return path
+
+
+def one_error(capsys) -> str:
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def test_no_deployment_recorded_is_one_line(tmp_path, capsys):
+    assert main(["remote", "status", "runs/x", "--deployment", str(tmp_path / "none.json")]) == 2
+    assert "no deployment recorded at" in one_error(capsys)
+
+
+def test_credentials_of_another_account_or_another_region_are_one_line(aws, tmp_path, capsys):
+    record = record_at(tmp_path / "deployment.json", account="210987654321")
+    assert main(["remote", "status", "runs/x", "--deployment", str(record)]) == 2
+    line = one_error(capsys)
+    assert f"credentials are for account {ACCOUNT}" in line and "in account 210987654321 (us-west-2)" in line
+    assert main(["remote", "status", "runs/x", "--deployment", str(record), "--region", "eu-west-1"]) == 2
+    assert "--region eu-west-1" in one_error(capsys)
+
+
+def test_status_reads_the_run_folder_when_the_rest_api_is_out_of_reach(aws, tmp_path, capsys):
+    """A run whose jobs Slurm may have forgotten, with no tunnel open: each step from the bucket."""
+    from training.remote.jobs import Submission, Submitted
+
+    secret = boto3.client("secretsmanager", region_name="us-west-2").create_secret(
+        Name="rest-token", SecretString=json.dumps({"token": "a.b.c"}))["ARN"]
+    record = record_at(tmp_path / "deployment.json", secret=secret)
+    jobs = (Submitted("arrival", "11", "scdino-arrival"), Submitted("prepare", "12", "scdino-prepare", ("arrival",)),
+            Submitted("mean-std", "13", "scdino-mean-std", ("prepare",)),
+            Submitted("pretrain", "14", "scdino-pretrain", ("mean-std",)))
+    submission = Submission("/fsx/data/runs/r1", "/fsx/data/runs/r1.yaml", "v0.0.38", "http://127.0.0.1:6820",
+                            "2026-11-27T00:00:00Z", jobs)
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r1.jobs.json", Body=submission.to_json().encode())
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r1/timings.json", Body=b'{"prepare": 4.2, "mean-std": 1.5}')
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r1/logs/scdino-pretrain_14.out",
+                   Body=b"starting\nepoch 1/2 loss 9.1\nepoch 2/2 loss 8.7\n")
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert main(["remote", "status", "runs/r1", "--deployment", str(record), "--endpoint", closed, "--lines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prepare                12  COMPLETED (from the run folder)  4 s" in out
+    assert "arrival                11  COMPLETED (from the run folder)" in out, "it came before a completed job"
+    assert "pretrain               14  unknown" in out and "| epoch 2/2 loss 8.7" in out and "starting" not in out
+    assert f"no Slurm REST API answers at {closed}" in out and "check that slurmrestd runs there" in out
+
+
+def test_a_run_that_does_not_exist_is_one_line(aws, tmp_path, capsys):
+    record = record_at(tmp_path / "deployment.json")
+    assert main(["remote", "fetch", "runs/never", "--deployment", str(record)]) == 2
+    assert "no run at s3://scdino-remote-unit/data/runs/never/" in one_error(capsys)
+    assert main(["remote", "cancel", "runs/never", "--deployment", str(record)]) == 2
+    assert "no submission record" in one_error(capsys)
+
+
+def test_fetch_continues_an_interrupted_download_and_skips_what_is_there(aws, tmp_path, capsys, monkeypatch):
+    from training.remote import bucket
+
+    monkeypatch.setattr(bucket, "PROGRESS_BYTES", 1024)
+    record = record_at(tmp_path / "deployment.json")
+    big = bytes(range(256)) * 4096  # 1 MiB
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r2/profiles/cells.h5ad", Body=big)
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r2/report.html", Body=b"<html>report</html>")
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r2/plots/umap.png", Body=b"png")
+    into = tmp_path / "here"
+    etag = aws.head_object(Bucket=BUCKET, Key="data/runs/r2/profiles/cells.h5ad")["ETag"].strip('"')
+    (into / "profiles").mkdir(parents=True)
+    (into / "profiles" / "cells.h5ad.part").write_bytes(big[:300_000])  # an interrupted download
+    (into / "profiles" / "cells.h5ad.part-etag").write_text(etag)
+    args = ["remote", "fetch", "runs/r2", "--deployment", str(record), "--what", "report,profiles", "--into", str(into)]
+    assert main(args) == 0
+    assert (into / "profiles" / "cells.h5ad").read_bytes() == big and not (into / "plots").exists()
+    assert f"2 file(s) downloaded ({len(big) - 300_000 + 19} bytes)" in capsys.readouterr().err
+    assert main(args) == 0
+    assert "0 file(s) downloaded (0 bytes), 2 already here" in capsys.readouterr().err
+    assert main([*args[:-4], "--what", "reports", "--into", str(into)]) == 2
+    assert "--what reports: choose from report, knn, profiles" in one_error(capsys)
+
+
+def test_the_tunnel_is_an_ssm_port_forward_to_the_head_node(tmp_path, capsys):
+    record = record_at(tmp_path / "deployment.json")
+    assert main(["remote", "tunnel", "--print", "--deployment", str(record)]) == 0
+    assert capsys.readouterr().out.split() == [
+        "aws", "ssm", "start-session", "--region", "us-west-2", "--target", "i-0123456789abcdef0", "--document-name",
+        "AWS-StartPortForwardingSession", "--parameters", "portNumber=6820,localPortNumber=6820"]
