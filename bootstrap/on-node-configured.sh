@@ -40,6 +40,9 @@
 # so that rank 0 writes those lines (training/metrics.py). A failure there is logged, never fatal.
 # It also makes /fsx/data/work (mode 1777), where each user makes a folder to submit from: jobs write
 # their logs under the folder they are submitted from, which the root-owned /apps/scdino is not for them.
+# On the head node, when the pointer has a "rest" entry (ParallelCluster), slurm-rest.sh from beside the pointer
+# runs the Slurm REST API for the laptop's remote commands (python -m training remote); a failure there is
+# logged, never fatal.
 # Logs: /var/log/scdino-bootstrap.log, and stdout (ParallelCluster's cloud-init / cfn-init logs, PCS's
 # cloud-init output).
 set -euo pipefail

@@ -47,6 +47,9 @@ class ClusterRefs:
     agent_limits_policy_arn: str = ""
     """Managed policy capping the CloudWatch agent's policy to this cluster's namespaces and log groups, on every
     node (the cluster stack's `AgentLimitsPolicy`); empty: none (a configuration rendered without the stack)."""
+    rest_token_policy_arn: str = ""
+    """Managed policy letting the head node write the Slurm REST API's token into its secret
+    (stacks/shared/rest_api.py); empty: none."""
 
 
 def _s3_uri(refs: ClusterRefs, key: str) -> str:
@@ -92,8 +95,16 @@ def _head_node(settings: Settings, refs: ClusterRefs) -> dict[str, Any]:
         # (supported) configuration change that makes the head node run it and switch /apps/scdino.
         "CustomActions": {"OnNodeConfigured": _bootstrap_action(refs),
                           "OnNodeUpdated": _bootstrap_action(refs, refs.bundle_id)},
-        "Iam": _node_iam(refs),
+        "Iam": _head_node_iam(refs),
     }
+
+
+def _head_node_iam(refs: ClusterRefs) -> dict[str, Any]:
+    """Every node's, and the REST API token's write policy: the head node runs slurmrestd."""
+    iam = _node_iam(refs)
+    if refs.rest_token_policy_arn:
+        iam["AdditionalIamPolicies"] = [*iam["AdditionalIamPolicies"], {"Policy": refs.rest_token_policy_arn}]
+    return iam
 
 
 def _compute_resource(preset: GpuPreset, settings: Settings) -> dict[str, Any]:

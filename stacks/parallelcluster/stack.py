@@ -14,6 +14,7 @@ from stacks.shared.monitoring import Monitoring
 from stacks.shared.nag import acknowledge
 from stacks.shared.node_bundle import NodeBundle
 from stacks.shared.presets import node_shape
+from stacks.shared.rest_api import HeadNodeRestToken, head_node_pointer
 from stacks.shared.settings import PCLUSTER_VERSION, Settings
 
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
@@ -37,17 +38,20 @@ class ClusterStack(cdk.Stack):
         self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
                                      log_retention_days=settings.cluster.log_retention_days,
                                      alarm_email=settings.cluster.alarm_email, logs_key=key)
+        self.rest = HeadNodeRestToken(self, "RestApi")
         node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
                                  logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
                                  monitoring=self.monitoring.names.pointer(),
-                                 cluster=node_shape(settings.cluster.presets))
+                                 cluster=node_shape(settings.cluster.presets),
+                                 rest=head_node_pointer(settings, self.rest.secret.secret_arn))
         refs = ClusterRefs(
             subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
             data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
             bundle_id=node_bundle.bundle_id,
             deploy_read_policy_arn=node_bundle.read_policy.managed_policy_arn, partition=self.partition,
             custom_ami=self._ami(settings),
-            agent_limits_policy_arn=self._agent_limits(settings.cluster_name).managed_policy_arn)
+            agent_limits_policy_arn=self._agent_limits(settings.cluster_name).managed_policy_arn,
+            rest_token_policy_arn=self.rest.write_policy.managed_policy_arn)
         self.provider = cdk.CfnStack(
             self, "PclusterProvider",
             template_url=cdk.Fn.sub(PROVIDER_TEMPLATE_URL, {"Version": PCLUSTER_VERSION}))
@@ -64,6 +68,7 @@ class ClusterStack(cdk.Stack):
         self.cluster.node.add_dependency(egress)
         # The script and the pointer the configuration names must be in place before any node boots.
         self.cluster.node.add_dependency(node_bundle.bootstrap)
+        self.rest.allow_port_forward(self.cluster.get_att_string("headNode.instanceId"))
         self._outputs(settings)
 
     def _agent_limits(self, cluster_name: str) -> iam.ManagedPolicy:
@@ -110,3 +115,7 @@ class ClusterStack(cdk.Stack):
                       value=self.monitoring.dashboard.dashboard_name)
         cdk.CfnOutput(self, "AlarmTopicArn", description="Alarms go to this SNS topic",
                       value=self.monitoring.topic.topic_arn)
+        cdk.CfnOutput(self, "RestTokenSecretArn", value=self.rest.secret.secret_arn,
+                      description="The Slurm REST API token the head node renews (python -m training remote)")
+        cdk.CfnOutput(self, "RestClientPolicyArn", value=self.rest.client_policy.managed_policy_arn,
+                      description="Attach to the role you use from the laptop: python -m training remote")

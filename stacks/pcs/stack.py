@@ -18,7 +18,7 @@ from aws_cdk import aws_pcs as pcs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.pcs.config import NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
+from stacks.pcs.config import LOGIN_GROUP, NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
 from stacks.pcs.nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
 from stacks.pcs.scheduler_logs import SchedulerLogs
 from stacks.shared.common import logs_key
@@ -27,6 +27,7 @@ from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
 from stacks.shared.presets import node_shape
+from stacks.shared.rest_api import PcsRestClientPolicy, pcs_rest_api
 from stacks.shared.settings import Settings
 
 NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
@@ -62,6 +63,9 @@ class PcsClusterStack(cdk.Stack):
         self.scheduler_logs = SchedulerLogs(
             self, "SchedulerLogs", cluster_arn=self.cluster.attr_arn, source_name=settings.pcs_cluster_name,
             cluster_name=settings.cluster_name, log_retention_days=settings.cluster.log_retention_days, logs_key=key)
+        self.rest_client = (PcsRestClientPolicy(
+            self, "RestClient", cluster_arn=self.cluster.attr_arn, cluster_id=self.cluster.attr_id,
+            login_tag=f"{settings.cluster_name}/{LOGIN_GROUP}") if pcs_rest_api(settings) else None)
         policies = [data_policy, self.node_bundle.read_policy]
         self.profiles = {
             "compute": PcsNodeProfile(self, "ComputeNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
@@ -104,7 +108,8 @@ class PcsClusterStack(cdk.Stack):
 
     def _cluster(self, security_group_id: str) -> pcs.CfnCluster:
         """The managed controller in the private subnet, in the cluster security group (all traffic within
-        it: slurmctld, slurmd and the nodes), with Slurm accounting on."""
+        it: slurmctld, slurmd, the nodes, and slurmrestd's port 6820 for the login nodes' port forwards), with
+        Slurm accounting on and, from Slurm 25.05, the Slurm REST API (stacks/shared/rest_api.py)."""
         settings = self._settings
         return pcs.CfnCluster(
             self, "Cluster", name=settings.pcs_cluster_name, size=settings.cluster.pcs_size,
@@ -113,7 +118,8 @@ class PcsClusterStack(cdk.Stack):
                                                          security_group_ids=[security_group_id]),
             slurm_configuration=pcs.CfnCluster.SlurmConfigurationProperty(
                 scale_down_idle_time_in_seconds=settings.cluster.scaledown_idle_minutes * 60,
-                accounting=pcs.CfnCluster.AccountingProperty(mode="STANDARD")))
+                accounting=pcs.CfnCluster.AccountingProperty(mode="STANDARD"),
+                slurm_rest=pcs.CfnCluster.SlurmRestProperty(mode="STANDARD") if pcs_rest_api(settings) else None))
 
     def _ami(self) -> str:
         """The pipeline's PCS image (from its SSM parameter), or the ami- id the settings name."""
@@ -169,3 +175,6 @@ class PcsClusterStack(cdk.Stack):
                       value=self.monitoring.dashboard.dashboard_name)
         cdk.CfnOutput(self, "AlarmTopicArn", description="Alarms go to this SNS topic",
                       value=self.monitoring.topic.topic_arn)
+        if self.rest_client is not None:
+            cdk.CfnOutput(self, "RestClientPolicyArn", value=self.rest_client.policy.managed_policy_arn,
+                          description="Attach to the role you use from the laptop: python -m training remote")

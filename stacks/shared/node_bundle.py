@@ -53,7 +53,8 @@ class NodeBundle(Construct):
     """The deploy bucket, the bundle copied into it (kept per id) and the bootstrap files with the pointer."""
 
     def __init__(self, scope: Construct, construct_id: str, *, log_retention_days: int, logs_key: kms.IKey,
-                 access_logs_bucket_name: str, monitoring: dict[str, str], cluster: dict[str, Any]) -> None:
+                 access_logs_bucket_name: str, monitoring: dict[str, str], cluster: dict[str, Any],
+                 rest: dict[str, Any] | None = None) -> None:
         super().__init__(scope, construct_id)
         self.bucket = self._bucket(access_logs_bucket_name)
         log_cdk_handler(cdk.Stack.of(self), "Custom::S3AutoDeleteObjectsCustomResourceProvider",
@@ -79,7 +80,8 @@ class NodeBundle(Construct):
             sources=[s3_deployment.Source.asset(str(BOOTSTRAP_DIR)),
                      s3_deployment.Source.json_data(BUNDLE_POINTER_KEY.rsplit("/", 1)[1],
                                                     {"bundle": bundle_uri, "id": self.bundle_id,
-                                                     "monitoring": monitoring, "cluster": cluster})])
+                                                     "monitoring": monitoring, "cluster": cluster,
+                                                     **({"rest": rest} if rest else {})})])
         self.bootstrap.node.add_dependency(bundles)
         self.read_policy = self._read_policy()
         self._acknowledge_deployment_handler()

@@ -331,8 +331,9 @@ def test_every_output_the_record_reads_is_declared_by_the_stacks(request, backen
     for stack_name, values in outputs(backend).items():
         assert set(values) <= declared[stack_name.removeprefix("team-a-")], stack_name
     wanted = {name for name, (stack, output) in deployment.RESOURCES.items() if output in declared[stack]}
-    expected = {"bucket", "file_system_id", "image_project", "dashboard", "alarm_topic_arn"}
-    assert wanted == expected | ({"pcs_cluster_id"} if backend == "pcs" else {"head_node_instance_id"})
+    expected = {"bucket", "file_system_id", "image_project", "dashboard", "alarm_topic_arn", "rest_client_policy"}
+    assert wanted == expected | ({"pcs_cluster_id"} if backend == "pcs" else {"head_node_instance_id",
+                                                                            "rest_token_secret"})
 
 
 @pytest.mark.slow

@@ -57,7 +57,8 @@ REFS = ClusterRefs(
     file_system_id="fs-0123456789abcdef0", data_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/data",
     deploy_bucket="scdino-cluster-nodebundlebucket-0123456789ab", bundle_id="a" * 64,
     deploy_read_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/deploy-read",
-    agent_limits_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/agent-limits")
+    agent_limits_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/agent-limits",
+    rest_token_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/parallelcluster/rest-token")
 EVERY_OPTION = {"cluster.presets": ",".join(PRESETS), "cluster.custom_ami": "ssm", "cluster.gpu_health_checks": "true",
                 "cluster.cpu_spot_instance_type": "c6i.8xlarge", "cluster.login_nodes": 1}
 ACCOUNTING = {"cluster.slurm_accounting.uri": "slurmdb.example.internal:3306",
@@ -338,6 +339,14 @@ def test_node_roles_carry_our_policies_and_session_manager(rendered, label):
         missing = [entry["Policy"] for entry in policies if entry["Policy"] not in attached]
         assert not missing, f"{node}: role lacks {missing}"
         assert SSM_POLICY_ARN in attached and REFS.data_policy_arn in attached, node
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_only_the_head_node_may_write_the_rest_api_token(rendered, label):
+    """The head node runs slurmrestd and renews the token into its secret (bootstrap/slurm-rest.sh); no other
+    node's role, as ParallelCluster's builder renders them, may write it."""
+    roles = {node: role["Properties"]["ManagedPolicyArns"] for node, role, _ in _node_roles(rendered[label])}
+    assert [node for node, attached in roles.items() if REFS.rest_token_policy_arn in attached] == ["HeadNode"]
 
 
 @pytest.mark.parametrize("label", LABELS)

@@ -81,7 +81,8 @@ def test_cluster_runs_slurm_25_11_with_accounting_in_the_private_subnet_and_clus
     cluster = one(_cluster(pcs_synth), "AWS::PCS::Cluster")["Properties"]
     assert cluster["Name"] == "scdino-hpc" and cluster["Size"] == "SMALL"
     assert cluster["Scheduler"] == {"Type": "SLURM", "Version": "25.11"}
-    assert cluster["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"}, "ScaleDownIdleTimeInSeconds": 600}
+    assert cluster["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"}, "ScaleDownIdleTimeInSeconds": 600,
+                                             "SlurmRest": {"Mode": "STANDARD"}}  # the laptop's (test_rest_api.py)
     network = pcs_synth.stacks.network
     (subnet,) = cluster["Networking"]["SubnetIds"]
     (group,) = cluster["Networking"]["SecurityGroupIds"]

@@ -11,7 +11,7 @@ from infra.synth_helpers import cdk_json_context, cluster_config, one, resources
 from stacks.shared.presets import PRESETS
 from stacks.shared.settings import build_settings
 from training.planning.inputs import PlanSettings
-from training.planning.standing import ALARM_METRICS, DASHBOARDS, HOURS_PER_MONTH, KMS_KEYS, standing_items
+from training.planning.standing import ALARM_METRICS, DASHBOARDS, HOURS_PER_MONTH, KMS_KEYS, SECRETS, standing_items
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +53,18 @@ def test_the_dashboards_and_the_alarms_metrics_counted(synth, pcs_synth):
         metrics = sum(len([m for m in alarm["Properties"].get("Metrics", []) if "MetricStat" in m])
                       or int("MetricName" in alarm["Properties"]) for alarm in alarms)
         assert metrics == ALARM_METRICS
+
+
+def test_the_secrets_counted_are_the_cluster_stack_s(synth, pcs_synth):
+    for synthesised, backend in ((synth, "parallelcluster"), (pcs_synth, "pcs")):
+        held = {stack: len(resources(template, "AWS::SecretsManager::Secret"))
+                for stack, template in synthesised.json.items()}
+        assert held == {"network": 0, "storage": 0, "image": 0, "cluster": SECRETS[backend]}
+        plan = PlanSettings.of(build_settings(cdk_json_context()["scdino"], {"backend": backend}))
+        items = {item.resource: item for item in standing_items(plan)}
+        priced = [item for name, item in items.items() if name.startswith("Secrets Manager")]
+        assert sum(item.quantity for item in priced) == SECRETS[backend]
+        assert all(item.usd_per_month == round(0.40 * item.quantity, 4) and not item.kept for item in priced)
 
 
 def test_the_file_system_and_head_node_volumes_priced_are_the_ones_deployed(synth):

@@ -118,6 +118,9 @@ EVERY_REGION: dict[str, Rate] = {
                         "charge-public-ip-insights/), as public notes found by code search quote it", STANDING_READ),
     "cloudwatch-dashboard": Rate(3.0, "dashboard-month", _CLOUDWATCH + " (an account's first 3 are free)",
                                  STANDING_READ),
+    "secretsmanager-secret": Rate(0.40, "secret-month", "public notes found by search that agree, quoting "
+                                  "https://aws.amazon.com/secrets-manager/pricing/ (API calls bill $0.05 per 10,000 "
+                                  "besides)", STANDING_READ),
 }
 """What AWS prices the same in every commercial region."""
 

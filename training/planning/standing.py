@@ -30,13 +30,17 @@ DASHBOARDS = {"parallelcluster": 2, "pcs": 1}
 """CloudWatch dashboards: the GPU and training one (stacks/shared/monitoring.py), plus ParallelCluster's own."""
 ALARM_METRICS = 5
 """Metrics the cluster's three alarms read (stacks/shared/monitoring.py: 2 + 2 + 1); each is billed."""
+SECRETS = {"parallelcluster": 1, "pcs": 0}
+"""Secrets Manager secrets of the cluster stack: ParallelCluster's Slurm REST API token (stacks/shared/rest_api.py).
+PCS keeps its cluster's keys in secrets of its own (pcs!...), which NOT_COUNTED names."""
 AMI_VOLUME_GIB = 100
 """The image build's root volume (ami/gpu-image.pkr.hcl, volume_size_gib): its snapshot's upper bound."""
 NOT_COUNTED = {
     "": "traffic (NAT gateway data processing, priced per GB above; flow logs; CloudWatch Logs ingestion), the "
         "access-log and deploy buckets, retained CloudWatch log groups",
     "parallelcluster": "ParallelCluster's own head-node alarms, EC2 detailed monitoring, the login nodes' root volumes",
-    "pcs": f"PCS's node management fee per instance-hour and accounting storage per GB-month ({PCS_PRICING_PAGE})",
+    "pcs": f"PCS's node management fee per instance-hour and accounting storage per GB-month ({PCS_PRICING_PAGE}), "
+           "the Secrets Manager secrets PCS keeps its cluster's keys in",
 }
 """What bills by use or is too small to price here, per back end ("": both)."""
 
@@ -144,7 +148,9 @@ def _keys_and_monitoring(settings: PlanSettings) -> list[Item]:
     key = standing_rate("kms-key", region)
     keys = [Item(f"KMS keys of the {' and '.join(kept_stacks)} stacks", kept, key, True, "key-month")] if kept else []
     keys.append(Item("KMS keys deleted with their stacks", sum(KMS_KEYS.values()) - kept, key, False, "key-month"))
-    return keys + [
+    secrets = [Item("Secrets Manager secret (the Slurm REST API's token)", SECRETS[settings.backend],
+                    standing_rate("secretsmanager-secret", region), False, "secret-month")] if SECRETS[settings.backend] else []
+    return keys + secrets + [
         Item("CloudWatch dashboards", DASHBOARDS[settings.backend], standing_rate("cloudwatch-dashboard", region),
              False, "dashboard-month"),
         Item("CloudWatch alarm metrics", ALARM_METRICS, standing_rate("cloudwatch-alarm-metric", region), False,

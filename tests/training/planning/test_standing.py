@@ -49,8 +49,9 @@ def _shared(stored_gb: float) -> float:
 def test_the_default_deployment_s_idle_month_and_what_destroy_keeps(tmp_path, capsys):
     standing, text = _standing(tmp_path, capsys)
     stored_gb = IMAGES * IMAGE_BYTES / 2**30
-    # head node c6i.2xlarge, its 200 GiB root volume and the 200 GiB /apps volume, two dashboards
-    idle = _shared(stored_gb) + MONTH * _hour("c6i.2xlarge") + 400 * _rate("ebs-gp3") + 2 * _rate("cloudwatch-dashboard")
+    # head node c6i.2xlarge, its 200 GiB root volume and the 200 GiB /apps volume, two dashboards, the REST token
+    idle = (_shared(stored_gb) + MONTH * _hour("c6i.2xlarge") + 400 * _rate("ebs-gp3") + 2 * _rate("cloudwatch-dashboard")
+            + _rate("secretsmanager-secret"))
     kept = 1200 * _rate("fsx-persistent2-250") + 2 * _rate("kms-key") + 100 * _rate("ebs-snapshot") \
         + stored_gb * _rate("s3-standard")
     assert standing["deployed"]["usd_per_month"] == pytest.approx(idle, abs=0.01)
@@ -66,9 +67,10 @@ def test_the_default_deployment_s_idle_month_and_what_destroy_keeps(tmp_path, ca
 def test_pcs_bills_its_fees_and_a_login_node_where_parallelcluster_bills_a_head_node(tmp_path, capsys, monkeypatch):
     pc, _ = _standing(tmp_path, capsys)
     pcs, text = _standing(tmp_path, capsys, "-c", "backend=pcs")
-    # ParallelCluster: head node + root and /apps volumes + its own dashboard; PCS: a login node + its root volume
+    # ParallelCluster: head node + root and /apps volumes + its own dashboard + the REST API token's secret; PCS: a
+    # login node + its root volume
     difference = (MONTH * _hour("c6i.2xlarge") + 400 * _rate("ebs-gp3") + _rate("cloudwatch-dashboard")
-                  - MONTH * _hour("c6i.xlarge") - 200 * _rate("ebs-gp3"))
+                  + _rate("secretsmanager-secret") - MONTH * _hour("c6i.xlarge") - 200 * _rate("ebs-gp3"))
     assert pcs["deployed"]["usd_per_month"] is None  # PCS_FEES holds no dated fee
     assert pc["deployed"]["usd_per_month"] - pcs["deployed"]["known_usd_per_month"] == pytest.approx(difference,
                                                                                                     abs=0.01)
@@ -92,7 +94,7 @@ def test_a_settings_file_s_static_nodes_tier_and_throw_away_storage(tmp_path, ca
     shared = _shared(stored_gb) - 1200 * _rate("fsx-persistent2-250") + 2400 * _rate("fsx-persistent2-1000")
     # the head node's 100 GiB root volume and 200 GiB /apps, one static g4dn.12xlarge and its 100 GiB root volume
     idle = (shared + MONTH * (_hour("c6i.2xlarge") + _hour("g4dn.12xlarge")) + 400 * _rate("ebs-gp3")
-            + 2 * _rate("cloudwatch-dashboard"))
+            + 2 * _rate("cloudwatch-dashboard") + _rate("secretsmanager-secret"))
     assert standing["deployed"]["usd_per_month"] == pytest.approx(idle, abs=0.01)
     assert standing["kept_after_destroy"]["usd_per_month"] == pytest.approx(100 * _rate("ebs-snapshot"), abs=0.01)
     assert "WARNING" not in text and "static GPU nodes (1 x g4dn.12xlarge)" in text
@@ -102,8 +104,9 @@ def test_a_region_without_dated_prices_names_each_unknown_and_gives_a_lower_boun
     standing, text = _standing(tmp_path, capsys, "-c", "region=us-west-2", "-c", "network.availability_zone=us-west-2a")
     assert standing["deployed"]["usd_per_month"] is None
     assert "FSx for Lustre PERSISTENT_2, 1200 GiB at 250 MB/s/TiB" in standing["deployed"]["unknown"]
-    # what every region prices alike: the NAT gateway's address, five keys, two dashboards
-    known = MONTH * _rate("public-ipv4") + 5 * _rate("kms-key") + 2 * _rate("cloudwatch-dashboard")
+    # what every region prices alike: the NAT gateway's address, five keys, two dashboards, the REST token's secret
+    known = (MONTH * _rate("public-ipv4") + 5 * _rate("kms-key") + 2 * _rate("cloudwatch-dashboard")
+             + _rate("secretsmanager-secret"))
     assert standing["deployed"]["known_usd_per_month"] == pytest.approx(known, abs=0.01)
     assert re.search(r"standing cost \(parallelcluster\): at least \$[\d.,]+/month \(\d+ item\(s\) with no dated "
                      "price", text)
