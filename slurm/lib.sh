@@ -1,15 +1,44 @@
 # shellcheck shell=bash
 # Functions shared by the slurm/*.slurm scripts; sourced after env.sh inside a job.
-# Nothing here runs on its own: each script calls what it needs in its launch section.
+# Each script calls what it needs in its launch section; only record_bundle runs on its own (at the end).
 
 log() { echo "[$(date +%H:%M:%S) ${SLURM_JOB_NAME:-job} ${SLURM_JOB_ID:-}] $*" >&2; }
 
-# Fails early, with the fix, when the bundle's Python environment is missing on this node.
+# Fails early, with the fix, when the bundle's Python environment is missing on this node; notes it when
+# the environment was built from other requirements than the bundle's (slurm/env.sh).
 require_python() {
   if [ ! -x "$SCDINO_PYTHON" ]; then
     log "error: no Python at $SCDINO_PYTHON; set SCDINO_VENV (slurm/env.sh) to the venv that has the training bundle"
     exit 2
   fi
+  if [ -n "${SCDINO_VENV_NOTE:-}" ]; then
+    log "note: $SCDINO_VENV_NOTE: running with $SCDINO_VENV (docs/deploy.md, \"Update the code\")"
+  fi
+  return 0
+}
+
+# Names this job's bundle in its comment (slurm/env.sh's SCDINO_BUNDLE_MARK), so that a code update removes
+# it only once the job has ended (bootstrap/on-node-configured.sh asks squeue). submit_pipeline.sh gives the
+# mark at submission and says so in SCDINO_JOB_COMMENT; a job submitted by hand gets it here, when it
+# starts: its bundle, active then, is kept as the active or the previous one until that is done. Another
+# comment the job has is kept; a mark of another bundle (a requeued job that started again on newer code)
+# is replaced. Never fails the job: without the mark the bundle is kept as the active or previous one only.
+record_bundle() {
+  local comment
+  [ -n "${SLURM_JOB_ID:-}" ] && [ -n "${SCDINO_BUNDLE_MARK:-}" ] || return 0
+  [ "${SCDINO_JOB_COMMENT:-}" != "$SCDINO_BUNDLE_MARK" ] || return 0
+  comment=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%k 2>/dev/null) || comment="?"
+  case " $comment " in
+    *" $SCDINO_BUNDLE_MARK "*) return 0 ;;
+    " ? ")
+      log "warning: squeue could not read this job's comment: its bundle is not named there"
+      return 0
+      ;;
+  esac
+  comment=$(sed -e 's/(null)//' -e 's/scdino-bundle:[^ ]*//g' -e 's/^ *//' -e 's/ *$//' <<<"$comment")
+  scontrol update JobId="$SLURM_JOB_ID" Comment="${comment:+$comment }$SCDINO_BUNDLE_MARK" ||
+    log "warning: could not name the bundle in this job's comment (scontrol update failed)"
+  return 0
 }
 
 # GPUs this allocation gives on each node: Slurm's count, else CUDA_VISIBLE_DEVICES, else what
@@ -195,3 +224,6 @@ run_adaptive_kinds() { run_path --channel-adaptive-kinds "$@"; }
 # deterministic one): run_healing, in its own file.
 # shellcheck source=slurm/heal.sh
 source "$(dirname "${BASH_SOURCE[0]}")/heal.sh"
+
+# The one thing that runs when this file is sourced: every job script sources it at its start.
+record_bundle

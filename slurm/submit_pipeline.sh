@@ -31,7 +31,8 @@
 # $SCDINO_PYTHON, else the venv beside this script's bundle; this script submits it in order.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The folder itself, not through the /apps/scdino link: the jobs use this bundle's scripts.
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 BUNDLE=$(dirname "$HERE")
 
 # This file's leading comment, whole: the help.
@@ -117,6 +118,15 @@ cat "$PLAN_ERRORS" >&2
 (slurm/env.sh) to the venv that has the training bundle"
 # Jobs find env.sh and lib.sh here, whatever directory they are submitted from.
 export SCDINO_SLURM_DIR=$HERE
+
+# The bundle every job runs (slurm/env.sh resolved /apps/scdino to it): each job gets it in SCDINO_HOME,
+# requeued too, and the planner names it in every job's comment (--comment above), so that a code update
+# keeps it while a job is pending or running (bootstrap/on-node-configured.sh asks squeue).
+# SCDINO_JOB_COMMENT tells the job (slurm/lib.sh) that its comment has the mark already.
+export SCDINO_HOME
+if [ -n "${SCDINO_BUNDLE_MARK:-}" ]; then
+  export SCDINO_JOB_COMMENT=$SCDINO_BUNDLE_MARK
+fi
 
 declare -A JOB_IDS=()
 
