@@ -170,7 +170,8 @@ cmd_token() {
   # shellcheck source=/dev/null
   source "$CONFIG_DIR/rest.env"
   file=$(mktemp)
-  trap 'rm -f "$file"' EXIT
+  # shellcheck disable=SC2064  # the name now: the variable is gone when the trap runs
+  trap "rm -f -- '$file'" EXIT
   chmod 0600 "$file"
   "$SLURM_ROOT/bin/scontrol" token username="$REST_TOKEN_USER" lifespan="$REST_LIFESPAN" |
     python3 -c 'import json, sys, time

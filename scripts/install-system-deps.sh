@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the tests and the demo need, only those missing:
-# Slurm 22.05 + munge (the local cluster), packer (ami/ validation), shellcheck, iproute2 (netns),
+# Slurm 22.05 + munge (the local cluster), its REST API (slurmrestd, the JWT plugin; curl checks it),
+# packer (ami/ validation), shellcheck, iproute2 (netns),
 # systemd (systemd-analyze checks the PCS node's boot units; no systemd needs to run).
 set -euo pipefail
 
-packages=(slurmctld slurmd slurm-client munge packer shellcheck iproute2 procps systemd)
+packages=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin curl munge packer shellcheck iproute2 procps
+  systemd)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A real Slurm 22.05 cluster on this machine (munged, slurmctld, N slurmd nodes), so that the
-# unmodified slurm/*.slurm scripts run here exactly as on the AWS cluster: for development, CI
-# (tests/slurm) and `make demo`. No systemd needed; every command is idempotent.
+# A real Slurm 22.05 cluster on this machine (munged, slurmctld, N slurmd nodes, and slurmrestd, the
+# Slurm REST API, with JWT authentication), so that the unmodified slurm/*.slurm scripts run here exactly
+# as on the AWS cluster: for development, CI (tests/slurm) and `make demo`. No systemd needed; every
+# command is idempotent.
 #
 #   scripts/local-slurm.sh start            install what is missing, start what is not running
 #   scripts/local-slurm.sh status           daemons and nodes; exit 0 when the cluster is up
+#   scripts/local-slurm.sh token [SECONDS]  a JWT for the REST API (`scontrol token`): prints SLURM_JWT=...
 #   scripts/local-slurm.sh stop [--purge]   stop the daemons this script started (by PID file);
 #                                           --purge also removes namespaces, bridge, hosts block, state
 #   scripts/local-slurm.sh kill-node NODE   lose a node as if its instance vanished (netns mode): every
@@ -30,6 +32,10 @@
 #                            machine or a busy cluster; a change is applied without a restart
 #   SLURM_LOCAL_BASE         state, logs, PID files and slurm.conf (<repo>/.local-slurm)
 #   SLURM_LOCAL_SUBNET       first three octets of the nodes' network in netns mode (10.99.0)
+#   SLURM_LOCAL_REST_PORT    where slurmrestd listens on 127.0.0.1 (6820, Slurm's usual port). It always
+#                            runs: it costs about 8 MB and answers 0.1 s after it starts (measured), and a
+#                            setting would restart the cluster whenever two users' settings differ. The
+#                            controller takes JWTs signed with <base>/etc/jwt_hs256.key (AuthAltTypes)
 # Slurm is root-only here: run as root (CI machines and containers are).
 set -euo pipefail
 
@@ -42,6 +48,10 @@ MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-600}
 SITE_FILE=${SCDINO_CLUSTER_ENV:-}
 BASE=${SLURM_LOCAL_BASE:-$REPO/.local-slurm}
 SUBNET=${SLURM_LOCAL_SUBNET:-10.99.0}
+REST_PORT=${SLURM_LOCAL_REST_PORT:-6820}
+# slurmctld's OpenAPI plugins; the dbv* ones need slurmdbd, which this cluster has not.
+REST_PLUGINS=openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38
+JWT_PLUGIN=/usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so
 BRIDGE=slurmbr0
 CONF_LINK=/etc/slurm/slurm.conf
 HOSTS_BEGIN="# BEGIN local-slurm (scripts/local-slurm.sh)"
@@ -62,9 +72,10 @@ require_root() {
 
 ensure_packages() {
   local tool missing=0
-  for tool in slurmctld slurmd sbatch munged unmunge ip nsenter; do
+  for tool in slurmctld slurmd sbatch munged unmunge ip nsenter slurmrestd; do
     command -v "$tool" >/dev/null || missing=1
   done
+  [ -e "$JWT_PLUGIN" ] || missing=1
   if ((missing)); then
     log "installing Slurm and munge packages"
     "$REPO/scripts/install-system-deps.sh"
@@ -205,6 +216,9 @@ AuthType=auth/munge
 CredType=cred/munge
 # A requeued job waits cred_expire + 1 s before it may run again; 30 s keeps the tests short.
 AuthInfo=cred_expire=$CRED_EXPIRE
+# The REST API's clients (slurmrestd, tokens from scontrol token) sign with this key.
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$BASE/etc/jwt_hs256.key
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -294,6 +308,16 @@ EOF
   mv "$BASE/scdino-env.sh.tmp" "$BASE/scdino-env.sh"
 }
 
+# The JWT signing key: 32 random bytes, readable by SlurmUser (root here) alone, as Slurm requires.
+ensure_jwt_key() {
+  local key=$BASE/etc/jwt_hs256.key
+  [ -s "$key" ] && return 0
+  (umask 077 && dd if=/dev/urandom of="$key.tmp" bs=32 count=1 status=none)
+  chown root:root "$key.tmp"
+  chmod 0600 "$key.tmp"
+  mv "$key.tmp" "$key"
+}
+
 # --- daemons -------------------------------------------------------------------------------------
 
 # Alive = the PID file's process exists, is not a zombie (PID 1 may reap lazily) and is that program.
@@ -333,8 +357,23 @@ start_slurmd() {
   fi
 }
 
+# Any HTTP answer will do: without a token, the API answers 401.
+rest_works() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$REST_PORT/openapi/v3")" != 000 ]; }
+
+# slurmrestd on loopback with JWT authentication only; it drops root for nobody before serving requests.
+start_slurmrestd() {
+  local i
+  alive "$BASE/run/slurmrestd.pid" slurmrestd && return 0
+  SLURM_JWT=daemon setsid slurmrestd -a rest_auth/jwt -s "$REST_PLUGINS" -u nobody -g nogroup \
+    "127.0.0.1:$REST_PORT" </dev/null >>"$BASE/log/slurmrestd.log" 2>&1 &
+  echo $! >"$BASE/run/slurmrestd.pid"
+  for i in $(seq 50); do rest_works && return 0; sleep 0.1; done
+  die "slurmrestd did not answer on 127.0.0.1:$REST_PORT; see $BASE/log/slurmrestd.log"
+}
+
 stop_slurm_daemons() {
   local pidfile
+  stop_pidfile "$BASE/run/slurmrestd.pid" slurmrestd
   for pidfile in "$BASE"/run/slurmd-*.pid; do
     [ -e "$pidfile" ] && stop_pidfile "$pidfile" slurmd
   done
@@ -396,6 +435,7 @@ cmd_start() {
   ensure_munge
   write_hosts yes
   write_job_env
+  ensure_jwt_key
   change=$(install_conf)
   # A controller that was not running restores the jobs of its last run from its state folder; their
   # processes did not outlive it, and the jobs would hold the nodes the next command needs.
@@ -412,7 +452,8 @@ cmd_start() {
     wait_ready
   fi
   ((restored)) && cancel_jobs "restored from the last run (their processes ended with it)"
-  log "ready ($MODE mode): $(node_states | tr '\n' ' ')"
+  start_slurmrestd
+  log "ready ($MODE mode): $(node_states | tr '\n' ' '); REST API on 127.0.0.1:$REST_PORT"
 }
 
 cmd_stop() {
@@ -455,11 +496,18 @@ cmd_kill_node() {
   log "killed $count process(es) on $name and marked it down; bring it back with: $0 start"
 }
 
+# A token for the REST API, valid SECONDS (default 1 h), for the user running this (root here).
+cmd_token() {
+  local seconds=${1:-3600}
+  [[ $seconds =~ ^[1-9][0-9]*$ ]] || die "usage: $0 token [SECONDS], SECONDS a positive number (got '$seconds')"
+  scontrol token lifespan="$seconds"
+}
+
 cmd_status() {
   local up=0 pidfile
   MODE=$(cat "$BASE/mode" 2>/dev/null || echo "$MODE")
   echo "mode: $MODE    state: $BASE"
-  for pidfile in "$BASE/run/munged.pid" "$BASE/run/slurmctld.pid" "$BASE"/run/slurmd-*.pid; do
+  for pidfile in "$BASE/run/munged.pid" "$BASE/run/slurmctld.pid" "$BASE"/run/slurmd-*.pid "$BASE/run/slurmrestd.pid"; do
     [ -e "$pidfile" ] || continue
     if alive "$pidfile" "$(basename "$pidfile" .pid | sed 's/-.*//')"; then
       echo "running: $(basename "$pidfile" .pid) (pid $(cat "$pidfile"))"
@@ -482,5 +530,6 @@ case "${1:-}" in
   stop) cmd_stop "${2:-}" ;;
   status) cmd_status ;;
   kill-node) cmd_kill_node "${2:-}" ;;
-  *) die "usage: $0 start|stop [--purge]|status|kill-node NODE" ;;
+  token) cmd_token "${2:-}" ;;
+  *) die "usage: $0 start|stop [--purge]|status|kill-node NODE|token [SECONDS]" ;;
 esac

@@ -62,7 +62,10 @@ def rest_api(target, session):
     from training.remote.rest import SlurmRest
     from training.remote.target import token, tunnel_hint
 
-    return SlurmRest(target.endpoint, token(target, session), hint=tunnel_hint(target))
+    found, user = token(target, session)
+    api = SlurmRest(target.endpoint, found, user=user, hint=tunnel_hint(target))
+    api.check()
+    return api
 
 
 def submission_of(folder):

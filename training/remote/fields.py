@@ -11,11 +11,15 @@ nothing is dropped silently.
 
 from __future__ import annotations
 
+import logging
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from training.errors import UserError
+
+log = logging.getLogger(__name__)
 
 LEGACY = "v0.0.38"
 """The last version before data_parser (Slurm 22.05): its job description differs."""
@@ -56,15 +60,22 @@ def _flag(value: str | bool | None) -> bool:
 
 
 def legacy_fields(name: str, value: str | bool | None) -> dict[str, Any]:
-    """One sbatch option as v0.0.38's job properties (Slurm 22.05)."""
+    """One sbatch option as v0.0.38's job properties (Slurm 22.05's slurmrestd, whose parser differs from its
+    published schema in places, each measured against it: `legacy_node_count` has the node count)."""
     if name == "nodes":
         return {"nodes": list(node_range(value))}
     if name == "time":
         return {"time_limit": minutes(value)}
-    if name == "exclusive":
-        return {"exclusive": "true" if value in (None, True) else str(value)}
-    if name == "signal":
-        return {"signal": str(value)}
+    if name == "exclusive":  # its "true" reads as a boolean, which the parser refuses
+        return {"exclusive": "exclusive" if value in (None, True) else str(value)}
+    if name == "wait-all-nodes":  # an integer, though the schema says boolean
+        return {"wait_all_nodes": int(_flag(value))}
+    if name == "signal":  # [B:] is refused: the signal goes to the job's steps, not its batch shell
+        where, _, signal = str(value).rpartition(":")
+        if where:
+            log.warning("--signal=%s: Slurm 22.05's REST API takes no B: (batch shell only); %s goes to the "
+                        "job's steps", value, signal)
+        return {"signal": signal}
     if name == "open-mode":
         return {"open_mode": str(value)}
     if name == "kill-on-invalid-dep":
@@ -90,6 +101,8 @@ def parser_fields(name: str, value: str | bool | None) -> dict[str, Any]:
                 "kill_warning_flags": flags}
     if name == "open-mode":
         return {"open_mode": [str(value).upper()]}
+    if name == "wait-all-nodes":
+        return {"wait_all_nodes": _flag(value)}
     if name == "kill-on-invalid-dep":
         return {"flags": ["KILL_INVALID_DEPENDENCY"]} if _flag(value) else {}
     return {}
@@ -98,17 +111,29 @@ def parser_fields(name: str, value: str | bool | None) -> dict[str, Any]:
 COMMON = {"job-name": ("name", str), "partition": ("partition", str), "ntasks": ("tasks", int),
           "ntasks-per-node": ("tasks_per_node", int), "cpus-per-task": ("cpus_per_task", int),
           "output": ("standard_output", str), "error": ("standard_error", str), "dependency": ("dependency", str),
-          "array": ("array", str), "comment": ("comment", str), "requeue": ("requeue", _flag),
-          "wait-all-nodes": ("wait_all_nodes", _flag)}
+          "array": ("array", str), "comment": ("comment", str), "requeue": ("requeue", _flag)}
 """sbatch options whose field has the same name and form in every version: option -> (field, conversion)."""
-SPECIAL = {"nodes", "time", "exclusive", "signal", "open-mode", "kill-on-invalid-dep"}
+SPECIAL = {"nodes", "time", "exclusive", "signal", "open-mode", "kill-on-invalid-dep", "wait-all-nodes"}
+
+
+def with_arguments(script: str, argv: tuple[str, ...]) -> str:
+    """The script with its arguments set as its positional parameters, below its first line: the job description's
+    argv field crashes Slurm 22.05's slurmrestd (v0.0.38; a segmentation fault, measured here), so no version
+    gets it."""
+    if not argv:
+        return script
+    first, newline, rest = script.partition("\n")
+    if not first.startswith("#!"):
+        first, rest = "#!/bin/bash", script
+    line = f"set -- {shlex.join(argv)}  # the job's arguments (python -m training remote)"
+    return f"{first}\n{line}\n{rest}"
 
 
 def job_description(job: JobRequest, version: str) -> dict[str, Any]:
     """The job description (with its script) of the API version, from sbatch's options."""
     legacy = version == LEGACY
     description: dict[str, Any] = {
-        "script": job.script, "argv": list(job.argv), "current_working_directory": job.cwd,
+        "script": with_arguments(job.script, job.argv), "current_working_directory": job.cwd,
         "environment": dict(job.environment) if legacy else [f"{k}={v}" for k, v in job.environment.items()]}
     for name, value in job.options.items():
         if name in IGNORED or value is False:
@@ -123,8 +148,19 @@ def job_description(job: JobRequest, version: str) -> dict[str, Any]:
             description.update(fields)
         else:
             raise UserError(f"sbatch option --{name} (job {job.options.get('job-name', '?')}) has no REST field "
-                            f"here (training/remote/jobs.py): submit this chain with slurm/submit_pipeline.sh")
+                            f"here (training/remote/fields.py): submit this chain with slurm/submit_pipeline.sh")
+    if legacy and "nodes" in job.options:
+        description.update(legacy_node_count(job.options))
     return description
+
+
+def legacy_node_count(options: dict[str, str | None]) -> dict[str, int]:
+    """v0.0.38 accepts `nodes` and ignores it (a job asking [2, 2] gets one node, measured): the count goes as
+    tasks, `ntasks-per-node` (else one) on each of the fewest nodes asked, unless --ntasks names the tasks."""
+    low, _ = node_range(options["nodes"])
+    per_node = int(options.get("ntasks-per-node") or 1)
+    tasks = int(options["ntasks"]) if options.get("ntasks") else low * per_node
+    return {"tasks": tasks, "tasks_per_node": per_node}
 
 
 @dataclass(frozen=True)
@@ -134,6 +170,7 @@ class JobRequest:
 
     script: str
     argv: tuple[str, ...] = ()
+    """The script's arguments, as on sbatch's command line after the script."""
     environment: dict[str, str] = field(default_factory=dict)
     cwd: str = "/tmp"
     options: dict[str, str | None] = field(default_factory=dict)

@@ -109,8 +109,7 @@ def submit_chain(api: SlurmRest, jobs: list[JobSpec], *, bundle: Path, slurm_dir
     first = jobs[0].sbatch.get("partition") if jobs else None
     if first:
         arrival["partition"] = str(first)
-    send(ARRIVAL, JobRequest(arrival_script(config, log_dir), environment=environment, cwd="/tmp",
-                             options=arrival), ())
+    send(ARRIVAL, JobRequest(arrival_script(config, log_dir), (), environment, "/tmp", arrival), ())
     for job in jobs:
         after = job.after or (ARRIVAL,)
         spec = JobSpec(job.label, job.script, job.args, job.sbatch, after, job.after_ids)

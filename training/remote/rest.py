@@ -14,7 +14,9 @@ the server's OpenAPI document (/openapi/v3), takes the newest version it knows o
 checks every field it is about to send against that version's own schema, so a field a server lacks is
 one line naming the sbatch option, not a job that silently ignores it.
 
-The token goes in X-SLURM-USER-TOKEN, which every version reads (PCS ignores X-SLURM-USER-NAME).
+The token goes in X-SLURM-USER-TOKEN, which every version reads; the user it was issued for, where known,
+in X-SLURM-USER-NAME, which Slurm 22.05 requires beside it (PCS's tokens carry their user in their claims and
+go without: PCS takes no user name header).
 Standard library only: the laptop needs no HTTP client package.
 """
 
@@ -102,10 +104,11 @@ def job_state(job: dict) -> JobState:
 class SlurmRest:
     """A slurmrestd endpoint with a token. `hint` ends the unreachable message (which tunnel to open)."""
 
-    def __init__(self, url: str, token: str, *, hint: str = "", timeout: float = 30,
+    def __init__(self, url: str, token: str, *, user: str = "", hint: str = "", timeout: float = 30,
                  opener: Callable[..., Any] = urllib.request.urlopen) -> None:
         self.url = url.rstrip("/")
-        self._token = token
+        self._headers = {"X-SLURM-USER-TOKEN": token, **({"X-SLURM-USER-NAME": user} if user else {}),
+                         "Content-Type": "application/json", "Accept": "application/json"}
         self._hint = hint
         self._timeout = timeout
         self._open = opener
@@ -115,8 +118,7 @@ class SlurmRest:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
-            "X-SLURM-USER-TOKEN": self._token, "Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers=self._headers)
         try:
             with self._open(request, timeout=self._timeout) as response:
                 return response.status, _json(response.read())
@@ -156,6 +158,17 @@ class SlurmRest:
             raise RestError(f"the Slurm REST API at {self.url} offers {', '.join(offered) or 'no slurm version'}; "
                             f"this client writes {KNOWN[0]} to {KNOWN[-1]}: update the code or the cluster's Slurm")
         return common[-1]
+
+    def check(self) -> None:
+        """Ask slurmctld through the API (ping): slurmrestd passes the token on to slurmctld unread, so a refused
+        token shows only in an answer from slurmctld (Slurm 22.05: HTTP 500, "slurmctld config is unable to
+        load"), never at /openapi."""
+        status, answer = self._call("GET", f"/slurm/{self.version}/ping")
+        if status != 200:
+            raise TokenRefused(f"the Slurm REST API at {self.url} could not ask slurmctld with this token (HTTP "
+                               f"{status}: {_first_error(answer) or 'no answer'}): the token is refused (expired or "
+                               "signed with another key: get a new one; the head node renews its token every 30 min) "
+                               "or slurmctld is down")
 
     def job_schema(self) -> dict:
         """The properties of the chosen version's job description, from the server's own document."""

@@ -110,13 +110,14 @@ def aws_session(target: Target):
     return session
 
 
-def token(target: Target, session) -> str:
-    """A token for the REST API (see the module's docstring): PCS's signed here, ParallelCluster's read."""
+def token(target: Target, session) -> tuple[str, str]:
+    """A token for the REST API (see the module's docstring) and the user it names for X-SLURM-USER-NAME: PCS's
+    signed here (no name: PCS takes the token's claims alone), ParallelCluster's read with its user."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         if target.record.backend == "pcs":
-            return _pcs_token(target, session)
+            return _pcs_token(target, session), ""
         return _head_node_token(target, session)
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
@@ -150,14 +151,15 @@ def _pcs_token(target: Target, session) -> str:
     return sign_hs256(signing_key, claims_for(target.user))
 
 
-def _head_node_token(target: Target, session) -> str:
+def _head_node_token(target: Target, session) -> tuple[str, str]:
     arn = target.record.resources.get("rest_token_secret")
     if not arn:
         raise UserError(f"{target.record_path.name} names no REST token secret of {target.record.prefix}: deploy "
                         "the cluster stack again (`python -m stacks.deployment update`), which creates it")
     value = session.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
     try:
-        found = json.loads(value)["token"]
+        written = json.loads(value)
+        found, user = written["token"], str(written.get("user", ""))
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UserError(f"no token in {arn} yet: the head node writes one once slurmrestd runs (its bootstrap log, "
                         "/var/log/scdino-bootstrap.log; systemctl status scdino-slurmrestd)") from None
@@ -165,7 +167,7 @@ def _head_node_token(target: Target, session) -> str:
     if expiry is not None and expiry < time.time():
         raise UserError(f"the head node's REST token expired at {time.strftime('%F %T UTC', time.gmtime(expiry))}: "
                         "it renews it every 30 min while up (systemctl status scdino-rest-token.timer there)")
-    return found
+    return found, user
 
 
 def tunnel_command(target: Target, session=None) -> list[str]:
