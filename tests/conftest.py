@@ -1,4 +1,4 @@
-"""Suite-wide settings: small thread pools on the 2-core CI machine, and the GPU marker."""
+"""Suite-wide settings: small thread pools on the 2-core CI machine, the GPU marker, and moto's server."""
 
 import os
 import shutil
@@ -31,3 +31,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """moto's server on loopback, one a test module: a real HTTP endpoint that boto3, the code under test and
+    its subprocesses reach by URL (AWS_ENDPOINT_URL or --endpoint-url), as they would reach AWS; each module
+    starts with an empty account."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -23,20 +23,9 @@ CONTEXT = {"region": REGION, "prefix": "team-a"}
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
 
 
-@pytest.fixture(scope="module")
-def endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def aws(endpoint, monkeypatch):
-    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+def aws(moto_endpoint, monkeypatch):
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_endpoint}.items():
         monkeypatch.setenv(key, value)
     return boto3.client("ec2", region_name=REGION), boto3.client("ssm", region_name=REGION)
 

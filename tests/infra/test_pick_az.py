@@ -10,24 +10,13 @@ from stacks.pick_az import main
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-@pytest.fixture(scope="module")
-def ec2_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def pick(ec2_endpoint, monkeypatch, capsys):
+def pick(moto_endpoint, monkeypatch, capsys):
     for key, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(key, value)
 
     def run(*args: str) -> tuple[int, str, str]:
-        code = main(["--endpoint-url", ec2_endpoint, *args])
+        code = main(["--endpoint-url", moto_endpoint, *args])
         out, err = capsys.readouterr()
         return code, out, err
     return run

@@ -47,14 +47,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def aws(cluster, tmp_path_factory):
+def aws(cluster, tmp_path_factory, moto_endpoint):
     """moto's server on loopback, the bucket, and the token secret holding a real token of this cluster."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = moto_endpoint
     saved = {key: os.environ.get(key) for key in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
     os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
     s3 = boto3.client("s3", region_name="us-west-2")
@@ -70,7 +65,6 @@ def aws(cluster, tmp_path_factory):
     written = json.loads(secrets.get_secret_value(SecretId=arn)["SecretString"])
     assert written["user"] == "root" and 890 <= written["expires"] - time.time() <= 900
     yield {"endpoint": endpoint, "s3": s3, "secret": arn}
-    server.stop()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

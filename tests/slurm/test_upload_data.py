@@ -7,7 +7,6 @@ multipart uploads, metadata) run end to end; no AWS account or network is needed
 from __future__ import annotations
 
 import json
-import socket
 
 import boto3
 import numpy as np
@@ -21,28 +20,11 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def s3(s3_endpoint, monkeypatch):
+def s3(moto_endpoint, monkeypatch):
     for key, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     yield client
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
@@ -78,8 +60,8 @@ def keys(client) -> set[str]:
     return {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
 
 
-def test_upload_checks_counts_and_skips_unreadable(s3, s3_endpoint, image_set, capsys):
-    assert upload(image_set, s3_endpoint) == 0
+def test_upload_checks_counts_and_skips_unreadable(s3, moto_endpoint, image_set, capsys):
+    assert upload(image_set, moto_endpoint) == 0
     result = last_json(capsys)
     assert result["classes"] == {"B_cell": 3, "T_cell": 2}
     assert [b["path"] for b in result["bad"]] == ["T_cell/broken.tif"]
@@ -93,43 +75,43 @@ def test_upload_checks_counts_and_skips_unreadable(s3, s3_endpoint, image_set, c
     assert body == (image_set / "B_cell" / "img_0.tif").read_bytes()
 
 
-def test_rerun_skips_identical_objects_and_uploads_changed_ones(s3, s3_endpoint, image_set, capsys):
-    upload(image_set, s3_endpoint)
+def test_rerun_skips_identical_objects_and_uploads_changed_ones(s3, moto_endpoint, image_set, capsys):
+    upload(image_set, moto_endpoint)
     capsys.readouterr()
-    assert upload(image_set, s3_endpoint) == 0
+    assert upload(image_set, moto_endpoint) == 0
     assert last_json(capsys)["uploaded"] == 0, "identical objects (multipart one included) must be skipped"
     tifffile.imwrite(image_set / "B_cell" / "img_1.tif", np.full((5, 20, 20), 7, dtype=np.uint16) +
                      np.arange(20, dtype=np.uint16))
-    assert upload(image_set, s3_endpoint) == 0
+    assert upload(image_set, moto_endpoint) == 0
     result = last_json(capsys)
     assert (result["uploaded"], result["skipped"]) == (1, 5)
 
 
-def test_same_size_different_content_is_uploaded_again(s3, s3_endpoint, image_set, capsys):
-    upload(image_set, s3_endpoint)
+def test_same_size_different_content_is_uploaded_again(s3, moto_endpoint, image_set, capsys):
+    upload(image_set, moto_endpoint)
     data = bytearray((image_set / "metadata.bin").read_bytes())
     data[-1] ^= 0xFF
     (image_set / "metadata.bin").write_bytes(bytes(data))
     capsys.readouterr()
-    assert upload(image_set, s3_endpoint) == 0
+    assert upload(image_set, moto_endpoint) == 0
     assert last_json(capsys)["uploaded"] == 1
 
 
-def test_missing_bucket_is_one_clear_line(s3, s3_endpoint, image_set, capsys):
+def test_missing_bucket_is_one_clear_line(s3, moto_endpoint, image_set, capsys):
     code = main(["upload-data", "--source", str(image_set), "--bucket", "no-such-bucket",
-                 "--endpoint-url", s3_endpoint])
+                 "--endpoint-url", moto_endpoint])
     assert code == 2
     assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
 
 
-def test_missing_credentials_is_one_clear_line(s3_endpoint, image_set, capsys, monkeypatch, tmp_path):
+def test_missing_credentials_is_one_clear_line(moto_endpoint, image_set, capsys, monkeypatch, tmp_path):
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    code = main(["upload-data", "--source", str(image_set), "--bucket", BUCKET, "--endpoint-url", s3_endpoint])
+    code = main(["upload-data", "--source", str(image_set), "--bucket", BUCKET, "--endpoint-url", moto_endpoint])
     assert code == 2
     assert "no AWS credentials found" in capsys.readouterr().err
 
@@ -160,7 +142,7 @@ def test_url_source_is_downloaded_unpacked_and_reused(image_set, tmp_path, capsy
     assert main(args) == 0, "a second run reuses the unpacked copy without downloading again"
 
 
-def test_without_a_bucket_the_deployment_record_gives_bucket_and_region(s3, s3_endpoint, image_set, tmp_path, capsys,
+def test_without_a_bucket_the_deployment_record_gives_bucket_and_region(s3, moto_endpoint, image_set, tmp_path, capsys,
                                                                           monkeypatch):
     """The record `python -m stacks.deployment deploy` writes (tests/infra/test_deployment.py) names the bucket."""
     from stacks.deployment import Deployment, resolve, save
@@ -169,7 +151,7 @@ def test_without_a_bucket_the_deployment_record_gives_bucket_and_region(s3, s3_e
     context = {"region": "us-west-2", "network.availability_zone": "us-west-2a"}
     record = tmp_path / "deployment.json"
     save(Deployment.of(resolve(context), context).with_outputs({"scdino-storage": {"BucketName": BUCKET}}), record)
-    args = ["upload-data", "--source", str(image_set), "--endpoint-url", s3_endpoint, "--prefix", "data/pbmc",
+    args = ["upload-data", "--source", str(image_set), "--endpoint-url", moto_endpoint, "--prefix", "data/pbmc",
             "--deployment", str(record)]
     assert main(args) == 0
     captured = capsys.readouterr()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from jump_screen import CHANNELS, FIELDS, expected_crops, write_jump_screen
-from test_upload_data import BUCKET, s3, s3_endpoint  # noqa: F401 (fixtures: moto's server and its bucket)
+from test_upload_data import BUCKET, s3  # noqa: F401 (a fixture: a bucket on moto's server)
 from tiny import run_cli, tiny_config
 
 from training.cli import main
@@ -52,11 +52,11 @@ def download(client, prefix: str, target):
             client.download_file(BUCKET, item["Key"], str(path))
 
 
-def test_a_jump_table_with_foreign_paths_ingests_after_upload(s3, s3_endpoint, tmp_path, capsys):  # noqa: F811
+def test_a_jump_table_with_foreign_paths_ingests_after_upload(s3, moto_endpoint, tmp_path, capsys):  # noqa: F811
     screen = write_jump_screen(tmp_path / "lab")
     config_path = tmp_path / "upload.yaml"
     dump_config(screen_config(tmp_path / "local", screen.table, screen.path_map), config_path)
-    assert upload(config_path, screen.table, "--bucket", BUCKET, "--endpoint-url", s3_endpoint) == 0
+    assert upload(config_path, screen.table, "--bucket", BUCKET, "--endpoint-url", moto_endpoint) == 0
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])
     files = len(FIELDS) * (len(CHANNELS) + 1)
@@ -67,7 +67,7 @@ def test_a_jump_table_with_foreign_paths_ingests_after_upload(s3, s3_endpoint, t
     assert result["cluster"] == {"data.source": folder, "ingest.table": f"{folder}/load_data_with_illum.csv"}
     assert f"table: {folder}/load_data_with_illum.csv" in out
 
-    assert upload(config_path, screen.table, "--bucket", BUCKET, "--endpoint-url", s3_endpoint) == 0
+    assert upload(config_path, screen.table, "--bucket", BUCKET, "--endpoint-url", moto_endpoint) == 0
     again = last_json(capsys)
     assert (again["uploaded"], again["skipped"]) == (0, files + 1), "a rerun skips what is there"
 

@@ -149,17 +149,6 @@ def test_the_newest_known_version_is_used_and_a_field_the_server_lacks_is_refuse
     assert len(_FakeSlurmrestd.received) == 1, "nothing was sent"
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def aws(moto_endpoint, monkeypatch):
     for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_endpoint}.items():
