@@ -9,7 +9,7 @@
 #     --preset NAME   run on the partition of preset NAME (its instance type, e.g. p4d.24xlarge, or its
 #                     partition) with its GPUs and CPUs; default: the cluster's default partition, its
 #                     first preset (the site file slurm/env.sh reads names them)
-#     --after JOBID   the first job also waits for JOBID (e.g. a data staging job)
+#     --after JOBID[:JOBID...]  the first jobs also wait for these jobs (e.g. a data staging job)
 #     --prepare-tasks N  prepare as a Slurm array of N tasks (each packs a slice of the images,
 #                     in parallel across nodes), then one merge job (default 1: one job)
 #     --ingest-tasks N   ingest as a Slurm array of N tasks of SCDINO_INGEST_CPUS_PER_TASK CPUs (each

@@ -55,6 +55,13 @@ def preset_shape(name: str) -> dict[str, str]:
             "SCDINO_CPUS_PER_TASK": str(preset.cpus_per_gpu)}
 
 
+def test_the_python_planner_and_slurm_env_give_ingest_the_same_cpus():
+    """A laptop plans the chain in Python (training/remote) without slurm/env.sh: the same default."""
+    from training.chain.graph import INGEST_CPUS_PER_TASK
+
+    assert env_defaults(ENV_SH.read_text())["SCDINO_INGEST_CPUS_PER_TASK"] == str(INGEST_CPUS_PER_TASK)
+
+
 def test_slurm_env_without_a_site_file_describes_the_default_preset(tmp_path):
     assert ENV_SH.is_file(), "slurm/env.sh is missing: the Slurm scripts must ship their site defaults"
     shape = env_sh_shape(tmp_path / "no-cluster.env")

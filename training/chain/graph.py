@@ -74,6 +74,11 @@ class JobSpec:
         return Path(self.script).stem
 
 
+INGEST_CPUS_PER_TASK = 2
+"""CPUs of each ingest job or array task unless the site says otherwise: its cropping runs on one core, a
+second reads ahead (slurm/env.sh's default of SCDINO_INGEST_CPUS_PER_TASK; a test keeps the two equal)."""
+
+
 @dataclass(frozen=True)
 class Site:
     """The cluster's settings the jobs' resources come from: slurm/env.sh computes them from the site

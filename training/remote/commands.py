@@ -131,9 +131,11 @@ def site_of(target):
     """The partition and CPUs the jobs take: the cluster's default preset (its first), as slurm/env.sh does."""
     from stacks.shared.presets import node_shape
     from training.chain import Site
+    from training.chain.graph import INGEST_CPUS_PER_TASK
 
     first = node_shape(target.settings().cluster.presets)["presets"][0]
-    return Site(partition=first["queue"], cpus_per_task=first["cpus_per_gpu"], ingest_cpus_per_task=2)
+    return Site(partition=first["queue"], cpus_per_task=first["cpus_per_gpu"],
+                ingest_cpus_per_task=INGEST_CPUS_PER_TASK)
 
 
 # --- status ----------------------------------------------------------------------------------------------
