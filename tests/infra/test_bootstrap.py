@@ -22,21 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from infra.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "bootstrap" / "on-node-configured.sh"
-FAKE_AWS = """#!/usr/bin/env bash
-# Fake `aws s3 cp [--only-show-errors] SRC DEST` and
-# `aws s3api get-object --bucket B --key K FILE --query LastModified --output text`, over $FAKE_S3_DIR.
-set -euo pipefail
-case "$1 $2" in
-  "s3 cp") shift 2; [[ "$1" == --only-show-errors ]] && shift; cp "${FAKE_S3_DIR}/${1#s3://*/}" "$2" ;;
-  "s3api get-object") cp "${FAKE_S3_DIR}/$6" "$7"; date -u -r "${FAKE_S3_DIR}/$6" +%FT%T+00:00 ;;
-  *) echo "fake aws: unsupported $*" >&2; exit 2 ;;
-esac
-"""
-REQUIREMENTS = "pip\n"  # already in every venv: pip resolves it offline
 FAKE_CTL = """#!/usr/bin/env bash
 # Fake amazon-cloudwatch-agent-ctl: records its arguments.
 echo "$*" >> "${FAKE_CTL_LOG}"

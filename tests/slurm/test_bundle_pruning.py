@@ -24,20 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from infra.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
 from slurm_helpers import REPO, TINY_PIPELINE, log_of
 
 BOOTSTRAP = REPO / "bootstrap" / "on-node-configured.sh"
-FAKE_AWS = """#!/usr/bin/env bash
-# Fake `aws s3 cp [--only-show-errors] SRC DEST` and `aws s3api get-object ... FILE --query LastModified`
-# over $FAKE_S3_DIR: this machine cannot reach S3.
-set -euo pipefail
-case "$1 $2" in
-  "s3 cp") shift 2; [[ "$1" == --only-show-errors ]] && shift; cp "${FAKE_S3_DIR}/${1#s3://*/}" "$2" ;;
-  "s3api get-object") cp "${FAKE_S3_DIR}/$6" "$7"; date -u -r "${FAKE_S3_DIR}/$6" +%FT%T+00:00 ;;
-  *) echo "fake aws: unsupported $*" >&2; exit 2 ;;
-esac
-"""
-REQUIREMENTS = "pip\n"
 HOLDER = """#!/bin/bash
 # A job submitted by hand: it sources env.sh and lib.sh as every slurm/*.slurm script does, then waits for
 # the test to release it, and imports the training package of the bundle it started with.
