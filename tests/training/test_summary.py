@@ -27,10 +27,12 @@ def knn_payload() -> dict:
     }
 
 
-def fake_scontrol(bin_dir, times: dict[str, tuple[str, str]]) -> None:
-    """An `scontrol show job -o ID` that prints the start and end time of each known job, and no other
-    source of Slurm's accounting."""
-    cases = "\n".join(f'  {job}) echo "JobId={job} StartTime={a} EndTime={b} Other=x" ;;' for job, (a, b) in times.items())
+def fake_scontrol(bin_dir, times: dict[str, tuple[str, str]], states: dict[str, str] | None = None) -> None:
+    """An `scontrol show job -o ID` that prints the state (COMPLETED unless `states` says otherwise), start
+    and end time of each known job, and no other source of Slurm's accounting."""
+    states = states or {}
+    cases = "\n".join(f'  {job}) echo "JobId={job} JobState={states.get(job, "COMPLETED")} StartTime={a} EndTime={b} '
+                      'Other=x" ;;' for job, (a, b) in times.items())
     script = bin_dir / "scontrol"
     script.write_text(f'#!/bin/sh\ncase "$4" in\n{cases}\nesac\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -47,11 +49,13 @@ def test_summary_takes_each_headline_tag_at_its_best_k(tmp_path, monkeypatch, ca
     layout.knn_json.write_text(json.dumps(knn_payload()))
     layout.timings.write_text(json.dumps({"pretrain": 12.5, "knn": 0.5}))
     jobs = tmp_path / "jobs.txt"
-    jobs.write_text("pretrain 101\nknn 102\n")
+    jobs.write_text("pretrain 101\nknn 102\nplots 103\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # 103 still runs: scontrol gives it the end of its time limit as EndTime, which is no run time.
     fake_scontrol(bin_dir, {"101": ("2026-11-23T10:00:00", "2026-11-23T10:01:30"),
-                            "102": ("2026-11-23T10:02:00", "Unknown")})
+                            "102": ("2026-11-23T10:02:00", "Unknown"),
+                            "103": ("2026-11-23T10:03:00", "2026-11-23T11:03:00")}, states={"103": "RUNNING"})
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
     assert main(["summary", "--set", f"run.output_dir={layout.root}", "--jobs", str(jobs),
