@@ -39,6 +39,7 @@ from stacks.images import KEEP, built_images, images_in_use, listing_command, pl
 from stacks.pcs.config import LOGIN_GROUP
 from stacks.shared.constants import BUILD_TAG_KEY, NODE_GROUP_TAG
 from stacks.shared.settings import STACKS, Settings, SettingsError, load_settings_file, settings_from
+from training.config.dotted import DottedKeyError, context_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECORD = REPO_ROOT / "deployment.json"
@@ -151,17 +152,6 @@ def save(record: Deployment, path: Path) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps(record.to_json(), indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, path)
-
-
-def parse_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    """`-c KEY=VALUE` options as the CDK CLI takes them."""
-    context = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise DeploymentError(f"-c {pair!r}: give KEY=VALUE, e.g. -c region=us-west-2")
-        context[key] = value
-    return context
 
 
 def resolve(context: dict[str, str], cdk_json: Path = REPO_ROOT / "cdk.json") -> Settings:
@@ -540,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
     try:
-        given = parse_pairs(getattr(args, "context", []))
+        given = context_pairs(getattr(args, "context", []), example="region=us-west-2")
         if getattr(args, "region", None):
             given["region"] = args.region
         request = Request(path=args.deployment, given=given, print_only=args.print_only)
@@ -556,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ssm":
             return ssm(request, args.target)
         return show(request, args.name)
-    except DeploymentError as error:
+    except (DeploymentError, DottedKeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

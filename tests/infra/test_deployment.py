@@ -207,6 +207,8 @@ def test_a_bad_setting_or_stack_name_is_one_line(tmp_path, capsys):
     path = tmp_path / "deployment.json"
     code, _, err = run_main(capsys, "deploy", "--print", "--deployment", str(path), "-c", "cluster.max_nodes=lots")
     assert code == 2 and "setting cluster.max_nodes" in one_error_line(err)
+    code, _, err = run_main(capsys, "deploy", "--print", "--deployment", str(path), "-c", "region")
+    assert code == 2 and "-c 'region': give KEY=VALUE, e.g. -c region=us-west-2" in one_error_line(err)
     write_record(path)
     code, _, err = run_main(capsys, "destroy", "clustr", "--print", "--deployment", str(path))
     assert code == 2 and "no stack 'clustr'" in one_error_line(err)

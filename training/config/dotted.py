@@ -9,6 +9,7 @@ One conversion for both trees a user writes: the run configuration (training/con
     hint_of(Config, "optim.epochs")               -> int
     set_dotted(tree, "optim.epochs", 2, Config)   tree["optim"]["epochs"] = 2
     Conversion().build(Config, tree)              -> Config(...), each value converted to its field's type
+    context_pairs(["cluster.max_nodes=4"], ...)   -> {"cluster.max_nodes": "4"}  (`-c` as the CDK CLI takes it)
 
 Errors are a `DottedKeyError` naming the dotted key; each tree's loader turns it into its own error.
 """
@@ -97,6 +98,18 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type) -> Non
             raise DottedKeyError(f"unknown config section {dotted!r}: {suggest(part, fields or node)}")
         node = node[part]
     node[leaf] = value
+
+
+def context_pairs(pairs: Iterable[str], example: str) -> dict[str, str]:
+    """`-c KEY=VALUE` options as the CDK CLI takes them, a later key winning (`python -m stacks.deployment`
+    and `python -m training plan`); one without `=` or a key is an error showing `-c <example>`."""
+    context = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise DottedKeyError(f"-c {pair!r}: give KEY=VALUE, e.g. -c {example}")
+        context[key] = value
+    return context
 
 
 @dataclass(frozen=True)

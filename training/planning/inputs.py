@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import Config
+from training.config.dotted import DottedKeyError, context_pairs
 from training.costs.flops import (
     activation_bytes_per_image,
     eval_flops_per_image,
@@ -98,13 +99,11 @@ def cdk_context(given: Path | None, overrides: list[str]) -> dict[str, Any]:
     path = next((candidate for candidate in candidates if candidate.is_file()), None)
     if path is None:
         raise UserError(f"cdk.json not found ({given or 'in this folder or the repository'}): give --cdk-json PATH")
-    context = json.loads(path.read_text()).get("context", {})
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"-c {item!r}: give KEY=VALUE, e.g. -c cluster.max_nodes=4")
-        context[key] = value
-    return context
+    try:
+        return {**json.loads(path.read_text()).get("context", {}),
+                **context_pairs(overrides, example="cluster.max_nodes=4")}
+    except DottedKeyError as error:
+        raise UserError(str(error)) from None
 
 
 def read_json_file(path: Path | None, flag: str) -> dict[str, Any] | None:
