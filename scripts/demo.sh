@@ -30,6 +30,11 @@ last_complete_line() {
   printf '%s\n' "$text" | grep -av '^[[:space:]]*$' | tail -n 1 || true
 }
 
+# States of a job that has not ended (squeue's JOB STATE CODES): the chain is still going. The one list
+# that combined_state, follow and live_chain read.
+LIVE_STATES=" PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SUSPENDED STAGE_OUT SIGNALING "
+is_live() { [[ -n "$1" && "$LIVE_STATES" == *" $1 "* ]]; }
+
 # A job's state, whichever of Slurm's sources still knows it: the controller holds a job until
 # MinJobAge after its end (600 s on the local cluster, 300 s by default), then only the job completion
 # log (jobcomp/filetxt, the local cluster: `sacct --completion`) or accounting (slurmdbd: `sacct`)
@@ -54,7 +59,7 @@ job_state() {
 
 # One state for the states of a job's tasks, one a line (a plain job has one).
 combined_state() {
-  awk 'NF {n++; if ($1 == "COMPLETED") done++; else if ($1 ~ /^(PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|REQUEUE_HOLD|REQUEUE_FED|RESIZING|SUSPENDED|STAGE_OUT|SIGNALING)$/) live = $1; else if (bad == "") bad = $1}
+  awk -v live_states="$LIVE_STATES" 'NF {n++; if ($1 == "COMPLETED") done++; else if (index(live_states, " " $1 " ")) live = $1; else if (bad == "") bad = $1}
        END {if (bad != "") print bad; else if (live != "") print live; else if (n && done == n) print "COMPLETED"}'
 }
 
@@ -83,20 +88,22 @@ follow() {
         PENDING) line+="$step:- " ;;
         *) line+="$step:${state:-?} " ;;
       esac
-      case "$state" in
-        COMPLETED) unset "unknown_since[$id]" ;;
-        PENDING | CONFIGURING | RUNNING | COMPLETING | REQUEUED | REQUEUE_HOLD | REQUEUE_FED | RESIZING | SUSPENDED)
-          unset "unknown_since[$id]"
-          all_done=0 ;;
-        "")
-          all_done=0
-          : "${unknown_since[$id]:=$SECONDS}"
-          if ((SECONDS - unknown_since[$id] >= limit)); then
-            printf '%s\n' "$line"
-            lost_job "$step" "$id" "$limit"
-          fi ;;
-        *) printf '%s\n' "$line"; show_failure "$step" "$id" "$state" ;;
-      esac
+      if [ "$state" = COMPLETED ]; then
+        unset "unknown_since[$id]"
+      elif is_live "$state"; then
+        unset "unknown_since[$id]"
+        all_done=0
+      elif [ -z "$state" ]; then
+        all_done=0
+        : "${unknown_since[$id]:=$SECONDS}"
+        if ((SECONDS - unknown_since[$id] >= limit)); then
+          printf '%s\n' "$line"
+          lost_job "$step" "$id" "$limit"
+        fi
+      else
+        printf '%s\n' "$line"
+        show_failure "$step" "$id" "$state"
+      fi
       if [ "$state" = RUNNING ] && [ -z "$running" ]; then running=$entry; fi
     done
     if [ "$line" != "$last" ]; then
@@ -223,9 +230,7 @@ live_chain() {
   local entry
   [ -s "$LOG_DIR/jobs.txt" ] || return 1
   while read -r entry; do
-    case "$(job_state "${entry#* }")" in
-      PENDING | CONFIGURING | RUNNING | COMPLETING | REQUEUED | REQUEUE_HOLD) return 0 ;;
-    esac
+    if is_live "$(job_state "${entry#* }")"; then return 0; fi
   done <"$LOG_DIR/jobs.txt"
   return 1
 }

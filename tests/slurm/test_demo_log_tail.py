@@ -1,9 +1,13 @@
 """The live view of `make demo` (scripts/demo.sh) shows the last line of a job's log that has been
 written whole: a progress bar's latest finished state, never a piece of one. Exercised by sourcing
-the script's function in bash, without Slurm."""
+the script's function in bash, without Slurm. Also, with an `scontrol` that answers as the controller does,
+that the live view keeps following a job in a rare state of one still to end (the local cluster cannot be
+made to hold one on demand)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 
 import pytest
@@ -54,3 +58,23 @@ def test_a_window_cut_from_a_long_log_never_shows_its_cut_first_piece(tmp_path):
 
 def test_a_missing_log_shows_nothing(tmp_path):
     assert last_complete_line(tmp_path / "not-yet.out") == ""
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# `scontrol show job -o ID` of an array whose tasks are staging out and being signalled, then of its end.
+if [ -e "{polled}" ]; then echo "JobId=5 JobState=COMPLETED"; exit 0; fi
+touch "{polled}"
+echo "JobId=5 ArrayTaskId=0 JobState=STAGE_OUT"
+echo "JobId=6 ArrayTaskId=1 JobState=SIGNALING"
+"""
+
+
+def test_a_job_in_any_state_still_to_end_is_followed_to_its_end(tmp_path):
+    """STAGE_OUT and SIGNALING are states of a job that has not ended: the view waits, it does not stop."""
+    (tmp_path / "scontrol").write_text(FAKE_SCONTROL.format(polled=tmp_path / "polled"))
+    (tmp_path / "scontrol").chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG_DIR": str(tmp_path)}
+    result = subprocess.run(["bash", "-c", 'source scripts/demo.sh && follow "prepare 5"'], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "prepare:SIGNALING" in result.stdout and "prepare:done" in result.stdout
