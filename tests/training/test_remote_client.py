@@ -250,6 +250,31 @@ def test_fetch_continues_an_interrupted_download_and_skips_what_is_there(aws, tm
     assert "--what reports: choose from report, knn, profiles" in one_error(capsys)
 
 
+
+def test_fetch_skips_a_multipart_object_whose_stored_sha256_matches(aws, tmp_path, capsys):
+    """A multipart upload's ETag is no MD5 of the content: a file already here is the object when its SHA-256 is
+    the one the uploader stored (training/upload/s3.py); one without it (as FSx's export writes) comes again."""
+    import hashlib
+
+    from boto3.s3.transfer import TransferConfig
+
+    record = record_at(tmp_path / "deployment.json")
+    data = bytes(range(256)) * (6 * 4096)  # 6 MiB: two parts of 5 MiB and 1 MiB
+    source = tmp_path / "upload.bin"
+    source.write_bytes(data)
+    parts = TransferConfig(multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20)
+    aws.upload_file(str(source), BUCKET, "data/runs/r3/profiles/cells.h5ad", Config=parts,
+                    ExtraArgs={"Metadata": {"sha256": hashlib.sha256(data).hexdigest()}})
+    aws.upload_file(str(source), BUCKET, "data/runs/r3/report.html", Config=parts)
+    assert "-" in aws.head_object(Bucket=BUCKET, Key="data/runs/r3/profiles/cells.h5ad")["ETag"]
+    into = tmp_path / "here"
+    args = ["remote", "fetch", "runs/r3", "--deployment", str(record), "--what", "report,profiles", "--into", str(into)]
+    assert main(args) == 0
+    assert "2 file(s) downloaded" in capsys.readouterr().err
+    assert (into / "profiles" / "cells.h5ad").read_bytes() == data
+    assert main(args) == 0
+    assert f"1 file(s) downloaded ({len(data)} bytes), 1 already here" in capsys.readouterr().err
+
 def test_the_tunnel_is_an_ssm_port_forward_to_the_head_node(tmp_path, capsys):
     record = record_at(tmp_path / "deployment.json")
     assert main(["remote", "tunnel", "--print", "--deployment", str(record)]) == 0
