@@ -3,17 +3,17 @@ whatever the jobs write under the file system's data folder (/fsx/data/<path> is
 
     folder = RunFolder(s3, bucket, "data", "/fsx/data", "/fsx/data/runs/NAME")
     folder.key_of("/fsx/data/runs/NAME/report.html")      # data/runs/NAME/report.html
-    folder.listing()                                       # {relative path: (size, etag, modified)}
+    folder.listing()                                       # {relative path: RemoteObject(size, etag)}
     fetch(folder, ["report.html", ...], Path("results"))   # resumable, with progress on large files
 
 Fetching is resumable: a file already here with the object's size and content (its MD5 ETag, or the
-sha256 the uploader stored) is skipped; a download goes to <file>.part first and continues from where an
-interrupted one stopped (an HTTP range request), then is renamed.
+sha256 the uploader stored, compared as training/upload/s3.py does) is skipped; a download goes to
+<file>.part first and continues from where an interrupted one stopped (an HTTP range request), then is
+renamed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 from training.errors import UserError
 from training.rundir import RunLayout
+from training.upload.s3 import RemoteObject, existing_objects, hash_file
 
 CHUNK = 8 * 2**20
 PROGRESS_BYTES = 16 * 2**20
@@ -32,13 +33,6 @@ PARTS = {"report": [_RUN.report], "knn": [_RUN.knn], "profiles": [_RUN.profiles]
          "linear": [_RUN.linear]}
 """`remote fetch --what` names -> the run's files or folders they stand for (paths relative to the run)."""
 DEFAULT_PARTS = ("report", "knn", "profiles", "plots", "results", "bill")
-
-
-@dataclass(frozen=True)
-class Entry:
-    size: int
-    etag: str
-    modified: float
 
 
 @dataclass(frozen=True)
@@ -63,15 +57,10 @@ class RunFolder:
     def root_key(self) -> str:
         return self.key_of(self.run) + "/"
 
-    def listing(self) -> dict[str, Entry]:
+    def listing(self) -> dict[str, RemoteObject]:
         """Every object of the run folder by its path relative to the run."""
-        found: dict[str, Entry] = {}
-        paginator = self.s3.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.root_key):
-            for item in page.get("Contents", []):
-                found[item["Key"][len(self.root_key):]] = Entry(
-                    item["Size"], item["ETag"].strip('"'), item["LastModified"].timestamp())
-        return found
+        return {key[len(self.root_key):]: found
+                for key, found in existing_objects(self.s3, self.bucket, self.root_key).items()}
 
     def read(self, relative: str) -> bytes | None:
         """One file of the run (relative to the run), None when the bucket lacks it."""
@@ -117,7 +106,7 @@ def exists_in(folder: RunFolder) -> Callable[[Path], bool]:
     return exists
 
 
-def select(listing: dict[str, Entry], parts: Iterable[str]) -> list[str]:
+def select(listing: dict[str, RemoteObject], parts: Iterable[str]) -> list[str]:
     """The run's files that the named parts stand for (PARTS), in a stable order."""
     chosen: set[str] = set()
     for part in parts:
@@ -128,17 +117,15 @@ def select(listing: dict[str, Entry], parts: Iterable[str]) -> list[str]:
     return sorted(chosen)
 
 
-def same_content(path: Path, entry: Entry, stored_sha256: str | None) -> bool:
+def same_content(path: Path, entry: RemoteObject, stored_sha256: str | None) -> bool:
     """Whether the local file is the object: same size, and its MD5 is a single-part ETag or its SHA-256 is
-    the one the uploader stored."""
+    the one the uploader stored. A multipart ETag with no stored SHA-256 matches nothing: the file is not read."""
     if not path.is_file() or path.stat().st_size != entry.size:
         return False
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-    return md5.hexdigest() == entry.etag or (stored_sha256 is not None and sha.hexdigest() == stored_sha256)
+    if "-" in entry.etag and stored_sha256 is None:
+        return False
+    sha256, md5 = hash_file(path)
+    return md5 == entry.etag or sha256 == stored_sha256
 
 
 @dataclass(frozen=True)
@@ -148,7 +135,7 @@ class Fetched:
     bytes: int
 
 
-def fetch(folder: RunFolder, paths: list[str], target: Path, *, listing: dict[str, Entry],
+def fetch(folder: RunFolder, paths: list[str], target: Path, *, listing: dict[str, RemoteObject],
           progress: Callable[[str, int], Any] | None = None) -> Fetched:
     """Download the run's files at `paths` into `target` (the same relative paths), resumably."""
     downloaded = skipped = total = 0
@@ -168,7 +155,7 @@ def fetch(folder: RunFolder, paths: list[str], target: Path, *, listing: dict[st
     return Fetched(downloaded, skipped, total)
 
 
-def _download(folder: RunFolder, key: str, entry: Entry, local: Path, progress) -> int:
+def _download(folder: RunFolder, key: str, entry: RemoteObject, local: Path, progress) -> int:
     """One object into local (through local.part, continued from its length when the object is unchanged)."""
     part = local.with_name(local.name + ".part")
     tag = local.with_name(local.name + ".part-etag")
