@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stacks.images import KEEP, built_images, images_in_use, listing_command, plan, prune
-from stacks.pcs.config import LOGIN_GROUP
+from stacks.pcs.config import LOGIN_GROUP, node_group_tag
 from stacks.shared.constants import BUILD_TAG_KEY, NODE_GROUP_TAG
 from stacks.shared.settings import STACKS, Settings, SettingsError, load_settings_file, settings_from
 from training.config.dotted import DottedKeyError, context_pairs
@@ -93,7 +93,7 @@ class Deployment:
     def of(cls, settings: Settings, context: dict[str, str], account: str = "",
            outputs: dict[str, dict[str, str]] | None = None) -> Deployment:
         pinned = {"region": settings.region, "prefix": settings.prefix}
-        login = f"{NODE_GROUP_TAG}={settings.cluster_name}/{LOGIN_GROUP}" if settings.backend == "pcs" else ""
+        login = f"{NODE_GROUP_TAG}={node_group_tag(settings, LOGIN_GROUP)}" if settings.backend == "pcs" else ""
         return cls(prefix=settings.prefix, region=settings.region, backend=settings.backend,
                    account=settings.account or account, stacks=settings.stack_names,
                    cluster_name=settings.cluster_name, ami_parameter=settings.ami_parameter,

@@ -96,6 +96,13 @@ def pcs_node_groups(settings: Settings) -> list[NodeGroupSpec]:
     return groups
 
 
+def node_group_tag(settings: Settings, key: str) -> str:
+    """The NODE_GROUP_TAG value on the nodes of the group `key` (a NodeGroupSpec's key): <cluster>/<key>. The login
+    nodes are found by <cluster>/login (the ConnectCommand output, the REST client's port forwards,
+    `python -m stacks.deployment ssm`), whatever their group's name."""
+    return f"{settings.cluster_name}/{key}"
+
+
 def group_id(spec: NodeGroupSpec) -> str:
     """A construct id for a group: PascalCase of its key (gpu-g4dn12xl -> GpuG4dn12xl), the same whatever its type."""
     return "".join(part[:1].upper() + part[1:] for part in spec.key.split("-"))

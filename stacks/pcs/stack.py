@@ -18,7 +18,15 @@ from aws_cdk import aws_pcs as pcs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.pcs.config import LOGIN_GROUP, NodeGroupSpec, group_id, mime_user_data, node_script, pcs_node_groups
+from stacks.pcs.config import (
+    LOGIN_GROUP,
+    NodeGroupSpec,
+    group_id,
+    mime_user_data,
+    node_group_tag,
+    node_script,
+    pcs_node_groups,
+)
 from stacks.pcs.nodes import ROOT_DEVICES, NodeLaunchTemplate, PcsNodeProfile
 from stacks.pcs.scheduler_logs import SchedulerLogs
 from stacks.shared.common import logs_key
@@ -65,7 +73,7 @@ class PcsClusterStack(cdk.Stack):
             cluster_name=settings.cluster_name, log_retention_days=settings.cluster.log_retention_days, logs_key=key)
         self.rest_client = (PcsRestClientPolicy(
             self, "RestClient", cluster_arn=self.cluster.attr_arn, cluster_id=self.cluster.attr_id,
-            login_tag=f"{settings.cluster_name}/{LOGIN_GROUP}") if pcs_rest_api(settings) else None)
+            login_tag=node_group_tag(settings, LOGIN_GROUP)) if pcs_rest_api(settings) else None)
         policies = [data_policy, self.node_bundle.read_policy]
         self.profiles = {
             "compute": PcsNodeProfile(self, "ComputeNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
@@ -141,7 +149,7 @@ class PcsClusterStack(cdk.Stack):
         template = NodeLaunchTemplate(
             self, f"{construct_id}Launch", spec=spec, subnet_id=self._subnet_id, security_group_ids=security_group_ids,
             user_data=self._user_data(spec, dns_name, mount_name), root_device=ROOT_DEVICES[settings.image.os],
-            root_gib=settings.cluster.root_volume_gib, group_tag=f"{settings.cluster_name}/{spec.key}").template
+            root_gib=settings.cluster.root_volume_gib, group_tag=node_group_tag(settings, spec.key)).template
         return pcs.CfnComputeNodeGroup(
             self, f"{construct_id}Group", cluster_id=self.cluster.attr_id, name=spec.name,
             iam_instance_profile_arn=self._profile(spec).profile.instance_profile_arn,
@@ -161,7 +169,7 @@ class PcsClusterStack(cdk.Stack):
 
     def _outputs(self) -> None:
         settings = self._settings
-        login_tag = f"{settings.cluster_name}/login"
+        login_tag = node_group_tag(settings, LOGIN_GROUP)
         find_login = ("$(aws ec2 describe-instances --region " + self.region
                       + f" --filters Name=tag:{NODE_GROUP_TAG},Values={login_tag} Name=instance-state-name,Values=running"
                       " --query 'Reservations[0].Instances[0].InstanceId' --output text)")
