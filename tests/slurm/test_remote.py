@@ -210,3 +210,36 @@ def test_a_token_signed_here_with_the_cluster_key_is_what_pcs_clients_send(clust
     api.check()
     assert api.version == "v0.0.38"
     assert api.jobs("999999") == [], "a job Slurm does not know is an empty list, not an error"
+
+
+def test_cancel_ends_the_jobs_slurm_still_has_and_passes_over_the_rest(cluster, aws, tmp_path, capsys):
+    """`remote cancel` against the real controller: of the record's jobs, the one still waiting is cancelled
+    through slurmrestd, one Slurm has forgotten is passed over; a second cancel finds none left."""
+    from training.remote.fields import JobRequest
+    from training.remote.jobs import Submission, Submitted
+    from training.remote.rest import JobUnknown, SlurmRest
+    from training.remote.tokens import PosixUser, claims_for, sign_hs256
+
+    key = (cluster.base / "etc" / "jwt_hs256.key").read_bytes()
+    api = SlurmRest(REST, sign_hs256(key, claims_for(PosixUser("root", 0, 0))), user="root")
+    sleeper = api.submit(JobRequest("#!/bin/bash\nsleep 600\n", (), {"PATH": "/usr/bin:/bin"}, str(tmp_path),
+                                    {"job-name": "scdino-sleeper", "ntasks": "1", "cpus-per-task": "1",
+                                     "output": str(tmp_path / "%x_%j.out")}))
+    with pytest.raises(JobUnknown, match="job 999999: Slurm knows no such job"):
+        api.cancel("999999")
+    fsx_data = tmp_path / "fsx" / "data"
+    submission = Submission(str(fsx_data / "runs" / "cancel-me"), str(fsx_data / "runs" / "cancel-me.yaml"),
+                            "v0.0.38", REST, "2026-11-27T00:00:00Z",
+                            (Submitted("forgotten", "999999", "scdino-forgotten"),
+                             Submitted("sleeper", sleeper, "scdino-sleeper", ("forgotten",))))
+    aws["s3"].put_object(Bucket=BUCKET, Key="data/runs/cancel-me.jobs.json", Body=submission.to_json().encode())
+    record = tmp_path / "deployment.json"
+    write_record(record, aws["secret"])
+    try:
+        assert main(laptop(record, fsx_data, "cancel", "runs/cancel-me")) == 0
+        assert f"cancelled 1 job(s) of {fsx_data}/runs/cancel-me: sleeper {sleeper}" in capsys.readouterr().err
+        assert cluster.wait(sleeper, timeout=120)["JobState"] == "CANCELLED"
+        assert main(laptop(record, fsx_data, "cancel", "runs/cancel-me")) == 0
+        assert "cancelled 0 job(s)" in capsys.readouterr().err
+    finally:
+        subprocess.run(["scancel", sleeper], env=cluster.env, capture_output=True, timeout=60)
