@@ -199,16 +199,16 @@ class SlurmRest:
     def jobs(self, job_id: str) -> list[JobState]:
         """The job (every task of an array), or [] once the controller has forgotten it (MinJobAge)."""
         status, answer = self._call("GET", f"/slurm/{self.version}/job/{job_id}")
-        if _errno(answer) == INVALID_JOB_ID or (status != 200 and not answer.get("jobs")):
-            if status == 200 or _errno(answer) == INVALID_JOB_ID or "invalid job id" in _first_error(answer).lower():
-                return []
+        if _unknown_job(answer):
+            return []
+        if status != 200 and not answer.get("jobs"):
             raise RestError(f"job {job_id}: HTTP {status} {_first_error(answer)}")
         return [job_state(job) for job in answer.get("jobs", [])]
 
     def cancel(self, job_id: str) -> None:
         """Cancel a job (every task of an array); a job that already ended is left as it is."""
         status, answer = self._call("DELETE", f"/slurm/{self.version}/job/{job_id}")
-        if _errno(answer) == INVALID_JOB_ID or "invalid job id" in _first_error(answer).lower():
+        if _unknown_job(answer):
             raise JobUnknown(f"job {job_id}: Slurm knows no such job (it ended more than MinJobAge ago, or never was)")
         if status != 200 and _errno(answer) not in (0, 2021):  # 2021: ESLURM_ALREADY_DONE
             raise RestError(f"cancelling job {job_id}: HTTP {status} {_first_error(answer)}")
@@ -232,6 +232,12 @@ def _first_error(answer: dict) -> str:
         if text:
             return str(text)
     return ""
+
+
+def _unknown_job(answer: dict) -> bool:
+    """Whether the answer says the controller knows no such job: by its error number, or by its words where a
+    version gives none."""
+    return _errno(answer) == INVALID_JOB_ID or "invalid job id" in _first_error(answer).lower()
 
 
 def _errno(answer: dict) -> int:
