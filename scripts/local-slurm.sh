@@ -358,17 +358,22 @@ start_slurmd() {
 }
 
 # Any HTTP answer will do: without a token, the API answers 401.
-rest_works() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$REST_PORT/openapi/v3")" != 000 ]; }
+rest_works() {
+  [ "$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$REST_PORT/openapi/v3")" != 000 ]
+}
 
 # slurmrestd on loopback with JWT authentication only; it drops root for nobody before serving requests.
+# It answers within 0.1 s on an idle machine; the deadline is for a machine busy with the tests.
 start_slurmrestd() {
-  local i
+  local deadline=$((SECONDS + 30))
   alive "$BASE/run/slurmrestd.pid" slurmrestd && return 0
   SLURM_JWT=daemon setsid slurmrestd -a rest_auth/jwt -s "$REST_PLUGINS" -u nobody -g nogroup \
     "127.0.0.1:$REST_PORT" </dev/null >>"$BASE/log/slurmrestd.log" 2>&1 &
   echo $! >"$BASE/run/slurmrestd.pid"
-  for i in $(seq 50); do rest_works && return 0; sleep 0.1; done
-  die "slurmrestd did not answer on 127.0.0.1:$REST_PORT; see $BASE/log/slurmrestd.log"
+  until rest_works; do
+    ((SECONDS < deadline)) || die "slurmrestd did not answer on 127.0.0.1:$REST_PORT after 30 s; see $BASE/log/slurmrestd.log"
+    sleep 0.1
+  done
 }
 
 stop_slurm_daemons() {
