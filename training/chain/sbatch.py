@@ -14,6 +14,9 @@ from pathlib import Path
 from training.chain.graph import JobSpec, SbatchValue
 from training.errors import UserError
 
+BUNDLE = Path(__file__).resolve().parents[2]
+"""The folder holding training/ and slurm/ that this code runs from: a checkout, or the bundle installed on
+the cluster."""
 _DIRECTIVE = re.compile(r"#SBATCH\s+--([a-z][a-z0-9-]*)(?:=(\S+))?(?:\s+#.*)?\s*")
 
 

@@ -81,6 +81,7 @@ def submission_of(folder):
 
 def submit(target, session, config: Config, args: argparse.Namespace) -> int:
     from training.chain import ChainOptions, plan
+    from training.chain.sbatch import BUNDLE
     from training.remote.bucket import exists_in
     from training.remote.jobs import Submission, submit_chain
     from training.remote.target import job_environment
@@ -104,7 +105,7 @@ def submit(target, session, config: Config, args: argparse.Namespace) -> int:
     folder.s3.upload_file(str(args.config), folder.bucket, config_key)
     print(f"config: s3://{folder.bucket}/{config_key} (on the cluster {run_dir}.yaml)", file=sys.stderr)
     environment = job_environment(target, dict(pair_of(pair) for pair in args.env))
-    jobs = submit_chain(api, list(chain.jobs), bundle=bundle_here(), slurm_dir=f"{target.bundle}/slurm", run=run_dir,
+    jobs = submit_chain(api, list(chain.jobs), bundle=BUNDLE, slurm_dir=f"{target.bundle}/slurm", run=run_dir,
                         config=run_dir + ".yaml", environment=environment,
                         on_job=lambda label, job_id: print(f"{label} {job_id}", flush=True))
     record = Submission(run=run_dir, config=run_dir + ".yaml", api=api.version, endpoint=target.endpoint,
@@ -120,11 +121,6 @@ def pair_of(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise UserError(f"--env {text!r}: give KEY=VALUE, e.g. --env SCDINO_PRESET=p4d.24xlarge")
     return key, value
-
-
-def bundle_here() -> Path:
-    """The repository (or installed bundle) this code runs from: its slurm/ scripts are the ones submitted."""
-    return Path(__file__).resolve().parents[2]
 
 
 def site_of(target):

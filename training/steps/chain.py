@@ -22,11 +22,12 @@ from training.errors import UserError
 
 READS_ITS_OWN_CONFIG = True
 """The CLI hands this command its arguments unread: a bad configuration is the chain's own one-line error."""
-BUNDLE = Path(__file__).resolve().parents[2]
-"""The folder holding training/ and slurm/: this checkout, or the bundle installed on the cluster."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from training.chain.graph import DEFAULT_OUTPUT
+    from training.chain.sbatch import BUNDLE
+
     parser.add_argument("--from", dest="first", metavar="STEP", help="first step (default: the chain's first)")
     parser.add_argument("--to", dest="last", default="report", metavar="STEP", help="last step (default: report)")
     parser.add_argument("--nodes", help="pretraining nodes (default: pretrain.slurm's)")
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus-per-task", required=True, help="CPUs of a single-process step (SCDINO_CPUS_PER_TASK)")
     parser.add_argument("--ingest-cpus-per-task", required=True,
                         help="CPUs of each ingest job or task (SCDINO_INGEST_CPUS_PER_TASK)")
-    parser.add_argument("--output", default="logs/%x_%j.out", help="sbatch's --output pattern (default: %(default)s)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="sbatch's --output pattern (default: %(default)s)")
     parser.add_argument("--comment", default="", help="sbatch's --comment of every job (the bundle's mark)")
     parser.add_argument("--bundle", type=Path, default=BUNDLE, help="the folder holding slurm/ (default: %(default)s)")
     parser.add_argument("--format", choices=("commands", "json", "nul"), default="commands", help="what to print")
