@@ -88,6 +88,29 @@ def test_the_prepare_array_keeps_its_array_and_whole_nodes(chain):
     assert options["output"] == "/fsx/data/runs/x/logs/%x_%j.out"
 
 
+
+def test_the_arrival_job_outlives_its_wait_and_the_chain_waits_for_it(chain):
+    """submit_chain's own first job waits at most ARRIVAL_MINUTES for the config: its time limit is longer, or
+    Slurm would end it before it could say that the config never came."""
+    from training.remote.jobs import ARRIVAL_MINUTES, submit_chain
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sent: list[JobRequest] = []
+
+        def submit(self, request: JobRequest) -> str:
+            self.sent.append(request)
+            return str(len(self.sent))
+
+    api = Recorder()
+    done = submit_chain(api, chain[:2], bundle=REPO, slurm_dir="/apps/scdino/slurm", run="/fsx/data/runs/x",
+                        config="/fsx/data/runs/x.yaml", environment={})
+    arrival = api.sent[0].options
+    assert arrival["job-name"] == "scdino-arrival" and arrival["partition"] == "gpu-g4dn12xl"
+    assert minutes(arrival["time"]) > ARRIVAL_MINUTES
+    assert [job.after for job in done] == [(), ("arrival",), ("prepare-parts",)]
+    assert api.sent[1].options["dependency"] == "afterok:1"
+
 def test_an_sbatch_option_without_a_rest_field_is_refused_naming_it():
     request = JobRequest("#!/bin/bash\n", options={"job-name": "scdino-x", "mail-user": "someone"})
     with pytest.raises(UserError, match="sbatch option --mail-user .*job scdino-x.* has no REST field"):

@@ -104,7 +104,8 @@ def submit_chain(api: SlurmRest, jobs: list[JobSpec], *, bundle: Path, slurm_dir
         done.append(Submitted(label, ids[label], str(request.options.get("job-name", label)), after))
         on_job(label, ids[label])
 
-    arrival = {"job-name": f"scdino-{ARRIVAL}", "ntasks": "1", "cpus-per-task": "1", "time": "00:20:00",
+    arrival = {"job-name": f"scdino-{ARRIVAL}", "ntasks": "1", "cpus-per-task": "1",
+               "time": str(ARRIVAL_MINUTES + 5),  # its wait, and time to start and to say why it gave up
                "output": "/tmp/scdino-arrival-%j.out"}
     first = jobs[0].sbatch.get("partition") if jobs else None
     if first:
