@@ -241,6 +241,31 @@ def test_status_reads_the_run_folder_when_the_rest_api_is_out_of_reach(aws, tmp_
     assert f"no Slurm REST API answers at {closed}" in out and "check that slurmrestd runs there" in out
 
 
+
+def test_status_takes_a_forgotten_job_as_completed_only_when_a_job_that_waited_for_it_completed(aws):
+    """Two channel combinations' chains side by side: one finished, the other's job failed and Slurm forgot it.
+    The finished chain proves its own jobs and the shared ones (afterok), not the other chain's; a
+    combination's step is not timed in the parent run's timings.json."""
+    from training.remote.bucket import RunFolder
+    from training.remote.commands import describe
+    from training.remote.jobs import Submission, Submitted
+
+    aws.put_object(Bucket=BUCKET, Key="data/runs/r4/timings.json", Body=b'{"mean-std": 1.5, "knn": 9.0}')
+    folder = RunFolder(aws, BUCKET, "data", "/fsx/data", "/fsx/data/runs/r4")
+    jobs = (Submitted("arrival", "21", "scdino-arrival"), Submitted("mean-std", "22", "scdino-mean-std", ("arrival",)),
+            Submitted("knn:0", "23", "scdino-knn-0", ("mean-std",)), Submitted("knn:01", "24", "scdino-knn-01",
+                                                                             ("mean-std",)))
+    record = Submission("/fsx/data/runs/r4", "/fsx/data/runs/r4.yaml", "v0.0.38", "http://127.0.0.1:6820",
+                        "2026-11-27T00:00:00Z", jobs)
+    forgotten = "forgotten by Slurm"
+    lines, ended, failed = describe(folder, record, {"arrival": forgotten, "mean-std": forgotten, "knn:0": forgotten,
+                                                     "knn:01": "COMPLETED"}, {}, 0)
+    assert "  arrival                21  COMPLETED (from the run folder)" in lines
+    assert "  mean-std               22  COMPLETED (from the run folder)  2 s" in lines
+    assert "  knn:0                  23  forgotten by Slurm" in lines, "knn:01 did not wait for it"
+    assert "  knn:01                 24  COMPLETED" in lines
+    assert ended and not failed
+
 def test_a_run_that_does_not_exist_is_one_line(aws, tmp_path, capsys):
     record = record_at(tmp_path / "deployment.json")
     assert main(["remote", "fetch", "runs/never", "--deployment", str(record)]) == 2

@@ -180,23 +180,22 @@ def describe(folder, record, states: dict[str, str], listing, lines: int) -> tup
     timings = folder.read_json(relative(RUN.timings)) or {}
     out = [f"run {folder.run}  (s3://{folder.bucket}/{folder.root_key})"]
     jobs = record.jobs if record else ()
-    done_after = False
+    proven: set[str] = set()  # the jobs a completed job waited for: completed too (afterok)
     shown = []
-    for job in reversed(jobs):  # a later job completed: every job it waited for completed (afterok)
+    for job in reversed(jobs):  # those come before it in the record
         state = states.get(job.label, "")
-        step = job.label.split(":")[0]
-        if not state or state == "forgotten by Slurm":
-            if step in timings or done_after:
+        if not state or state == "forgotten by Slurm":  # the run's own steps time themselves in timings.json
+            if job.label in timings or job.label in proven:
                 state = "COMPLETED (from the run folder)"
             else:
                 state = state or "unknown"
-        done_after = done_after or state.startswith("COMPLETED")
+        if state.startswith("COMPLETED"):
+            proven.update(job.after)
         shown.append((job, state))
     ended = bool(jobs)
     failed = False
     for job, state in reversed(shown):
-        step = job.label.split(":")[0]
-        took = f"  {timings[step]:.0f} s" if step in timings and isinstance(timings[step], (int, float)) else ""
+        took = f"  {timings[job.label]:.0f} s" if isinstance(timings.get(job.label), (int, float)) else ""
         out.append(f"  {job.label:<16} {job.job_id:>8}  {state}{took}")
         log = f"{relative(RUN.logs)}/{job.name}_{job.job_id}.out"
         if log in listing and lines > 0:
