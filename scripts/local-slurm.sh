@@ -51,7 +51,8 @@ SUBNET=${SLURM_LOCAL_SUBNET:-10.99.0}
 REST_PORT=${SLURM_LOCAL_REST_PORT:-6820}
 # slurmctld's OpenAPI plugins; the dbv* ones need slurmdbd, which this cluster has not.
 REST_PLUGINS=openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38
-JWT_PLUGIN=/usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so
+# Debian's JWT plugin, in the multiarch folder of this machine (x86_64-linux-gnu, aarch64-linux-gnu).
+JWT_PLUGIN=/usr/lib/$(uname -m)-linux-gnu/slurm-wlm/auth_jwt.so
 BRIDGE=slurmbr0
 CONF_LINK=/etc/slurm/slurm.conf
 HOSTS_BEGIN="# BEGIN local-slurm (scripts/local-slurm.sh)"
