@@ -120,9 +120,10 @@ def test_an_sbatch_option_without_a_rest_field_is_refused_naming_it():
 class _FakeSlurmrestd(http.server.BaseHTTPRequestHandler):
     """A stand-in for a Slurm >= 23.02 slurmrestd (none runs here: Debian 12 packages 22.05): it serves an
     OpenAPI document whose v0.0.43 job description lacks the fields of warning signals, and records what
-    reaches /job/submit."""
+    reaches /job/submit and which paths were asked with which token."""
 
     received: list[dict] = []
+    asked: list[tuple[str, str]] = []
     document = {"paths": {f"/slurm/{v}/job/submit": {} for v in ("v0.0.41", "v0.0.42", "v0.0.43")}
                 | {"/slurmdb/v0.0.43/jobs": {}},
                 "components": {"schemas": {"v0.0.43_job_desc_msg": {"properties": {
@@ -130,6 +131,7 @@ class _FakeSlurmrestd(http.server.BaseHTTPRequestHandler):
                                           "partition", "cpus_per_task", "standard_output", "time_limit")}}}}}
 
     def do_GET(self):  # noqa: N802 (http.server's name)
+        self.asked.append((self.path, self.headers.get("X-SLURM-USER-TOKEN", "")))
         self._answer(200, self.document)
 
     def do_POST(self):  # noqa: N802
@@ -153,6 +155,7 @@ def newer_server():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSlurmrestd)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _FakeSlurmrestd.received.clear()
+    _FakeSlurmrestd.asked.clear()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
@@ -265,6 +268,31 @@ def test_status_takes_a_forgotten_job_as_completed_only_when_a_job_that_waited_f
     assert "  knn:0                  23  forgotten by Slurm" in lines, "knn:01 did not wait for it"
     assert "  knn:01                 24  COMPLETED" in lines
     assert ended and not failed
+
+
+def test_each_look_of_status_reads_the_token_again_and_the_openapi_document_once(aws, newer_server, tmp_path):
+    """status --follow looks every few seconds: the head node's renewed token each time, but not the server's
+    OpenAPI document again (hundreds of kilobytes through the SSM tunnel)."""
+    from training.remote.commands import job_states
+    from training.remote.jobs import Submission, Submitted
+    from training.remote.target import aws_session, load_target
+
+    secrets = boto3.client("secretsmanager", region_name="us-west-2")
+    secret = secrets.create_secret(Name="rest-token-looks", SecretString=json.dumps({"token": "first.b.c"}))["ARN"]
+    target = load_target(record_at(tmp_path / "deployment.json", secret=secret), endpoint=newer_server,
+                         cluster_data=None, bundle="/apps/scdino", region=None)
+    session = aws_session(target)
+    record = Submission("/fsx/data/runs/r5", "/fsx/data/runs/r5.yaml", "v0.0.43", newer_server,
+                        "2026-11-27T00:00:00Z", (Submitted("knn", "42", "scdino-knn"),))
+    states, note, api = job_states(target, session, record)
+    assert (states, note) == ({"knn": "forgotten by Slurm"}, "")
+    secrets.put_secret_value(SecretId=secret, SecretString=json.dumps({"token": "renewed.b.c"}))
+    states, note, api = job_states(target, session, record, api)
+    assert (states, note) == ({"knn": "forgotten by Slurm"}, "")
+    asked = _FakeSlurmrestd.asked
+    assert [path for path, _ in asked].count("/openapi/v3") == 1
+    assert [token for path, token in asked if path.endswith("/ping")] == ["first.b.c", "renewed.b.c"]
+    assert [token for path, token in asked if path.endswith("/job/42")] == ["first.b.c", "renewed.b.c"]
 
 def test_a_run_that_does_not_exist_is_one_line(aws, tmp_path, capsys):
     record = record_at(tmp_path / "deployment.json")

@@ -58,12 +58,15 @@ def folder_of(target, session, run_dir: str):
     return RunFolder(session.client("s3"), target.bucket, target.record.data_prefix, target.cluster_data, run_dir)
 
 
-def rest_api(target, session):
+def rest_api(target, session, last=None):
+    """The REST API with a token read now, checked; the OpenAPI document of LAST (the API an earlier look used),
+    when given, rather than reading it again (hundreds of kilobytes through the tunnel)."""
     from training.remote.rest import SlurmRest
     from training.remote.target import token, tunnel_hint
 
     found, user = token(target, session)
-    api = SlurmRest(target.endpoint, found, user=user, hint=tunnel_hint(target))
+    api = SlurmRest(target.endpoint, found, user=user, hint=tunnel_hint(target),
+                    openapi=last.openapi() if last is not None else None)
     api.check()
     return api
 
@@ -136,17 +139,18 @@ def site_of(target):
 
 # --- status ----------------------------------------------------------------------------------------------
 
-def job_states(target, session, record) -> tuple[dict[str, str], str]:
-    """{label: state} from the REST API for the record's jobs, and a note when the API could not be asked."""
+def job_states(target, session, record, last=None):
+    """{label: state} from the REST API for the record's jobs, a note when the API could not be asked, and the API
+    for the next look (its token is read again each look, the head node renewing it; its document is kept)."""
     try:
-        api = rest_api(target, session)
+        api = rest_api(target, session, last)
         states = {}
         for job in record.jobs:
             tasks = api.jobs(job.job_id)
             states[job.label] = summarise([task.state for task in tasks]) if tasks else "forgotten by Slurm"
-        return states, ""
+        return states, "", api
     except UserError as error:  # no tunnel, no token: the bucket still tells
-        return {}, f"not from the REST API ({error})"
+        return {}, f"not from the REST API ({error})", None
 
 
 def summarise(states: list[str]) -> str:
@@ -164,8 +168,9 @@ def status(target, session, run_dir: str, args: argparse.Namespace) -> int:
     if record is None and not listing:
         raise UserError(f"no run at s3://{folder.bucket}/{folder.root_key} and no submission record beside it: "
                         f"check the name ({run_dir}); runs are folders under {target.cluster_data}")
+    api = None
     while True:
-        states, note = job_states(target, session, record) if record else ({}, "no submission record")
+        states, note, api = job_states(target, session, record, api) if record else ({}, "no submission record", None)
         lines, ended, failed = describe(folder, record, states, listing, args.lines)
         print("\n".join(lines + ([f"(job states {note})"] if note else [])), flush=True)
         if not args.follow or ended or note:

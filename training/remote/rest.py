@@ -102,17 +102,18 @@ def job_state(job: dict) -> JobState:
 
 
 class SlurmRest:
-    """A slurmrestd endpoint with a token. `hint` ends the unreachable message (which tunnel to open)."""
+    """A slurmrestd endpoint with a token. `hint` ends the unreachable message (which tunnel to open); `openapi`
+    is the server's document when an earlier client of the same server read it."""
 
     def __init__(self, url: str, token: str, *, user: str = "", hint: str = "", timeout: float = 30,
-                 opener: Callable[..., Any] = urllib.request.urlopen) -> None:
+                 opener: Callable[..., Any] = urllib.request.urlopen, openapi: dict | None = None) -> None:
         self.url = url.rstrip("/")
         self._headers = {"X-SLURM-USER-TOKEN": token, **({"X-SLURM-USER-NAME": user} if user else {}),
                          "Content-Type": "application/json", "Accept": "application/json"}
         self._hint = hint
         self._timeout = timeout
         self._open = opener
-        self._openapi: dict | None = None
+        self._openapi = openapi
 
     # --- HTTP ----------------------------------------------------------------------------------------
 
