@@ -42,13 +42,14 @@ is_live() { [[ -n "$1" && "$LIVE_STATES" == *" $1 "* ]]; }
 # COMPLETED. Prints nothing when no source knows the job, and never fails: a slow or busy
 # controller is a question for the next poll, not the end of the script.
 job_state() {
-  local id=$1 out
+  local id=$1 out source
   if out=$(scontrol show job -o "$id" 2>/dev/null) && [ -n "$out" ]; then
     sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$out" | combined_state
     return 0
   fi
-  for out in "$(sacct --completion -n -P -j "$id" --format=JobID,State 2>/dev/null)" \
-    "$(sacct -X -n -P -j "$id" --format=JobID,State 2>/dev/null)"; do
+  # Accounting is asked only when the completion log does not know the job.
+  for source in --completion -X; do
+    out=$(sacct "$source" -n -P -j "$id" --format=JobID,State 2>/dev/null) || continue
     out=$(awk -F'|' -v id="$id" '$1 == id || index($1, id "_") == 1 {split($2, s, " "); print s[1]}' <<<"$out")
     if [ -n "$out" ]; then
       combined_state <<<"$out"
@@ -75,13 +76,14 @@ die() {
 # or that no Slurm source has known for DEMO_UNKNOWN_SECONDS (120) seconds.
 follow() {
   local last="" last_tail="" tail_line line running state entry step id all_done
-  local -A unknown_since=()
+  local -A unknown_since=() completed=()
   local limit=${DEMO_UNKNOWN_SECONDS:-120}
   while :; do
     line="" running="" all_done=1
     for entry in "$@"; do
       step=${entry% *} id=${entry#* }
-      state=$(job_state "$id")
+      # A completed job stays so: it is not asked again at every poll.
+      state=${completed[$id]:-$(job_state "$id")}
       case "$state" in
         COMPLETED) line+="$step:done " ;;
         RUNNING) line+="$step:RUNNING " ;;
@@ -90,6 +92,7 @@ follow() {
       esac
       if [ "$state" = COMPLETED ]; then
         unset "unknown_since[$id]"
+        completed[$id]=COMPLETED
       elif is_live "$state"; then
         unset "unknown_since[$id]"
         all_done=0

@@ -61,20 +61,25 @@ def test_a_missing_log_shows_nothing(tmp_path):
 
 
 FAKE_SCONTROL = """#!/bin/sh
-# `scontrol show job -o ID` of an array whose tasks are staging out and being signalled, then of its end.
-if [ -e "{polled}" ]; then echo "JobId=5 JobState=COMPLETED"; exit 0; fi
-touch "{polled}"
-echo "JobId=5 ArrayTaskId=0 JobState=STAGE_OUT"
-echo "JobId=6 ArrayTaskId=1 JobState=SIGNALING"
+# `scontrol show job -o ID`: job 5 completed; job 6 an array whose tasks are staging out and being
+# signalled at the first poll, completed at the next. Each question is written to {calls}.
+echo "$4" >> "{calls}"
+if [ "$4" = 5 ] || grep -qx 6 "{polled}" 2>/dev/null; then echo "JobId=$4 JobState=COMPLETED"; exit 0; fi
+echo 6 > "{polled}"
+echo "JobId=6 ArrayTaskId=0 JobState=STAGE_OUT"
+echo "JobId=7 ArrayTaskId=1 JobState=SIGNALING"
 """
 
 
 def test_a_job_in_any_state_still_to_end_is_followed_to_its_end(tmp_path):
-    """STAGE_OUT and SIGNALING are states of a job that has not ended: the view waits, it does not stop."""
-    (tmp_path / "scontrol").write_text(FAKE_SCONTROL.format(polled=tmp_path / "polled"))
+    """STAGE_OUT and SIGNALING are states of a job that has not ended: the view waits, it does not stop; a job
+    once completed is not asked about again."""
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(FAKE_SCONTROL.format(calls=calls, polled=tmp_path / "polled"))
     (tmp_path / "scontrol").chmod(stat.S_IRWXU)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG_DIR": str(tmp_path)}
-    result = subprocess.run(["bash", "-c", 'source scripts/demo.sh && follow "prepare 5"'], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["bash", "-c", 'source scripts/demo.sh && follow "mean-std 5" "prepare 6"'], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "prepare:SIGNALING" in result.stdout and "prepare:done" in result.stdout
+    assert calls.read_text().split() == ["5", "6", "6"]
