@@ -33,18 +33,21 @@ SCDINO_SHARED_VENVS=${SCDINO_SHARED_VENVS:-/fsx/.scdino/venvs}
 # requirements id: the image's, set aside beside this node's, or the shared one on FSx. Without any, the
 # bundle's .venv, and SCDINO_VENV_NOTE says so (slurm/lib.sh logs it).
 SCDINO_VENV_NOTE=""
+# The bootstrap's id of the pinned requirements in folder $1 (on-node-configured.sh's requirements_id: the
+# files' text hashed, a missing one empty).
+_scdino_requirements_id() {
+  { cat "$1/requirements.txt" "$1/requirements-dali.txt" 2>/dev/null || true; } | sha256sum | cut -c1-16
+}
 if [ -z "${SCDINO_VENV:-}" ]; then
   SCDINO_VENV=$SCDINO_HOME/.venv
   if [ -n "$SCDINO_BUNDLE_MARK" ]; then
-    _scdino_requirements=$(cat "$SCDINO_HOME/requirements.txt" "$SCDINO_HOME/requirements-dali.txt" 2>/dev/null |
-      sha256sum | cut -c1-16) || true
+    _scdino_requirements=$(_scdino_requirements_id "$SCDINO_HOME")
     SCDINO_VENV_NOTE="no environment on this node was built from the bundle's requirements ($_scdino_requirements)"
     _scdino_node=$(readlink "$SCDINO_VENV") || _scdino_node=$SCDINO_VENV  # /opt/scdino-venv on a cluster node
     for _scdino_env in "$SCDINO_VENV" "$_scdino_node.image" "$SCDINO_SHARED_VENVS/$_scdino_requirements"; do
       _scdino_real=$(readlink -f "$_scdino_env" 2>/dev/null) || continue
       if [ -f "$_scdino_real/scdino-requirements/requirements.txt" ]; then  # an image's (ami/scripts/20-python-env.sh)
-        _scdino_id=$(cat "$_scdino_real/scdino-requirements/requirements.txt" \
-          "$_scdino_real/scdino-requirements/requirements-dali.txt" 2>/dev/null | sha256sum | cut -c1-16) || true
+        _scdino_id=$(_scdino_requirements_id "$_scdino_real/scdino-requirements")
       elif [ -f "$_scdino_real/.ready" ]; then  # a shared one, named by its id
         _scdino_id=${_scdino_real##*/}
       else
@@ -101,6 +104,7 @@ SCDINO_CPUS_PER_GPU=${SCDINO_CPUS_PER_GPU:-${_scdino_cpus:-12}}
 SCDINO_INSTANCE_TYPE=${SCDINO_INSTANCE_TYPE:-${_scdino_type:-g4dn.12xlarge}}
 unset _scdino_want _scdino_type _scdino_queue _scdino_gpus _scdino_cpus _scdino_rest _scdino_real \
   _scdino_requirements _scdino_node _scdino_env _scdino_id
+unset -f _scdino_requirements_id
 # CPUs of a single-process step (prepare, mean-std, kNN, ...): one GPU's share of a node.
 SCDINO_CPUS_PER_TASK=${SCDINO_CPUS_PER_TASK:-$SCDINO_CPUS_PER_GPU}
 # CPUs of each `ingest` job or array task: its cropping runs on one core, a second reads ahead;
