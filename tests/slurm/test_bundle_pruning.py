@@ -87,7 +87,9 @@ def _comment(cluster, job: str) -> str:
     return cluster.run("squeue", "--noheader", f"--jobs={job}", "--format=%k").strip()
 
 
-def _until(condition, what: str, timeout: float = 60) -> None:
+def _until(condition, what: str, timeout: float = 300) -> None:
+    """Poll `condition`; the wait is the scheduler's and the node's (a job to be started on a busy cluster), so
+    it allows what Cluster.wait allows."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"not after {timeout} s: {what}"
