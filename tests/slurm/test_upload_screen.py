@@ -108,6 +108,27 @@ def test_check_only_counts_each_file_once_and_needs_no_bucket(tmp_path, capsys):
     assert "uploaded" not in result
 
 
+def test_under_skip_a_missing_file_is_named_and_the_rest_goes_up(s3, moto_endpoint, tmp_path, capsys):  # noqa: F811
+    """data.on_bad_image=skip (the default): the file not found is counted and named by row and column, every
+    other file goes up, and its row keeps the location the table wrote, so that ingest on the cluster names it."""
+    screen = write_jump_screen(tmp_path / "lab")
+    next((tmp_path / "lab" / "mirror").rglob("r01c01f02p01-ch4sk1fk1fl1.tiff")).unlink()
+    config_path = tmp_path / "upload.yaml"
+    dump_config(screen_config(tmp_path, screen.table, screen.path_map), config_path)
+    assert upload(config_path, screen.table, "--bucket", BUCKET, "--endpoint-url", moto_endpoint) == 0
+    result = last_json(capsys)
+    files = len(FIELDS) * (len(CHANNELS) + 1) - 1
+    assert (result["files"], result["uploaded"], result["missing"]) == (files, files + 1, 1)
+    assert result["missing_first"][0].startswith("load_data_with_illum.csv row 2: FileName_OrigER: no such file ")
+    download(s3, PREFIX, tmp_path / "fsx")
+    uploaded = pd.read_csv(tmp_path / "fsx" / "load_data_with_illum.csv", dtype=str, keep_default_na=False)
+    original = pd.read_csv(screen.table, dtype=str, keep_default_na=False)
+    row = uploaded.iloc[1]
+    assert (row["FileName_OrigER"], row["PathName_OrigER"]) == tuple(original.iloc[1][["FileName_OrigER",
+                                                                                        "PathName_OrigER"]])
+    assert not row["PathName_OrigDNA"].startswith(("s3://", "/")), "the row's other files were uploaded"
+
+
 def test_with_a_table_of_centres_the_masks_stay_and_the_centres_go_up(tmp_path, capsys):
     screen = write_jump_screen(tmp_path / "lab")
     centres = tmp_path / "lab" / "cells.csv"
