@@ -208,18 +208,6 @@ wait_hsm_idle() {
   done
 }
 
-# The entries of data.channel_combinations, one a line (nothing for a single run):
-# `run_combinations CONFIG [--set key=value ...]` (the flag takes run_path's NAME place).
-run_combinations() { run_path --combinations "$@"; }
-
-# The combinations the channel-adaptive models are evaluated on, one a line (nothing unless the config
-# sets data.compare_channel_adaptive): `run_adaptive_combinations CONFIG [--set key=value ...]`.
-run_adaptive_combinations() { run_path --channel-adaptive "$@"; }
-
-# The kinds of channel-adaptive model to train (data.channel_adaptive_kinds), one a line (nothing
-# unless the config sets data.compare_channel_adaptive): `run_adaptive_kinds CONFIG [--set key=value ...]`.
-run_adaptive_kinds() { run_path --channel-adaptive-kinds "$@"; }
-
 # Self-healing launch (in-job restarts, requeue after a transient failure, no retry of a
 # deterministic one): run_healing, in its own file.
 # shellcheck source=slurm/heal.sh
