@@ -61,7 +61,8 @@ def parse_jobs(text: str) -> list[tuple[str, str]]:
 def job_seconds(bill: dict[str, Any]) -> dict[str, int]:
     """Each finished job's run time by step, from the bill's jobs: whichever of Slurm's sources still
     knew them (accounting, the job completion log, the controller, which forgets a job MinJobAge after
-    its end, long before a slow chain ends). An array's step takes its longest task."""
+    its end, long before a slow chain ends). An array's step takes its longest task (accounting lists every
+    task; the local job completion log only the one that keeps the array's id)."""
     seconds: dict[str, int] = {}
     for line in bill["jobs"]:
         if line["state"] not in LIVE_STATES:

@@ -21,6 +21,10 @@ SACCT_LINES = {
     "203": "203|scdino-pretrain-01|gpu-g4dn12xl|1|48|1800|COMPLETED",
     "204": "204|scdino-pretrain-adaptive-bag_of_channels|gpu-g4dn12xl|1|48|900|COMPLETED",
     "205": "205|scdino-knn-adaptive-bag_of_channels-01|gpu-g4dn12xl|1|12|360|COMPLETED",
+    # an array's tasks, as accounting names them, and a job whose id only starts like the array's
+    "206_0": "206_0|scdino-prepare-parts|gpu-g4dn12xl|1|48|600|COMPLETED",
+    "206_1": "206_1|scdino-prepare-parts|gpu-g4dn12xl|1|48|900|COMPLETED",
+    "2060": "2060|scdino-other|gpu-g4dn12xl|1|48|60|COMPLETED",
 }
 
 
@@ -70,6 +74,15 @@ def test_accounting_gives_gpu_hours_and_cost_per_node_share(tmp_path, monkeypatc
     assert bill["pretrain"]["cost_usd"] == pytest.approx(43.92, abs=0.01)
     assert bill["total"]["cost_usd"] == pytest.approx(43.92 + 0.98, abs=0.01)
     assert bill["total"]["unit_h"] == 17.0
+
+
+def test_an_array_s_tasks_are_billed_to_its_step(tmp_path, monkeypatch):
+    """`sacct -X -j 206` lists an array's tasks as 206_0, 206_1: each is a line of the array's step."""
+    fake_slurm(tmp_path, monkeypatch, accounting=True, completion=False)
+    bill = build_bill([("prepare-parts", "206")])
+    assert [(j["step"], j["job"], j["seconds"]) for j in bill["jobs"]] == [("prepare-parts", "206_0", 600),
+                                                                         ("prepare-parts", "206_1", 900)]
+    assert bill["total"]["seconds"] == 1500
 
 
 def test_without_accounting_the_job_completion_log_then_scontrol_answer(tmp_path, monkeypatch):

@@ -53,14 +53,15 @@ def _run(command: list[str]) -> str | None:
 
 
 def _parse_sacct(text: str, steps: dict[str, str]) -> list[JobUse]:
+    """Each line of a job asked for; an array's tasks (accounting names them JOBID_TASK) count for its step."""
     uses = []
     for line in text.splitlines():
         fields = line.split("|")
-        if len(fields) < 7 or fields[0] not in steps:
+        if len(fields) < 7 or fields[0].split("_")[0] not in steps:
             continue
         job, _name, partition, nodes, cpus, seconds, state = fields[:7]
-        uses.append(JobUse(steps[job], job, partition, int(nodes or 0), int(cpus or 0), int(seconds or 0),
-                           state.split()[0] if state else ""))
+        uses.append(JobUse(steps[job.split("_")[0]], job, partition, int(nodes or 0), int(cpus or 0),
+                           int(seconds or 0), state.split()[0] if state else ""))
     return uses
 
 
