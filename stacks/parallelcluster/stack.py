@@ -12,10 +12,12 @@ from stacks.shared.common import logs_key
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
 from stacks.shared.nag import acknowledge
+from stacks.shared.network_stack import NetworkOutputs
 from stacks.shared.node_bundle import NodeBundle
 from stacks.shared.presets import node_shape
 from stacks.shared.rest_api import HeadNodeRestToken, head_node_pointer
 from stacks.shared.settings import PCLUSTER_VERSION, Settings
+from stacks.shared.storage_stack import StorageOutputs
 
 PROVIDER_TEMPLATE_URL = ("https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
                          "/parallelcluster/${Version}/templates/custom_resource/cluster.yaml")
@@ -29,24 +31,26 @@ TRACE_WRITES = ["xray:PutTraceSegments", "xray:PutTelemetryRecords"]
 class ClusterStack(cdk.Stack):
     """The ParallelCluster cluster; deleting this stack deletes the cluster (not the data)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, subnet_id: str,
-                 route_table_id: str, public_subnet_id: str, security_group_id: str, access_logs_bucket_name: str,
-                 file_system_id: str, data_policy_arn: str, **kwargs) -> None:
-        super().__init__(scope, construct_id, **kwargs)
-        egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+    def __init__(self, scope: Construct, construct_id: str, *, env: cdk.Environment, description: str,
+                 settings: Settings, network: NetworkOutputs, storage: StorageOutputs) -> None:
+        super().__init__(scope, construct_id, env=env, description=description)
+        egress = NatEgress(self, "Egress", public_subnet_id=network.public_subnet.subnet_id,
+                           private_route_table_id=network.private_subnet.route_table.route_table_id)
         key = logs_key(self, "LogsKey", description="scDINO: the cluster stack's CloudWatch log groups")
         self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
                                      log_retention_days=settings.cluster.log_retention_days,
                                      alarm_email=settings.cluster.alarm_email, logs_key=key)
         self.rest = HeadNodeRestToken(self, "RestApi")
         node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
-                                 logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
+                                 logs_key=key, access_logs_bucket_name=storage.access_logs_bucket.bucket_name,
                                  monitoring=self.monitoring.names.pointer(),
                                  cluster=node_shape(settings.cluster.presets),
                                  rest=head_node_pointer(settings, self.rest.secret.secret_arn))
         refs = ClusterRefs(
-            subnet_id=subnet_id, security_group_id=security_group_id, file_system_id=file_system_id,
-            data_policy_arn=data_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
+            subnet_id=network.private_subnet.subnet_id,
+            security_group_id=network.cluster_security_group.security_group_id,
+            file_system_id=storage.file_system.file_system_id,
+            data_policy_arn=storage.data_policy.managed_policy_arn, deploy_bucket=node_bundle.bucket.bucket_name,
             bundle_id=node_bundle.bundle_id,
             deploy_read_policy_arn=node_bundle.read_policy.managed_policy_arn, partition=self.partition,
             custom_ami=self._ami(settings),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
+from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_pcs as pcs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
@@ -33,10 +33,12 @@ from stacks.shared.common import logs_key
 from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_POINTER_KEY, NODE_GROUP_TAG
 from stacks.shared.egress import NatEgress
 from stacks.shared.monitoring import Monitoring
+from stacks.shared.network_stack import NetworkOutputs
 from stacks.shared.node_bundle import BOOTSTRAP_DIR, NodeBundle
 from stacks.shared.presets import node_shape
 from stacks.shared.rest_api import PcsRestClientPolicy, pcs_rest_api
 from stacks.shared.settings import Settings
+from stacks.shared.storage_stack import StorageOutputs
 
 NODE_SCRIPT = BOOTSTRAP_DIR / "pcs-node.sh"
 """The node preparation the user data runs (it ends with the same bootstrap as ParallelCluster's nodes)."""
@@ -49,24 +51,24 @@ def read_node_script(path: Path = NODE_SCRIPT) -> str:
 class PcsClusterStack(cdk.Stack):
     """The PCS cluster; deleting this stack deletes the cluster and its nodes (not the data)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, vpc: ec2.IVpc, subnet_id: str,
-                 route_table_id: str, public_subnet_id: str, security_group_id: str, access_logs_bucket_name: str,
-                 file_system_dns_name: str, file_system_mount_name: str, data_policy: iam.IManagedPolicy,
-                 **kwargs) -> None:
-        super().__init__(scope, construct_id, **kwargs)
+    def __init__(self, scope: Construct, construct_id: str, *, env: cdk.Environment, description: str,
+                 settings: Settings, network: NetworkOutputs, storage: StorageOutputs) -> None:
+        super().__init__(scope, construct_id, env=env, description=description)
         self._settings = settings
-        self._subnet_id = subnet_id
-        egress = NatEgress(self, "Egress", public_subnet_id=public_subnet_id, private_route_table_id=route_table_id)
+        self._subnet_id = network.private_subnet.subnet_id
+        egress = NatEgress(self, "Egress", public_subnet_id=network.public_subnet.subnet_id,
+                           private_route_table_id=network.private_subnet.route_table.route_table_id)
         key = logs_key(self, "LogsKey", description="scDINO: the cluster stack's CloudWatch log groups")
         self.monitoring = Monitoring(self, "Monitoring", cluster_name=settings.cluster_name,
                                      log_retention_days=settings.cluster.log_retention_days,
                                      alarm_email=settings.cluster.alarm_email, logs_key=key,
                                      parallelcluster_dashboard=False)
         self.node_bundle = NodeBundle(self, "NodeBundle", log_retention_days=settings.cluster.log_retention_days,
-                                      logs_key=key, access_logs_bucket_name=access_logs_bucket_name,
+                                      logs_key=key, access_logs_bucket_name=storage.access_logs_bucket.bucket_name,
                                       monitoring=self.monitoring.names.pointer(),
                                       cluster=node_shape(settings.cluster.presets))
-        node_groups = [security_group_id, self._node_egress(vpc).security_group_id]
+        security_group_id = network.cluster_security_group.security_group_id
+        node_groups = [security_group_id, self._node_egress(network.vpc).security_group_id]
         self.cluster = self._cluster(security_group_id)
         self.scheduler_logs = SchedulerLogs(
             self, "SchedulerLogs", cluster_arn=self.cluster.attr_arn, source_name=settings.pcs_cluster_name,
@@ -74,7 +76,7 @@ class PcsClusterStack(cdk.Stack):
         self.rest_client = (PcsRestClientPolicy(
             self, "RestClient", cluster_arn=self.cluster.attr_arn, cluster_id=self.cluster.attr_id,
             login_tag=node_group_tag(settings, LOGIN_GROUP)) if pcs_rest_api(settings) else None)
-        policies = [data_policy, self.node_bundle.read_policy]
+        policies = [storage.data_policy, self.node_bundle.read_policy]
         self.profiles = {
             "compute": PcsNodeProfile(self, "ComputeNodes", cluster_arn=self.cluster.attr_arn, policies=policies,
                                       monitoring=self.monitoring),
@@ -84,7 +86,7 @@ class PcsClusterStack(cdk.Stack):
         self.groups: dict[str, pcs.CfnComputeNodeGroup] = {}
         self.queues: dict[str, pcs.CfnQueue] = {}
         for spec in pcs_node_groups(settings):
-            group = self._node_group(spec, ami, node_groups, file_system_dns_name, file_system_mount_name)
+            group = self._node_group(spec, ami, node_groups, storage.file_system)
             # Nodes download packages and the bundle while booting: the route and the pointer come first. They
             # register with the cluster as they boot: their role's grant on it (a new cluster's, after a
             # replacement) comes first too.
@@ -135,20 +137,21 @@ class PcsClusterStack(cdk.Stack):
             return ssm.StringParameter.value_for_string_parameter(self, self._settings.ami_parameter)
         return self._settings.node_ami
 
-    def _user_data(self, spec: NodeGroupSpec, dns_name: str, mount_name: str) -> str:
+    def _user_data(self, spec: NodeGroupSpec, file_system: fsx.LustreFileSystem) -> str:
         bucket = self.node_bundle.bucket.bucket_name
-        values = {"SCDINO_FSX_DNS": dns_name, "SCDINO_FSX_MOUNT_NAME": mount_name, "SCDINO_REGION": self.region,
+        values = {"SCDINO_FSX_DNS": file_system.dns_name, "SCDINO_FSX_MOUNT_NAME": file_system.mount_name,
+                  "SCDINO_REGION": self.region,
                   "SCDINO_BOOTSTRAP_URI": f"s3://{bucket}/{BOOTSTRAP_SCRIPT_KEY}",
                   "SCDINO_POINTER_URI": f"s3://{bucket}/{BUNDLE_POINTER_KEY}", "SCDINO_NODE_TYPE": spec.node_type}
         return mime_user_data(node_script(read_node_script(), values))
 
-    def _node_group(self, spec: NodeGroupSpec, ami: str, security_group_ids: list[str], dns_name: str,
-                    mount_name: str) -> pcs.CfnComputeNodeGroup:
+    def _node_group(self, spec: NodeGroupSpec, ami: str, security_group_ids: list[str],
+                    file_system: fsx.LustreFileSystem) -> pcs.CfnComputeNodeGroup:
         settings = self._settings
         construct_id = group_id(spec)
         template = NodeLaunchTemplate(
             self, f"{construct_id}Launch", spec=spec, subnet_id=self._subnet_id, security_group_ids=security_group_ids,
-            user_data=self._user_data(spec, dns_name, mount_name), root_device=ROOT_DEVICES[settings.image.os],
+            user_data=self._user_data(spec, file_system), root_device=ROOT_DEVICES[settings.image.os],
             root_gib=settings.cluster.root_volume_gib, group_tag=node_group_tag(settings, spec.key)).template
         return pcs.CfnComputeNodeGroup(
             self, f"{construct_id}Group", cluster_id=self.cluster.attr_id, name=spec.name,

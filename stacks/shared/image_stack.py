@@ -16,6 +16,7 @@ from constructs import Construct
 from stacks.shared.common import allow_cloudwatch_logs
 from stacks.shared.constants import BUILD_TAG_KEY
 from stacks.shared.nag import acknowledge
+from stacks.shared.network_stack import NetworkOutputs
 from stacks.shared.settings import PCLUSTER_VERSION, ImageSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +69,11 @@ def _build_spec(settings: ImageSettings, backend: str, subnet_id: str, build_tag
 class ImageStack(cdk.Stack):
     """The GPU image pipeline; run on demand (`aws codebuild start-build`), rebuildable, nothing stateful."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: ImageSettings, ami_parameter: str,
-                 build_tag: str, build_subnet_id: str, vpc_id: str, backend: str = "parallelcluster",
-                 **kwargs) -> None:
-        super().__init__(scope, construct_id, **kwargs)
+    def __init__(self, scope: Construct, construct_id: str, *, env: cdk.Environment, description: str,
+                 settings: ImageSettings, backend: str, ami_parameter: str, build_tag: str,
+                 network: NetworkOutputs) -> None:
+        super().__init__(scope, construct_id, env=env, description=description)
+        build_subnet_id = network.public_subnet.subnet_id
         source = s3_assets.Asset(self, "PackerTemplate", path=str(REPO_ROOT), exclude=BUILD_EXCLUDE)
         self.ami_parameter = ssm.StringParameter(
             self, "AmiIdParameter", parameter_name=ami_parameter, string_value="none",
@@ -98,7 +100,7 @@ class ImageStack(cdk.Stack):
             logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(
                 log_group=logs.LogGroup(self, "BuildLogs", retention=logs.RetentionDays.ONE_MONTH,
                                         encryption_key=key, removal_policy=cdk.RemovalPolicy.DESTROY))))
-        self._grant_packer(build_tag=build_tag, subnet_id=build_subnet_id, vpc_id=vpc_id)
+        self._grant_packer(build_tag=build_tag, subnet_id=build_subnet_id, vpc_id=network.vpc.vpc_id)
         cdk.CfnOutput(self, "ProjectName", value=self.project.project_name)
         cdk.CfnOutput(self, "StartBuildCommand",
                       value=f"aws codebuild start-build --region {self.region} --project-name {self.project.project_name}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
@@ -14,11 +16,28 @@ from stacks.shared.settings import NetworkSettings
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 
+@dataclass(frozen=True)
+class NetworkOutputs:
+    """What the other stacks take from the network stack (stacks/app_builder.py passes it to each)."""
+
+    vpc: ec2.IVpc
+    """The file system's VPC, the PCS nodes' egress group's, and the one Packer's temporary group must be in."""
+    private_subnet: ec2.ISubnet
+    """The nodes, the file system and PCS's controller; its route table gets the cluster stack's NAT route."""
+    public_subnet: ec2.ISubnet
+    """The cluster stack's NAT gateway and Packer's build instance."""
+    cluster_security_group: ec2.ISecurityGroup
+    """Every node's: all traffic within the group (EFA, Slurm), Lustre to the file system."""
+    fsx_security_group: ec2.ISecurityGroup
+    """The file system's: Lustre from the cluster group."""
+
+
 class NetworkStack(cdk.Stack):
     """The VPC every other stack lives in; nothing stateful, and no instance billed by the hour."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: NetworkSettings, **kwargs) -> None:
-        super().__init__(scope, construct_id, **kwargs)
+    def __init__(self, scope: Construct, construct_id: str, *, env: cdk.Environment, description: str,
+                 settings: NetworkSettings) -> None:
+        super().__init__(scope, construct_id, env=env, description=description)
         self.vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
@@ -52,6 +71,9 @@ class NetworkStack(cdk.Stack):
         self.public_subnet = self.vpc.public_subnets[0]
         self.cluster_security_group = self._cluster_security_group()
         self.fsx_security_group = self._fsx_security_group()
+        self.outputs = NetworkOutputs(vpc=self.vpc, private_subnet=self.private_subnet, public_subnet=self.public_subnet,
+                                      cluster_security_group=self.cluster_security_group,
+                                      fsx_security_group=self.fsx_security_group)
 
     def _cluster_security_group(self) -> ec2.SecurityGroup:
         """Head and compute nodes: all traffic among themselves, as EFA requires (in and out).

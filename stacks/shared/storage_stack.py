@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import aws_cdk as cdk
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -13,6 +14,7 @@ from constructs import Construct
 from stacks.shared.common import allow_cloudwatch_logs
 from stacks.shared.constants import FSX_MOUNT_DIR
 from stacks.shared.nag import acknowledge, log_cdk_handler, skip_checkov, skip_checkov_on_cdk_handler
+from stacks.shared.network_stack import NetworkOutputs
 from stacks.shared.settings import StorageSettings
 
 _EVENTS = ["NEW", "CHANGED", "DELETED"]
@@ -40,6 +42,18 @@ _LOG_LOOP_REASON = ("This bucket is the server access log target of the data and
                     "itself would loop.")
 
 
+@dataclass(frozen=True)
+class StorageOutputs:
+    """What the cluster stacks take from the storage stack (stacks/app_builder.py passes it to each)."""
+
+    file_system: fsx.LustreFileSystem
+    """Mounted on /fsx by every node: ParallelCluster takes its id, PCS's node script its DNS and mount names."""
+    data_policy: iam.IManagedPolicy
+    """Attached to every node role: list and read under the data prefix, nothing else."""
+    access_logs_bucket: s3.IBucket
+    """Where the cluster's deploy bucket writes its server access logs (under `DEPLOY_BUCKET_LOG_PREFIX`)."""
+
+
 class StorageStack(cdk.Stack):
     """What outlives the cluster: retained and termination-protected unless `storage.retain` is false.
 
@@ -47,9 +61,9 @@ class StorageStack(cdk.Stack):
     replace the bucket or file system (a test pins their logical ids).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: StorageSettings,
-                 vpc: ec2.IVpc, subnet: ec2.ISubnet, fsx_security_group: ec2.ISecurityGroup, **kwargs) -> None:
-        super().__init__(scope, construct_id, termination_protection=settings.retain, **kwargs)
+    def __init__(self, scope: Construct, construct_id: str, *, env: cdk.Environment, description: str,
+                 settings: StorageSettings, network: NetworkOutputs) -> None:
+        super().__init__(scope, construct_id, env=env, description=description, termination_protection=settings.retain)
         self._settings = settings
         self._removal = cdk.RemovalPolicy.RETAIN if settings.retain else cdk.RemovalPolicy.DESTROY
         self.key = kms.Key(self, "StorageKey", enable_key_rotation=True, removal_policy=self._removal,
@@ -65,7 +79,8 @@ class StorageStack(cdk.Stack):
                             retention_days=HANDLER_LOG_RETENTION_DAYS, key=self.key)
         self.file_system = fsx.LustreFileSystem(
             self, "DataFileSystem",
-            vpc=vpc, vpc_subnet=subnet, security_group=fsx_security_group, kms_key=self.key,
+            vpc=network.vpc, vpc_subnet=network.private_subnet, security_group=network.fsx_security_group,
+            kms_key=self.key,
             storage_capacity_gib=settings.fsx_capacity_gib,
             file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
             lustre_configuration=fsx.LustreConfiguration(
@@ -76,6 +91,8 @@ class StorageStack(cdk.Stack):
         self.data_path = f"{FSX_MOUNT_DIR}/{settings.data_prefix}"
         self._link_bucket()
         self.data_policy = self._data_policy()
+        self.outputs = StorageOutputs(file_system=self.file_system, data_policy=self.data_policy,
+                                      access_logs_bucket=self.access_logs_bucket)
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         cdk.CfnOutput(self, "FileSystemId", value=self.file_system.file_system_id)
         upload_uri = f"s3://{self.bucket.bucket_name}/{settings.data_prefix}/my-dataset/"
