@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import Synth, run_pcluster, synthesize
 from stacks.shared.presets import PRESETS
+from tests.support.cdk_synth import Synth, run_pcluster, synthesize
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
+from tests.support.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
 
 pytestmark = pytest.mark.slow
 
@@ -393,7 +393,7 @@ def _gpu_compute_node(node: dict) -> None:
 
 
 def test_a_gpu_compute_node_appends_the_agent_configuration_the_same_each_run(node):
-    from infra.cloudwatch_agent_keys import check_agent_config
+    from tests.support.cloudwatch_agent_keys import check_agent_config
 
     _gpu_compute_node(node)
     pointer = _publish(node, "abc123", mtime=1_000, monitoring=MONITORING)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.pcluster_stack import Rendered
-from infra.synth_helpers import REPO_ROOT, Synth, resources
-from infra.test_pcluster_template import LABELS, SETTINGS, rendered  # noqa: F401 (the session's renders, shared)
 from stacks.shared.common import CLOUDWATCH_LOGS_KEY_ACTIONS
+from tests.infra.test_pcluster_template import LABELS, SETTINGS, rendered  # noqa: F401 (the session's renders, shared)
+from tests.support.cdk_synth import REPO_ROOT, Synth, resources
+from tests.support.pcluster_stack import Rendered
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from infra.cloudwatch_agent_keys import check_agent_config
-from infra.synth_helpers import REPO_ROOT
 from stacks.shared.monitoring import GPU_MEASUREMENTS
+from tests.support.cdk_synth import REPO_ROOT
+from tests.support.cloudwatch_agent_keys import check_agent_config
 
 TEMPLATE = REPO_ROOT / "bootstrap" / "cloudwatch-agent.json"
 PLACEHOLDERS = {"@GPU_NAMESPACE@", "@LOG_GROUP@", "@EMF_LOG@"}

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from infra.synth_helpers import cluster_config, run_pcluster
 from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
 from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS
 from stacks.shared.settings import SUPPORTED_OSES, build_settings
+from tests.support.cdk_synth import cluster_config, run_pcluster
 
 pytestmark = pytest.mark.slow
 

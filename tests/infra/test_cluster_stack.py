@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import cluster_config, exported, node_pointer, one, resources
 from stacks.shared.presets import PRESETS
+from tests.support.cdk_synth import cluster_config, exported, node_pointer, one, resources
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from functools import cache
 
 import pytest
 
-from infra.synth_helpers import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
 from stacks.shared.constants import BUNDLE_DIR
 from stacks.shared.node_bundle import BUNDLE_CONTENTS
+from tests.support.cdk_synth import CDK_ENV, PCLUSTER_PYTHON, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -343,7 +343,7 @@ def test_every_output_the_record_reads_is_declared_by_the_stacks(request, backen
                                   ["image"], ["image", "--published"], ["ssm"]])
 def test_the_command_lines_built_take_options_their_programs_have(tmp_path, capsys, argv):
     """The same check docs/deploy.md's commands pass: the pinned CDK CLI's --help, the AWS CLI's models."""
-    from infra.test_deploy_doc import check
+    from tests.infra.test_deploy_doc import check
 
     path = tmp_path / "deployment.json"
     write_record(path)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from infra.synth_helpers import REPO_ROOT, one
+from tests.support.cdk_synth import REPO_ROOT, one
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from infra.synth_helpers import cluster_config, one, resources
 from stacks.shared.monitoring import GPU_MEASUREMENTS, TRAINING_METRICS
+from tests.support.cdk_synth import cluster_config, one, resources
 from training.metrics import EMF_DIMENSIONS, EMF_FIELDS
 
 pytestmark = pytest.mark.slow

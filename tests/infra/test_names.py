@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import one
+from tests.support.cdk_synth import one
 
 pytestmark = pytest.mark.slow
 

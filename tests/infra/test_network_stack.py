@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import resources, run_pcluster
+from tests.support.cdk_synth import resources, run_pcluster
 
 pytestmark = pytest.mark.slow
 

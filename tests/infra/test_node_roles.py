@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from infra.pcluster_stack import joined, policies_of_role, queue_launch_templates, resources, role_of
-from infra.synth_helpers import Synth, cluster_config, exported
-from infra.test_pcluster_template import REFS, rendered  # noqa: F401 (the session's renders, shared)
 from stacks.parallelcluster.stack import AGENT_NAMESPACE
 from stacks.pcs.nodes import PCS_ROLE_PATH
 from stacks.shared.storage_stack import NODE_DENIED_ACTIONS, NODE_ROLE_PATHS
+from tests.infra.test_pcluster_template import REFS, rendered  # noqa: F401 (the session's renders, shared)
+from tests.support.cdk_synth import Synth, cluster_config, exported
+from tests.support.pcluster_stack import joined, policies_of_role, queue_launch_templates, resources, role_of
 
 pytestmark = pytest.mark.slow
 

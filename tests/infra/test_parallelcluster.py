@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.synth_helpers import cluster_config, exported, run_pcluster
 from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
 from stacks.shared.presets import PRESETS
 from stacks.shared.settings import (
@@ -22,6 +21,7 @@ from stacks.shared.settings import (
     SettingsError,
     build_settings,
 )
+from tests.support.cdk_synth import cluster_config, exported, run_pcluster
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.pcluster_stack import (
+from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
+from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_DIR, BUNDLE_POINTER_KEY, FSX_MOUNT_DIR
+from stacks.shared.presets import PRESETS
+from stacks.shared.settings import SUPPORTED_OSES, Settings, build_settings
+from tests.support.cdk_synth import cdk_json_context
+from tests.support.pcluster_stack import (
     Rendered,
     head_node_dna,
     head_node_init,
@@ -39,11 +44,6 @@ from infra.pcluster_stack import (
     tag,
     user_data,
 )
-from infra.synth_helpers import cdk_json_context
-from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
-from stacks.shared.constants import BOOTSTRAP_SCRIPT_KEY, BUNDLE_DIR, BUNDLE_POINTER_KEY, FSX_MOUNT_DIR
-from stacks.shared.presets import PRESETS
-from stacks.shared.settings import SUPPORTED_OSES, Settings, build_settings
 
 pytestmark = pytest.mark.slow
 

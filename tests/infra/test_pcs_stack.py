@@ -14,13 +14,13 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from infra.synth_helpers import exported, node_pointer, one, resources, synthesize
 from stacks.parallelcluster.config import ClusterRefs, build_cluster_config
 from stacks.pcs.config import MIME_BOUNDARY, NodeGroupSpec, pcs_node_groups
 from stacks.pcs.nodes import NODE_GROUP_TAG, NodeLaunchTemplate
 from stacks.pcs.stack import NODE_SCRIPT
 from stacks.shared.presets import PRESETS, SLURM_DEFAULTS
 from stacks.shared.settings import SettingsError, build_settings
+from tests.support.cdk_synth import exported, node_pointer, one, resources, synthesize
 
 pytestmark = pytest.mark.slow
 

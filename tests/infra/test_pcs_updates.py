@@ -23,10 +23,10 @@ import json
 import pytest
 from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 
-from infra.synth_helpers import cdk_json_context, resources, synthesize
 from stacks.pcs.scheduler_logs import LOG_TYPE
 from stacks.shared.presets import PRESETS
 from stacks.shared.settings import build_settings
+from tests.support.cdk_synth import cdk_json_context, resources, synthesize
 from training.planning.inputs import PlanSettings
 from training.planning.standing import HOURS_PER_MONTH, standing_items
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from infra.synth_helpers import cluster_config, node_pointer, one, resources, synthesize
 from stacks.shared.rest_api import REST_PORT, TOKEN_LIFESPAN_SECONDS, TOKEN_RENEW_MINUTES
+from tests.support.cdk_synth import cluster_config, node_pointer, one, resources, synthesize
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.synth_helpers import cdk_json_context, cluster_config, one, resources
 from stacks.shared.presets import PRESETS
 from stacks.shared.settings import build_settings
+from tests.support.cdk_synth import cdk_json_context, cluster_config, one, resources
 from training.planning.inputs import PlanSettings
 from training.planning.standing import ALARM_METRICS, DASHBOARDS, HOURS_PER_MONTH, KMS_KEYS, SECRETS, standing_items
 

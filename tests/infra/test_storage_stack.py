@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
-from infra.synth_helpers import one, resources
+from tests.support.cdk_synth import one, resources
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurm_helpers import LOCAL_SLURM, PIPELINE_STEPS, REPO, TINY_PIPELINE, Cluster, log_of, start_cluster
+
+from tests.support.local_slurm import LOCAL_SLURM, PIPELINE_STEPS, REPO, TINY_PIPELINE, Cluster, log_of, start_cluster
 
 
 @pytest.fixture(scope="session")

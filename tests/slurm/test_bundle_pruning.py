@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
-from slurm_helpers import REPO, TINY_PIPELINE, log_of
+
+from tests.support.bootstrap_fakes import FAKE_AWS, REQUIREMENTS
+from tests.support.local_slurm import REPO, TINY_PIPELINE, log_of
 
 BOOTSTRAP = REPO / "bootstrap" / "on-node-configured.sh"
 HOLDER = """#!/bin/bash

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra.synth_helpers import cluster_config, node_pointer, resources, synthesize
-from slurm_helpers import LOCAL_SLURM, REPO, TINY_PIPELINE, Cluster, log_of
 
 from stacks.shared.constants import BUNDLE_DIR
 from stacks.shared.presets import PRESETS
 from stacks.shared.settings import load_settings_file
+from tests.support.cdk_synth import cluster_config, node_pointer, resources, synthesize
+from tests.support.local_slurm import LOCAL_SLURM, REPO, TINY_PIPELINE, Cluster, log_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurm_helpers import FINAL_STATES, REPO, log_of
 
+from tests.support.local_slurm import FINAL_STATES, REPO, log_of
 from training.rundir import RunLayout
 
 SUBMIT = str(REPO / "slurm" / "submit_pipeline.sh")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurm_helpers import LOCAL_SLURM, REPO, TINY_PIPELINE, Cluster
+
+from tests.support.local_slurm import LOCAL_SLURM, REPO, TINY_PIPELINE, Cluster
 
 pytestmark = pytest.mark.slurm
 

@@ -11,7 +11,8 @@ import stat
 import subprocess
 
 import pytest
-from slurm_helpers import REPO
+
+from tests.support.local_slurm import REPO
 
 BAR = "epoch 1/10: {pct:>3}%|{bar:<10}| {n}/31 [00:0{n}<00:13,  1.52it/s]"
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import LOCAL_SLURM, REPO, log_of
+
+from tests.support.local_slurm import LOCAL_SLURM, REPO, log_of
 
 pytestmark = pytest.mark.slurm
 

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import PIPELINE_STEPS as STEPS
-from slurm_helpers import log_of
+
+from tests.support.local_slurm import PIPELINE_STEPS as STEPS
+from tests.support.local_slurm import log_of
 
 pytestmark = pytest.mark.slurm
 

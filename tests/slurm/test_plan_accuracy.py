@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, log_of
+
+from tests.support.local_slurm import REPO, log_of
 
 pytestmark = pytest.mark.slurm
 

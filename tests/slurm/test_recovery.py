@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_imds import FakeMetadata
-from slurm_helpers import LOCAL_SLURM, Cluster, log_of
 
+from tests.support.fake_imds import FakeMetadata
+from tests.support.local_slurm import LOCAL_SLURM, Cluster, log_of
 from training.heal.failures import read_records
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics

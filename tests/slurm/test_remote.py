@@ -27,8 +27,8 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
-from slurm_helpers import REPO, TINY_PIPELINE
 
+from tests.support.local_slurm import REPO, TINY_PIPELINE
 from training.cli import main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

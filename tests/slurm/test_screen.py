@@ -10,7 +10,8 @@ import json
 import re
 
 import pytest
-from slurm_helpers import REPO, log_of
+
+from tests.support.local_slurm import REPO, log_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

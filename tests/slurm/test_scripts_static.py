@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO
+
+from tests.support.local_slurm import REPO
 
 SCRIPTS = sorted((REPO / "slurm").glob("*.slurm"))
 SHELL_FILES = [*SCRIPTS, *sorted((REPO / "slurm").glob("*.sh")), REPO / "scripts" / "local-slurm.sh",

@@ -13,10 +13,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from jump_screen import CHANNELS, FIELDS, expected_crops, write_jump_screen
-from test_upload_data import BUCKET, s3  # noqa: F401 (a fixture: a bucket on moto's server)
-from tiny import run_cli, tiny_config
 
+from tests.slurm.test_upload_data import BUCKET, s3  # noqa: F401 (a fixture: a bucket on moto's server)
+from tests.support.jump_screen import CHANNELS, FIELDS, expected_crops, write_jump_screen
+from tests.support.tiny import run_cli, tiny_config
 from training.cli import main
 from training.config import dump_config
 from training.data.store.read import PackedImages

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from tiny import TINY_RUN, tiny_config
 
+from tests.support.tiny import TINY_RUN, tiny_config
 from training.config import Config
 from training.data.synthetic.folders import write_dataset
 

@@ -227,8 +227,7 @@ def test_a_damaged_checkpoint_read_for_its_weights_names_the_fix(tmp_path):
 def test_training_resumed_past_a_damaged_checkpoint_ends_bit_identical(tmp_path, caplog):
     """Epoch 2's checkpoint is damaged (and checkpoint.pth, the same file): the run resumes from
     epoch 1's, trains epoch 2 again and ends exactly as the run that was never damaged."""
-    from heal_run import CPU, assert_same_weights, scripted, tiny_config
-
+    from tests.support.heal_run import CPU, assert_same_weights, scripted, tiny_config
     from training.trainer import train
 
     caplog.set_level("INFO")

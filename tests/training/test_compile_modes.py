@@ -4,9 +4,9 @@ a CPU; `scripts/gpu-bench.sh` compiles and times each mode on a GPU.)"""
 
 import pytest
 import torch
-from tiny import tiny_config
 from torch import nn
 
+from tests.support.tiny import tiny_config
 from training.config import ConfigError
 from training.dino.step import forward_loss
 from training.distributed.groups import DistContext, DistEnv

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tiny import run_cli
 
+from tests.support.tiny import run_cli
 from training.distributed.groups import DistContext, DistEnv
 from training.files.diskspace import DiskFullError, is_no_space, no_space_error
 from training.heal.failures import read_records

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.config import Config
 from training.distributed.groups import DistContext, DistEnv, cleanup, detect_env, init_distributed
 from training.distributed.parallel import model_state

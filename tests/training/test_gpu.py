@@ -23,9 +23,9 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-from test_distributed import STEPS, fixed_loader, run_config, step_sizes, trained_alike
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
+from tests.training.test_distributed import STEPS, fixed_loader, run_config, step_sizes, trained_alike
 from training.dino.step import forward_loss
 from training.distributed.groups import DistContext, DistEnv
 from training.precision import Precision

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from heal_run import CPU, scripted, tiny_config
 
+from tests.support.heal_run import CPU, scripted, tiny_config
 from training.checkpointing import CheckpointManager
 from training.heal import policy
 from training.heal.failures import read_records
@@ -62,8 +62,8 @@ def _two_rank_worker(rank, port, out_dir, parallel):
     with it); the same two ranks train again. Each notes which checkpoint its manager resumed from
     and the sums of its weights after each run."""
     import torch.distributed as dist
-    from heal_run import ScriptedCrops
 
+    from tests.support.heal_run import ScriptedCrops
     from training.distributed.groups import DistEnv, cleanup, init_distributed
     from training.distributed.parallel import model_state
 
@@ -108,7 +108,8 @@ def test_every_rank_resumes_from_the_checkpoint_rank_zero_chose(tmp_path, parall
     ended, bit for bit (under FSDP too, where epoch 1's checkpoint lacks the frozen last layer's
     optimizer state)."""
     import torch.multiprocessing as mp
-    from test_distributed import free_port
+
+    from tests.training.test_distributed import free_port
 
     mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path), parallel), nprocs=2, join=True)
     layout = RunLayout(tmp_path)

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 import torch
-from heal_run import CPU, scripted, tiny_config
 
+from tests.support.heal_run import CPU, scripted, tiny_config
 from training.heal import failures, policy
 from training.heal.failures import NotRetriedError, read_records, record_failure, record_resume
 from training.rundir import RunLayout

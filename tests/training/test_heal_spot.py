@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
-from fake_imds import TOKEN, FakeMetadata
-from heal_run import CPU, final_checkpoint, scripted, tiny_config
 
+from tests.support.fake_imds import TOKEN, FakeMetadata
+from tests.support.heal_run import CPU, final_checkpoint, scripted, tiny_config
 from training.errors import UserError
 from training.heal import spot
 from training.rundir import RunLayout

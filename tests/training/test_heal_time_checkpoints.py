@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from heal_run import CPU, assert_same_weights, final_checkpoint, scripted, tiny_config
 
+from tests.support.heal_run import CPU, assert_same_weights, final_checkpoint, scripted, tiny_config
 from training import checkpointing
 from training.config import ConfigError
 from training.rundir import RunLayout
@@ -113,8 +113,7 @@ def test_negative_intervals_are_refused_naming_the_setting(tmp_path, key):
 
 def _two_rank_worker(rank, port, out_dir):
     """Rank 0's clock jumps 31 minutes during the first batch of epoch 2; rank 1's never moves."""
-    from heal_run import ScriptedCrops
-
+    from tests.support.heal_run import ScriptedCrops
     from training.checkpointing import CheckpointManager
     from training.distributed.groups import DistEnv, cleanup, init_distributed
 
@@ -148,7 +147,8 @@ def _two_rank_worker(rank, port, out_dir):
 @pytest.mark.slow
 def test_all_ranks_save_at_the_step_rank_zeros_clock_chooses(tmp_path):
     import torch.multiprocessing as mp
-    from test_distributed import free_port
+
+    from tests.training.test_distributed import free_port
 
     mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     rank0, rank1 = (json.loads((tmp_path / f"saves_{rank}.json").read_text()) for rank in (0, 1))

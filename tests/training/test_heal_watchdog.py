@@ -17,8 +17,7 @@ from training.heal.failures import read_records
 from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Recording(ProgressWatchdog):
@@ -57,9 +56,8 @@ def test_a_zero_timeout_starts_no_thread():
 
 
 STUCK_RUN = """
-import json, sys, time
-sys.path.insert(0, {here!r})
-from heal_run import CPU, scripted, tiny_config
+import json, time
+from tests.support.heal_run import CPU, scripted, tiny_config
 from training.trainer import train
 
 def stuck():
@@ -74,7 +72,7 @@ train(config, CPU, loader_factory=scripted(4, {{(0, 2): stuck}}))
 @pytest.mark.slow
 def test_a_stuck_step_ends_the_process_with_the_hang_status(tmp_path):
     timeout_s = 3.0
-    code = STUCK_RUN.format(here=str(HERE), out=str(tmp_path / "run"), minutes=timeout_s / 60)
+    code = STUCK_RUN.format(out=str(tmp_path / "run"), minutes=timeout_s / 60)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

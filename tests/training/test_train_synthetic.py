@@ -9,8 +9,8 @@ import signal
 
 import pytest
 import torch
-from tiny import TINY_MODEL
 
+from tests.support.tiny import TINY_MODEL
 from training.cli import main
 from training.config import Config, load_config
 from training.distributed.groups import DistContext, DistEnv

@@ -8,10 +8,9 @@ import signal
 
 import pytest
 import torch
-from tiny import tiny_config
 
+from tests.support.tiny import run_config
 from training.benchmarks.speed.step import SyntheticCrops
-from training.config import Config
 from training.distributed.groups import DistContext, DistEnv
 from training.errors import UserError
 from training.rundir import RunLayout
@@ -20,14 +19,6 @@ from training.trainer import TrainingDivergedError, train
 torch.set_num_threads(1)
 
 CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
-
-
-def run_config(out_dir, **overrides) -> Config:
-    return tiny_config({
-        "run.output_dir": str(out_dir), "data.channels": "012",
-        "optim.batch_size_per_gpu": 4, "optim.epochs": 2, "optim.warmup_epochs": 1, "optim.lr": 0.005,
-        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False, **overrides,
-    })
 
 
 class SignalAt(SyntheticCrops):

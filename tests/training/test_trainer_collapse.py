@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from heal_run import CPU, scripted, tiny_config
 
+from tests.support.heal_run import CPU, scripted, tiny_config
 from training.heal import policy
 from training.heal.failures import read_marker
 from training.rundir import RunLayout

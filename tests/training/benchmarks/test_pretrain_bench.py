@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.benchmarks.request import PretrainBenchRequest, pretrain_request
 from training.cli import build_parser, main
 from training.config import dump_config

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.benchmarks.quality.recipes import (
     ARMS,
     FAST,

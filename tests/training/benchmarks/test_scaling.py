@@ -89,8 +89,7 @@ class RecordingDict(dict):
 @pytest.fixture(scope="module")
 def bench_step_json() -> dict:
     """What `python -m training bench step` prints for a tiny model on this machine."""
-    from tiny import tiny_config
-
+    from tests.support.tiny import tiny_config
     from training.benchmarks.request import StepBenchRequest
     from training.benchmarks.speed.step import run_step_benchmark
 

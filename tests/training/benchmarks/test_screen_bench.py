@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 import pytest
-from tiny import run_cli, tiny_config
 
+from tests.support.tiny import run_cli, tiny_config
 from training.benchmarks.quality.screen import cell_phenotypes, held_out, oracle_entry, shares
 from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.errors import UserError

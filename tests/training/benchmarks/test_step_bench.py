@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import tiny_config
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.support.tiny import tiny_config
 from training.benchmarks.request import LoaderBenchRequest, StepBenchRequest, loader_request, step_request
 from training.benchmarks.speed import step as step_module
 from training.benchmarks.speed.step import run_step_benchmark

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as TF
-from augment_reference import blur_matrices
 from torchvision.transforms import InterpolationMode
 
+from tests.support.augment_reference import blur_matrices
 from training.benchmarks.data.loader import BENCH_MEAN, BENCH_STD, ScdinoStyleAugmentation
 from training.config import Config, DinoConfig
 from training.data.dataset import open_dataset

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 import tifffile
 import torch
-from tiny import run_cli, tiny_config
 
+from tests.support.tiny import run_cli, tiny_config
 from training.config import ConfigError
 from training.data.ingest.cellprofiler import PART_FILE
 from training.data.store.read import PackedImages

@@ -7,8 +7,8 @@ import pickle
 import numpy as np
 import pyarrow as pa
 import pytest
-from packing import write_packed
 
+from tests.support.packing import write_packed
 from training.data.split import Split, evaluated_rows, stratified_sample
 from training.data.store.cells import CellTable, categories_of
 from training.data.store.merge import merge_parts

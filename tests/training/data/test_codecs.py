@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
-from tiny import run_cli
 
+from tests.support.tiny import run_cli
 from training.data.store.read import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import UserError

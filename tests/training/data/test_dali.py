@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from packing import write_packed
 
+from tests.support.packing import write_packed
 from training.cli import main
 from training.config import dump_config
 from training.data.dataset import minmax_scale

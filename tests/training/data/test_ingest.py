@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
-from tiny import run_cli, tiny_config
 
+from tests.support.tiny import run_cli, tiny_config
 from training.data.store.read import PackedImages
 from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.report.html import build_report

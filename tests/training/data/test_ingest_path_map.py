@@ -12,9 +12,9 @@ import logging
 import numpy as np
 import pandas as pd
 import pytest
-from jump_screen import CHANNELS, FIELDS, GALLERY, expected_crops, write_jump_screen
-from tiny import run_cli, tiny_config
 
+from tests.support.jump_screen import CHANNELS, FIELDS, GALLERY, expected_crops, write_jump_screen
+from tests.support.tiny import run_cli, tiny_config
 from training.config import ConfigError
 from training.data.ingest.paths import PathMap
 from training.data.store.read import PackedImages

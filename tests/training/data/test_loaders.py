@@ -142,9 +142,8 @@ def test_balanced_batches_hold_each_group_alike_on_every_rank():
 
 
 def test_balancing_takes_the_table_column_and_refuses_a_single_value(tmp_path):
-    from packing import write_packed
-    from tiny import tiny_config
-
+    from tests.support.packing import write_packed
+    from tests.support.tiny import tiny_config
     from training.data.loading.sampler import balance_groups
 
     images = [np.full((1, 4, 4), i, np.uint16) for i in range(6)]

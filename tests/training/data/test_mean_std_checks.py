@@ -4,8 +4,8 @@ zero std in a selected channel an error naming the channels, before any training
 import json
 
 import pytest
-from tiny import run_cli
 
+from tests.support.tiny import run_cli
 from training.data.stats import load_mean_std
 from training.errors import DamagedFileError, UserError
 from training.rundir import RunLayout

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import run_cli
 
 import training.data.folders.pack as vote_module
 import training.data.store.write as packed_module
+from tests.support.tiny import run_cli
 from training.data.dataset import open_dataset
 from training.data.store.read import PackedImages
 from training.data.synthetic.folders import write_tiff

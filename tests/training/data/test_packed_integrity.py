@@ -10,10 +10,10 @@ import shutil
 
 import numpy as np
 import pytest
-from damaging import garble_column
-from packing import write_packed, write_v1_pack
-from tiny import run_cli
 
+from tests.support.damaging import garble_column
+from tests.support.packing import write_packed, write_v1_pack
+from tests.support.tiny import run_cli
 from training.data.dataset import open_images
 from training.data.store.cells import column_checksum, one_array
 from training.data.store.format import FORMAT

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 import tifffile
-from tiny import run_cli
 
+from tests.support.tiny import run_cli
 from training.cli import main
 from training.config import Config, ConfigError
 from training.data.dataset import open_dataset, open_images, resolve_source

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from augment_reference import blur_matrices
 
+from tests.support.augment_reference import blur_matrices
 from training.cli import main
 from training.config import dump_config
 from training.data.loading.augment import BatchMultiCrop, banded_row_product, resize_matrices

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from tiny import TINY_MODEL, tiny_config
 from torch import nn
 
+from tests.support.tiny import TINY_MODEL, tiny_config
 from training.dino.channels import hierarchical_subset, select_channels, step_channels
 from training.dino.step import forward_loss
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import entropy
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.config import ConfigError
 from training.dino import DINOLoss, teacher_temperature_schedule
 from training.dino.collapse import ONE_HOT, UNIFORM, CollapseDetector, CollapseRule

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from eval_tiny_run import CLASSES, evaluated_run, run_dir, run_step
 
+from tests.support.eval_tiny_run import CLASSES, evaluated_run, run_dir, run_step
 from training.rundir.features import load_features
 
 pytestmark = pytest.mark.slow

@@ -38,8 +38,7 @@ def test_the_channel_adaptive_model_is_evaluated_on_a_combination_from_its_own_c
     encoded on its own and concatenated; knn again with eval.knn_whiten says so in its files."""
     import json
 
-    from eval_tiny_run import run_dir, run_step, write_config, write_images
-
+    from tests.support.eval_tiny_run import run_dir, run_step, write_config, write_images
     from training.rundir import RunLayout
     from training.rundir.features import load_features
 

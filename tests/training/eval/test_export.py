@@ -15,13 +15,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import scanpy as sc
-from packing import write_packed
 from pycytominer import aggregate
 from pycytominer.cyto_utils import infer_cp_features
-from screen_run import screen_run
-from tiny import TINY_RUN, run_cli, tiny_config
 
 import training.eval.profiles.export as export
+from tests.support.packing import write_packed
+from tests.support.screen_run import screen_run
+from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.data.dataset import open_images
 from training.data.store.read import PackedImages
 from training.rundir import RunLayout, tags

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from eval_tiny_run import CLASSES, pretrained_run, run_dir, run_step
 
+from tests.support.eval_tiny_run import CLASSES, pretrained_run, run_dir, run_step
 from training.config import Config, ConfigError
 from training.report.html import build_report
 from training.rundir import RunLayout

@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from screen_run import screen_run
-from tiny import run_cli
 
+from tests.support.screen_run import screen_run
+from tests.support.tiny import run_cli
 from training.eval.knn import knn_classify
 from training.rundir import RunLayout
 

@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
-from screen_run import screen_run
-from tiny import run_cli
 
+from tests.support.screen_run import screen_run
+from tests.support.tiny import run_cli
 from training.errors import UserError
 from training.eval.profiles.normalization import WellContext, normalize_profiles
 from training.eval.retrieval import NO_CONTROLS

@@ -11,9 +11,9 @@ import json
 import anndata
 import numpy as np
 import pytest
-from screen_run import screen_run
-from tiny import run_cli
 
+from tests.support.screen_run import screen_run
+from tests.support.tiny import run_cli
 from training.rundir import RunLayout, tags
 from training.rundir.features import load_features
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.costs.flops import head_flops, train_flops_per_image
 from training.dino.channels import bag_channel_draw, bag_of_channels
 from training.dino.step import forward_loss

@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.errors import UserError
 from training.models import ChannelVisionTransformer, DinoVisionTransformer, build_backbone, build_model
 from training.models.pretrained import load_backbone

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from tiny import tiny_config
 
+from tests.support.tiny import tiny_config
 from training.config import Config, ModelConfig
 from training.models import build_backbone, build_model
 from training.models.head import DINOHead

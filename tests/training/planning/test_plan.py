@@ -150,7 +150,8 @@ def test_a_step_measured_at_another_batch_is_scaled(tmp_path, capsys):
 
 def test_the_dataset_size_comes_from_the_packed_dataset(tmp_path, capsys):
     import numpy as np
-    from packing import write_packed
+
+    from tests.support.packing import write_packed
 
     write_packed(tmp_path / "run" / "packed", [np.zeros((5, 40, 40), np.uint16), np.zeros((5, 60, 60), np.uint16)],
                  ["a", "b"])

@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from eval_tiny_run import CLASSES, plotted_run, png_size, run_dir
 
+from tests.support.eval_tiny_run import CLASSES, plotted_run, png_size, run_dir
 from training.plots.accuracy import plot_confusion
 from training.plots.embedding import plot_embedding
 

@@ -5,7 +5,8 @@ import json
 import re
 
 import pytest
-from eval_tiny_run import plotted_run, run_dir, run_step
+
+from tests.support.eval_tiny_run import plotted_run, run_dir, run_step
 
 pytestmark = pytest.mark.slow
 

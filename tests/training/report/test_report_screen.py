@@ -8,9 +8,9 @@ import json
 from html import escape
 
 import pytest
-from screen_run import screen_run
-from tiny import run_cli
 
+from tests.support.screen_run import screen_run
+from tests.support.tiny import run_cli
 from training.cli import main
 from training.eval.compare import build_comparison, comparison_markdown
 from training.rundir import RunLayout

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from damaging import copy_run, damage, error_line, snapshot
-from eval_tiny_run import evaluated_run, run_dir
 
+from tests.support.damaging import copy_run, damage, error_line, snapshot
+from tests.support.eval_tiny_run import evaluated_run, run_dir
 from training.cli import main
 from training.heal import policy
 from training.heal.failures import read_records

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from damaging import copy_run, damage, error_line, garble_column, snapshot
-from tiny import TINY_RUN, run_cli, tiny_config
 
+from tests.support.damaging import copy_run, damage, error_line, garble_column, snapshot
+from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.cli import main
 from training.config import dump_config
 from training.data.synthetic.screen import ScreenSpec, write_screen

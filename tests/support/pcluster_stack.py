@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from infra.synth_helpers import PCLUSTER_PYTHON, REPO_ROOT
+from tests.support.cdk_synth import PCLUSTER_PYTHON, REPO_ROOT
 
 RENDERER = Path(__file__).resolve().parent / "pcluster_render.py"
 TEMPLATE = "templates/aws-parallelcluster.cfn.yaml"

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from packing import write_packed
-from tiny import TINY_RUN, run_cli, tiny_config
 
+from tests.support.packing import write_packed
+from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.config import Config
 from training.data.split import make_split, save_split
 from training.data.store.read import PackedImages

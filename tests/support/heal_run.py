@@ -1,6 +1,6 @@
 """A tiny CPU pretraining run whose loader can act at chosen batches, for the self-healing tests.
 
-    tiny_config(out_dir, **overrides)   test_trainer's two-epoch ViT-tiny run on 32 px crops (seconds on CPU)
+    tiny_config(out_dir, **overrides)   tiny.run_config's two-epoch ViT-tiny run on 32 px crops (seconds on CPU)
     scripted(batches, actions)          a loader factory: actions[(epoch, index)] runs while that
                                         batch is handed out (advance a fake clock, crash, stall, ...)
     assert_same_weights(a, b)           two run directories ended with bit-identical training state
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from test_trainer import run_config
 
+from tests.support.tiny import run_config
 from training.benchmarks.speed.step import SyntheticCrops
 from training.config import Config
 from training.distributed.groups import DistContext, DistEnv
@@ -23,7 +23,7 @@ CPU = DistContext(env=DistEnv(), device=torch.device("cpu"), backend=None)
 
 
 def tiny_config(out_dir: Path, **overrides: object) -> Config:
-    """test_trainer's two-epoch tiny run, in fp32 and without the Spot watcher unless a test asks."""
+    """tiny.run_config's two-epoch run, in fp32 and without the Spot watcher unless a test asks."""
     return run_config(out_dir, **{"train.precision": "fp32", "train.spot_watch": "off", **overrides})
 
 

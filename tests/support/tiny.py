@@ -2,6 +2,7 @@
 
     tiny_config({"optim.batch_size_per_gpu": 4})          ViT-tiny/8 on 32/16 px crops, defaults otherwise
     TINY_RUN                                              plus settings for a whole run in seconds on CPU
+    run_config(out_dir)                                   the trainer's two-epoch run, logging and saving each step
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def tiny_config(overrides: dict[str, Any] | None = None, **keywords: Any) -> Con
     values = {**TINY_MODEL, **(overrides or {})}
     values.update({key.replace("__", "."): value for key, value in keywords.items()})
     return Config().replace(values)
+
+
+def run_config(out_dir: Path | str, **overrides: Any) -> Config:
+    """Two epochs on channels 012, 4 crops a batch, a log line and a checkpoint every step (the trainer's tests)."""
+    return tiny_config({
+        "run.output_dir": str(out_dir), "data.channels": "012",
+        "optim.batch_size_per_gpu": 4, "optim.epochs": 2, "optim.warmup_epochs": 1, "optim.lr": 0.005,
+        "train.log_every": 1, "train.saveckp_freq": 1, "train.tensorboard": False, **overrides,
+    })
 
 
 def run_cli(config: Config, step: str, *extra: str) -> int:
