@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from training.config.errors import ConfigError, check_fraction
+from training.config.validation import ConfigError, check_fraction
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from training.config.errors import ConfigError, check_fraction
+from training.config.validation import ConfigError, check_fraction
 
 
 @dataclass(frozen=True)

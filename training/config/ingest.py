@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from training.config.errors import ConfigError
+from training.config.validation import ConfigError
 
 
 @dataclass(frozen=True)

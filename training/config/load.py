@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from training.config.errors import ConfigError
 from training.config.scdino import convert_if_scdino
 from training.config.schema import Config, from_dict, hint_of, set_dotted
+from training.config.validation import ConfigError
 from training.files.atomic import write_text_atomic
 
 

@@ -17,9 +17,9 @@ from training.config.data import DataConfig
 from training.config.dotted import Conversion, DottedKeyError, flatten_dotted
 from training.config.dotted import hint_of as _hint_of
 from training.config.dotted import set_dotted as _set_dotted
-from training.config.errors import ConfigError
 from training.config.eval import EvalConfig
 from training.config.ingest import IngestConfig
+from training.config.validation import ConfigError
 
 __all__ = [
     "Config", "ConfigError", "DataConfig", "DinoConfig", "EvalConfig", "IngestConfig", "ModelConfig", "OptimConfig",

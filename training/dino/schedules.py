@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.config import Config
-from training.schedules import cosine_schedule
+from training.cosine_schedule import cosine_schedule
 
 
 def scaled_lr(config: Config, world_size: int) -> float:

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.config import Config, EvalConfig
+from training.cosine_schedule import cosine_schedule
 from training.data.dataset import open_images
 from training.data.loading.sampler import DistributedBatchSampler
 from training.data.loading.torch_loader import (
@@ -45,7 +46,6 @@ from training.files.atomic import save_torch_atomic, write_json_atomic, write_te
 from training.models.pretrained import load_backbone
 from training.precision import Precision, resolve_precision
 from training.rundir import RunLayout
-from training.schedules import cosine_schedule
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from training.config import Config
+from training.cosine_schedule import cosine_schedule
 from training.dino import (
     DINOLoss,
     build_optimizer,
@@ -18,7 +19,6 @@ from training.dino import (
     teacher_temperature_schedule,
     update_teacher,
 )
-from training.schedules import cosine_schedule
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,5 @@
-"""Per-iteration schedules shared by pretraining and fine-tuning."""
+"""The cosine schedule with a linear warm-up, one value per iteration: DINO's schedules
+(training/dino/schedules.py) and fine-tuning's (training/eval/finetune.py) are made of it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The configuration's error, and the range check sections share."""
+"""Validation the configuration's sections share: ConfigError, the error naming a bad key, and the
+range check of fractions."""
 
 from __future__ import annotations
 
