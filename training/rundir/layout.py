@@ -2,65 +2,68 @@
 
 Steps talk to each other only through these files, never through each other's internals. No other
 module spells a run file's name; shell scripts ask `python -m training paths` (training/steps/paths.py).
+Each path is a property of RunLayout (or a method, for numbered and named ones) whose one-line doc
+says which step writes it and what it holds. The tree shows where they lie, each beside the name
+that gives it (tests/training/rundir/test_layout.py holds it to the properties, both ways):
 
-    <output_dir>/
-      config.yaml                 resolved configuration (written by every step)
-      packed/                     `prepare`: the packed dataset (training/data/store/format.py has its format);
-                                  data.packed_dir puts it elsewhere (e.g. node-local NVMe)
-        cellprofiler.npy          `ingest` with ingest.cellprofiler: CellProfiler's measurements, (cells,
-                                  features) float32, row i the cell of row i of the per-cell table
-        cellprofiler.json         their names, channels, size and CRC-32 (training/data/ingest/cellprofiler.py)
-      packed.parts/               `prepare` and `ingest` in parts (--part K --parts N, one per task of a Slurm
-        part-00003-of-00008/      array): part 3 of 8 until the merge, beside packed/ wherever it is
-                                  (training/data/store/parts.py)
-      split.json, split.npy       `prepare`: train / hold-out membership, one byte per row of the per-cell
-                                  table (seeded), and the settings and table it belongs to
-      bad_images.json             any step that met unreadable images: {"step", "count", "images": [{"path", "reason"}]}
-      ingest_report.json          `ingest`: fields read and bad, objects found, cut and skipped per reason,
-                                  the crop settings (training/data/ingest/run.py)
-      mean_std.json               `mean-std`: {"mean", "std" (all image channels), "n_images", "n_skipped",
-                                  "fraction", "seed"}; data.stats.load_mean_std picks data.channels
-      checkpoints/                `pretrain`: checkpoint.pth (latest), checkpoint_previous.pth (the save
-                                  before it), checkpoint_0005.pth, ... and the PREEMPTED marker while a
-                                  pre-empted job waits for its requeue; <name>.damaged: a damaged
-                                  checkpoint the resume set aside (never deleted)
-                                  failures.jsonl: one JSON line per failure and per resume after one
-                                  (training/heal/failures.py); DETERMINISTIC_FAILURE: the marker that
-                                  tells the batch script not to retry
-      metrics.jsonl               `pretrain`: one JSON object per logged step / epoch (rank 0)
-      tensorboard/                `pretrain`: event files
-      features/<tag>/             `features`: one feature set per tag (training/rundir/tags.py; format in
-                                  training/rundir/features.py)
-      labels.json                 `labels`: the evaluated held-out cells (rows of the per-cell table, at
-                                  most eval.max_cells), their classes, paths and imaging batches
-      knn/knn.json, knn/knn.md    `knn`: accuracies per k, per feature tag, confusion matrices
-      linear/linear.{json,md}     `linear`: linear-probe accuracy per epoch
-      linear/finetune.{json,md,pth}  `linear --finetune` (optional): accuracy per epoch, fine-tuned weights
-      profiles/                   `export` (training/eval/profiles/export.py has the columns):
-        cells.h5ad                AnnData, one observation per cell: obsm["X_scdino"], obs the metadata and split
-        cells.parquet             per-cell profiles: Metadata_ columns, then the features
-        wells.parquet             per-well profiles (median of each well's cells), with plate and well columns
-        wells_normalized.parquet  the same, normalised (eval.profile_normalization: spherize)
-        export.json               what was written: counts, columns, the features' provenance
-      plots/*.png, *.pdf          `plots`, listed in plots/manifest.json for the report
-      report.html                 `report`
-      timings.json                wall time of each step, merged by every step
-      results.json                `summary`: the headline kNN figures, step times and the bill (training/summary.py)
-      plan.json                   `plan --save`: the planner's rows for this run's configuration, which
-                                  the bill puts beside what the run cost (training/planning/)
-      logs/                       Slurm job logs of `make demo`
-      channels_<combination>/     one run per entry of data.channel_combinations (run.combination):
-                                  the files above from pretrain on, sharing packed/, split.json,
-                                  bad_images.json and mean_std.json with <output_dir>
-      channel_adaptive_<kind>/    data.compare_channel_adaptive (run.channel_adaptive=<kind>): one
-                                  channel-adaptive model per data.channel_adaptive_kinds entry,
-                                  trained on data.channels (pretrain's files)
-        channels_<combination>/   that model evaluated on one combination without retraining
-                                  (run.combination too): features/, labels.json, knn/, linear/,
-                                  reading channel_adaptive_<kind>/checkpoints/
-      comparison.json, .md        `compare`: every combination's kNN and linear probe against its
-                                  baselines (per model: one per combination, and the channel-adaptive
-                                  one where it ran), and the training compute; figure in plots/
+    <output_dir>/                               root
+      config.yaml                               config
+      packed/                                   packed
+        cellprofiler.npy                        cellprofiler
+        cellprofiler.json                       cellprofiler_index
+      packed.parts/                             parts
+        part-00003-of-00008/                    part(3, 8)
+      split.json                                split
+      split.npy                                 split_rows
+      bad_images.json                           bad_images
+      ingest_report.json                        ingest_report
+      mean_std.json                             mean_std
+      checkpoints/                              checkpoints
+        checkpoint.pth                          latest_checkpoint
+        checkpoint_previous.pth                 previous_checkpoint
+        checkpoint_0005.pth                     epoch_checkpoint(5)
+        PREEMPTED                               preempted_marker
+        failures.jsonl                          failure_log
+        DETERMINISTIC_FAILURE                   failure_marker
+      metrics.jsonl                             metrics
+      tensorboard/                              tensorboard
+      features/                                 features_root
+        final/                                  features("final")
+      labels.json                               labels
+      knn/                                      knn
+        knn.json                                knn_json
+        knn.md                                  knn_md
+      linear/                                   linear
+        linear.json                             linear_json
+        linear.md                               linear_md
+        finetune.json                           finetune_json
+        finetune.md                             finetune_md
+        finetune.pth                            finetune_weights
+      profiles/                                 profiles
+        cells.h5ad                              profiles_h5ad
+        cells.parquet                           profiles_cells
+        wells.parquet                           profiles_wells
+        wells_normalized.parquet                profiles_wells_normalized
+        export.json                             profiles_manifest
+      plots/                                    plots
+        manifest.json                           plots_manifest
+      report.html                               report
+      timings.json                              timings
+      results.json                              results
+      plan.json                                 plan
+      profile.yaml                              profile_config
+      model_card.json                           model_card
+      model_mean_std.json                       model_mean_std
+      logs/                                     logs
+      comparison.json                           comparison_json
+      comparison.md                             comparison_md
+      channels_012/                             combination("012")
+      channel_adaptive_bag_of_channels/         channel_adaptive("bag_of_channels")
+        channels_012/                           evaluation("012")
+
+A combination's run and a channel-adaptive model's hold the files from `pretrain` on and share the
+data files (packed/, split, bad images, mean/std: `shared`) with <output_dir>; a channel-adaptive
+model's evaluation on one combination reads that model's checkpoints (`trained`).
 """
 
 from __future__ import annotations
@@ -121,51 +124,101 @@ class RunLayout:
         features, labels, kNN and linear probe; this run's checkpoints and data files."""
         return replace(self.combination(combination), trained=self.trained)
 
-    config = property(lambda self: self.root / "config.yaml")
-    split = property(lambda self: self.shared / "split.json")
-    split_rows = property(lambda self: self.shared / "split.npy")
-    bad_images = property(lambda self: self.shared / "bad_images.json")
-    ingest_report = property(lambda self: self.shared / "ingest_report.json")
-    cellprofiler = property(lambda self: self.packed / "cellprofiler.npy")
-    cellprofiler_index = property(lambda self: self.packed / "cellprofiler.json")
-    parts = property(lambda self: self.packed.with_name(self.packed.name + ".parts"))
-    mean_std = property(lambda self: self.shared / "mean_std.json")
-    checkpoints = property(lambda self: self.trained / "checkpoints")
-    latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth")
-    previous_checkpoint = property(lambda self: self.checkpoints / "checkpoint_previous.pth")
-    preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED")
-    failure_log = property(lambda self: self.checkpoints / "failures.jsonl")
-    failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE")
-    metrics = property(lambda self: self.root / "metrics.jsonl")
-    tensorboard = property(lambda self: self.root / "tensorboard")
-    features_root = property(lambda self: self.root / "features")
-    labels = property(lambda self: self.root / "labels.json")
-    knn = property(lambda self: self.root / "knn")
-    knn_json = property(lambda self: self.knn / "knn.json")
-    knn_md = property(lambda self: self.knn / "knn.md")
-    linear = property(lambda self: self.root / "linear")
-    linear_json = property(lambda self: self.linear / "linear.json")
-    linear_md = property(lambda self: self.linear / "linear.md")
-    finetune_json = property(lambda self: self.linear / "finetune.json")
-    finetune_md = property(lambda self: self.linear / "finetune.md")
-    finetune_weights = property(lambda self: self.linear / "finetune.pth")
-    profiles = property(lambda self: self.root / "profiles")
-    profiles_h5ad = property(lambda self: self.profiles / "cells.h5ad")
-    profiles_cells = property(lambda self: self.profiles / "cells.parquet")
-    profiles_wells = property(lambda self: self.profiles / "wells.parquet")
-    profiles_wells_normalized = property(lambda self: self.profiles / "wells_normalized.parquet")
-    profiles_manifest = property(lambda self: self.profiles / "export.json")
-    plots = property(lambda self: self.root / "plots")
-    plots_manifest = property(lambda self: self.plots / "manifest.json")
-    report = property(lambda self: self.root / "report.html")
-    timings = property(lambda self: self.root / "timings.json")
-    results = property(lambda self: self.root / "results.json")
-    plan = property(lambda self: self.root / "plan.json")
-    logs = property(lambda self: self.root / "logs")
-    comparison_json = property(lambda self: self.root / "comparison.json")
-    comparison_md = property(lambda self: self.root / "comparison.md")
+    config = property(lambda self: self.root / "config.yaml",
+                      doc="Every step: the resolved configuration it ran with.")
+    split = property(lambda self: self.shared / "split.json",
+                     doc="`prepare`/`ingest`: the split's settings and the per-cell table it belongs to (data/split.py).")
+    split_rows = property(lambda self: self.shared / "split.npy",
+                          doc="`prepare`/`ingest`: train (0) or hold-out (1), one byte per row of the per-cell table.")
+    bad_images = property(lambda self: self.shared / "bad_images.json",
+                          doc="`prepare`/`ingest`: each unreadable image or bad field of view and why (artifacts.py).")
+    ingest_report = property(lambda self: self.shared / "ingest_report.json",
+                             doc="`ingest`: fields read and bad, objects cut and skipped per reason, the settings.")
+    cellprofiler = property(lambda self: self.packed / "cellprofiler.npy",
+                            doc="`ingest` (ingest.cellprofiler): measurements, (cells, features) float32, a row a cell.")
+    cellprofiler_index = property(lambda self: self.packed / "cellprofiler.json",
+                                  doc="`ingest`: the measurements' names, channels, size and CRC-32.")
+    parts = property(lambda self: self.packed.with_name(self.packed.name + ".parts"),
+                     doc="`prepare`/`ingest` --parts N: the parts until the merge, beside packed/ wherever it is.")
+    mean_std = property(lambda self: self.shared / "mean_std.json",
+                        doc="`mean-std`: per-channel mean and std of every image channel, and how they were drawn.")
+    checkpoints = property(lambda self: self.trained / "checkpoints",
+                           doc="`pretrain`: checkpoints, markers and <name>.damaged (a damaged one, set aside).")
+    latest_checkpoint = property(lambda self: self.checkpoints / "checkpoint.pth",
+                                 doc="`pretrain`: the latest save, which a resume starts from.")
+    previous_checkpoint = property(lambda self: self.checkpoints / "checkpoint_previous.pth",
+                                   doc="`pretrain`: the save before the latest one.")
+    preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED",
+                                doc="`pretrain`: while a pre-empted job waits for its requeue (training/trainer.py).")
+    failure_log = property(lambda self: self.checkpoints / "failures.jsonl",
+                           doc="`pretrain`: one JSON line per failure and per resume after one (training/heal/).")
+    failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE",
+                              doc="`pretrain`: tells the batch script not to retry.")
+    metrics = property(lambda self: self.root / "metrics.jsonl",
+                       doc="`pretrain`: one JSON object per logged step and epoch (rank 0).")
+    tensorboard = property(lambda self: self.root / "tensorboard",
+                           doc="`pretrain`: TensorBoard event files.")
+    features_root = property(lambda self: self.root / "features",
+                             doc="`features`: one feature set per tag (rundir/tags.py; format in rundir/features.py).")
+    labels = property(lambda self: self.root / "labels.json",
+                      doc="`labels`: the evaluated held-out cells (rows, at most eval.max_cells), classes, batches.")
+    knn = property(lambda self: self.root / "knn",
+                   doc="`knn`: its results.")
+    knn_json = property(lambda self: self.knn / "knn.json",
+                        doc="`knn`: accuracy per k and feature tag, confusion matrices, mAP where measured.")
+    knn_md = property(lambda self: self.knn / "knn.md",
+                      doc="`knn`: the same as tables.")
+    linear = property(lambda self: self.root / "linear",
+                      doc="`linear`: its results.")
+    linear_json = property(lambda self: self.linear / "linear.json",
+                           doc="`linear`: linear-probe accuracy per epoch and feature tag.")
+    linear_md = property(lambda self: self.linear / "linear.md",
+                         doc="`linear`: the same as tables.")
+    finetune_json = property(lambda self: self.linear / "finetune.json",
+                             doc="`linear --finetune`: accuracy per epoch.")
+    finetune_md = property(lambda self: self.linear / "finetune.md",
+                           doc="`linear --finetune`: the same as tables.")
+    finetune_weights = property(lambda self: self.linear / "finetune.pth",
+                                doc="`linear --finetune`: the fine-tuned weights.")
+    profiles = property(lambda self: self.root / "profiles",
+                        doc="`export`: the profiles (columns: training/eval/profiles/export.py).")
+    profiles_h5ad = property(lambda self: self.profiles / "cells.h5ad",
+                             doc="`export`: AnnData, a cell an observation, obsm[\"X_scdino\"], obs the metadata.")
+    profiles_cells = property(lambda self: self.profiles / "cells.parquet",
+                              doc="`export`: per-cell profiles, Metadata_ columns then the features.")
+    profiles_wells = property(lambda self: self.profiles / "wells.parquet",
+                              doc="`export`: per-well profiles (median of each well's cells).")
+    profiles_wells_normalized = property(lambda self: self.profiles / "wells_normalized.parquet",
+                                         doc="`export`: the same, normalised (eval.profile_normalization).")
+    profiles_manifest = property(lambda self: self.profiles / "export.json",
+                                 doc="`export`: what was written: counts, columns, the features' provenance.")
+    plots = property(lambda self: self.root / "plots",
+                     doc="`plots` (and `compare`'s figure): PNG and PDF figures.")
+    plots_manifest = property(lambda self: self.plots / "manifest.json",
+                              doc="`plots`: the figures, listed for the report.")
+    report = property(lambda self: self.root / "report.html",
+                      doc="`report`: the run's report.")
+    timings = property(lambda self: self.root / "timings.json",
+                       doc="Every pipeline step: its wall time, merged into the others' (training/cli.py).")
+    results = property(lambda self: self.root / "results.json",
+                       doc="`summary`: the headline kNN figures, step times and the bill (training/summary.py).")
+    plan = property(lambda self: self.root / "plan.json",
+                    doc="`plan --save`: the planner's rows for this run, which the bill sets beside its cost.")
+    profile_config = property(lambda self: self.root / "profile.yaml",
+                              doc="`profile --stage setup`: the screen's config with the model's settings, for every job.")
+    model_card = property(lambda self: self.root / "model_card.json",
+                          doc="`profile`: the profiling model's card, the channel map, the checks of the screen.")
+    model_mean_std = property(lambda self: self.root / "model_mean_std.json",
+                              doc="`profile --stage setup`: the model's mean and std at the screen's channels.")
+    logs = property(lambda self: self.root / "logs",
+                    doc="The Slurm job logs of `make demo`.")
+    comparison_json = property(lambda self: self.root / "comparison.json",
+                               doc="`compare`: each combination's and channel-adaptive model's kNN, probe and compute.")
+    comparison_md = property(lambda self: self.root / "comparison.md",
+                             doc="`compare`: the same as tables.")
 
     def epoch_checkpoint(self, epoch: int) -> Path:
+        """`pretrain`: the numbered checkpoint after `epoch` completed epochs (train.saveckp_freq, _rule)."""
         return self.checkpoints / f"checkpoint_{epoch:04d}.pth"
 
     def numbered_checkpoints(self) -> list[tuple[int, Path]]:
@@ -180,6 +233,7 @@ class RunLayout:
         return sorted(found)
 
     def features(self, tag: str) -> Path:
+        """`features`: the feature set of one tag (final, an epoch, a baseline)."""
         return self.features_root / tag
 
     def part(self, part: int, parts: int) -> Path:
