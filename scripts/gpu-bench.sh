@@ -132,7 +132,7 @@ loader() {  # loader NAME SIZE
 }
 
 gpu_tests() {
-  "$PYTHON" -m pytest -m gpu -q -s -p no:cacheprovider tests/training/test_gpu.py tests/training/data/test_torch_loader.py \
+  "$PYTHON" -m pytest -m gpu -q -s -p no:cacheprovider tests/training/test_gpu.py tests/training/data/loading/test_torch_loader.py \
     > "$OUT/gpu_tests.txt" 2>&1
 }
 

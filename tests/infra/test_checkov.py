@@ -1,6 +1,6 @@
 """checkov on every template a deploy creates: the synthesised templates of both back ends (and the
 throw-away variant), and ParallelCluster's own cluster stack and its nested stacks as its code renders them
-for our configurations (tests/infra/pcluster_render.py). On ours: no failed check, and every skipped check
+for our configurations (tests/support/pcluster_render.py). On ours: no failed check, and every skipped check
 is one the templates explain in place, on CDK's own custom-resource handlers or on the access-log bucket that
 cannot log into itself. On ParallelCluster's, which we do not write: every finding is one of
 PCLUSTER_FINDINGS, each with the reason it stands and no setting of ours could change it. checkov lives in its

@@ -1,5 +1,5 @@
 """The CloudWatch agent template the GPU nodes append (bootstrap/cloudwatch-agent.json): the agent's
-documented keys only (tests/infra/cloudwatch_agent_keys.py), the GPU figures the dashboard and
+documented keys only (tests/support/cloudwatch_agent_keys.py), the GPU figures the dashboard and
 alarms read, the Xid lines and the training's EMF file, and placeholders the bootstrap fills."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """ParallelCluster 3.16.1's own CloudFormation stack for our configurations, rendered offline and checked.
 
 The provider's Lambda turns `Custom::PclusterCluster` into ParallelCluster's cluster stack with
-`Cluster.create()`; tests/infra/pcluster_render.py runs that code in .venv-pcluster against fixed AWS
-answers (tests/infra/pcluster_stack.py reads what it uploaded). Rendered once per session, for the
+`Cluster.create()`; tests/support/pcluster_render.py runs that code in .venv-pcluster against fixed AWS
+answers (tests/support/pcluster_stack.py reads what it uploaded). Rendered once per session, for the
 default deployment, every preset on every OS we offer (with every queue option on), and both kinds of
 capacity reservation. Checked: cfn-lint, and what a first deploy depends on: the head node runs our
 OnNodeConfigured, every preset is a queue with its instance type, EFA and placement, the node roles carry

@@ -1,13 +1,13 @@
 """Run by the aws-parallelcluster virtualenv: ParallelCluster 3.16's own create path renders the cluster stack.
 
-    .venv-pcluster/bin/python tests/infra/pcluster_render.py < request.json > summary.json
+    .venv-pcluster/bin/python tests/support/pcluster_render.py < request.json > summary.json
 
 On a `Custom::PclusterCluster` create, the provider's Lambda adds tags to the configuration and calls
 `pcluster.lib.create_cluster`, that is `Cluster(name, yaml.dump(config)).create()`: load the schema, validate,
 upload the configuration with its implied values (what the nodes read) and the instance types data to the
 cluster bucket, build the CloudFormation template with CDK v1, upload it and its nested stacks, and call
 CreateStack. This script runs that same `create()`, with validators suppressed (SuppressValidators ALL: they
-need live AWS answers; tests/infra/pcluster_check.py runs the ones that do not). Every AWS API operation it
+need live AWS answers; tests/support/pcluster_check.py runs the ones that do not). Every AWS API operation it
 makes is answered here, at botocore's one entry point, by fixed answers: ParallelCluster's own client
 wrappers, caches and bucket code all run. An operation with no answer fails, naming itself.
 
@@ -76,7 +76,7 @@ class NoAnswer(AssertionError):
 def instance_type(name: str) -> dict:
     """One DescribeInstanceTypes entry, shaped as EC2 returns it."""
     if name not in _INSTANCE_FACTS:
-        raise NoAnswer(f"no answer for instance type {name}: add it to _INSTANCE_FACTS in tests/infra/pcluster_render.py")
+        raise NoAnswer(f"no answer for instance type {name}: add it to _INSTANCE_FACTS in tests/support/pcluster_render.py")
     vcpus, gpus, efa, cards, storage, memory = _INSTANCE_FACTS[name]
     network = {"EfaSupported": efa, "MaximumNetworkCards": cards,
                "NetworkCards": [{"NetworkCardIndex": index, "MaximumNetworkInterfaces": 2} for index in range(cards)]}
@@ -112,7 +112,7 @@ class FixedAws:
         handler = getattr(self, f"{service}_{operation}", None)
         if handler is None:
             raise NoAnswer(f"ParallelCluster called {service} {operation}({sorted(params)}), which has no fixed "
-                           f"answer: add a method {service}_{operation} to FixedAws in tests/infra/pcluster_render.py")
+                           f"answer: add a method {service}_{operation} to FixedAws in tests/support/pcluster_render.py")
         self.operations.add(f"{service}:{operation}")
         return handler(**params)
 

@@ -1,6 +1,6 @@
 """ParallelCluster's own rendering of our cluster configurations, as the infra tests read it.
 
-`render_all` sends our configurations to tests/infra/pcluster_render.py in .venv-pcluster, once for all of
+`render_all` sends our configurations to tests/support/pcluster_render.py in .venv-pcluster, once for all of
 them, and caches the result in pytest's cache directory by the hash of what decides it (the request, the
 renderer's source, the installed aws-parallelcluster). `Rendered` is one cluster's artifacts as
 ParallelCluster would upload them; the helpers below read the parts a node acts on: the head node's

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tests.support.tiny import tiny_config
-from tests.training.test_distributed import STEPS, fixed_loader, run_config, step_sizes, trained_alike
+from tests.training.distributed.test_distributed import STEPS, fixed_loader, run_config, step_sizes, trained_alike
 from training.dino.step import forward_loss
 from training.distributed.groups import DistContext, DistEnv
 from training.precision import Precision

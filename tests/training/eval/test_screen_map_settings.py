@@ -1,4 +1,4 @@
-"""The knn step's retrieval mAP on a screen-like run (tests/training/screen_run.py): a screen without
+"""The knn step's retrieval mAP on a screen-like run (tests/support/screen_run.py): a screen without
 controls says so in knn.json and knn.md instead of scoring every treatment against every other; a
 consistency column that names no column, and sphering with too few control wells, are one line
 naming the setting."""

@@ -3,7 +3,7 @@
 DALI cannot decode 5-channel TIFF (its decoders stop at 4 channels), so the images come from the
 packed memory map through `fn.external_source`: the selected channels of each image as an
 (H, W, C) array of the packed pixel type (usually uint16). Every later op takes any channel count
-in HWC layout, so no channel is split off (checked on 5 channels by tests/training/data/test_dali.py): cast, per-image
+in HWC layout, so no channel is split off (checked on 5 channels by tests/training/data/loading/test_dali.py): cast, per-image
 per-channel min-max scaling (`fn.reductions` + broadcasting arithmetic), `fn.random_resized_crop`
 (bicubic, antialiased), `fn.flip`, per-channel brightness and solarisation (arithmetic),
 `fn.gaussian_blur` and `fn.crop_mirror_normalize` (mean/std, HWC -> CHW, and the horizontal flip:

@@ -12,7 +12,7 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "scripts" / "gpu-bench.sh"
 
 

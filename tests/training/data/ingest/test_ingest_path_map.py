@@ -2,7 +2,7 @@
 whose masks behind another machine's absolute folder, read from a local copy through the map alone
 (no upload): every crop equals the NumPy slice of its source images. What the map does not reach is
 one line naming the row, the column and the path, and suggesting ingest.path_map; a bad entry is a
-line naming the key. The table and its files: tests/training/jump_screen.py."""
+line naming the key. The table and its files: tests/support/jump_screen.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """`python -m training upload-data --table`: a JUMP-style screen whose table points elsewhere (s3://
 folders of the Cell Painting Gallery, a lab machine's absolute mask folder) goes up to a real
-S3-compatible server (moto's, on loopback, as tests/slurm/test_upload_data.py starts it), and the
+S3-compatible server (moto's, on loopback, as tests/training/upload/test_upload_data.py starts it), and the
 uploaded table ingests: every crop equals the NumPy slice of its source images.
 
-The screen: tests/training/jump_screen.py (real nuclei, JUMP's columns, files in the test's folder
+The screen: tests/support/jump_screen.py (real nuclei, JUMP's columns, files in the test's folder
 reached through ingest.path_map)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.slurm.test_upload_data import BUCKET, s3  # noqa: F401 (a fixture: a bucket on moto's server)
 from tests.support.jump_screen import CHANNELS, FIELDS, expected_crops, write_jump_screen
 from tests.support.tiny import run_cli, tiny_config
+from tests.training.upload.test_upload_data import BUCKET, s3  # noqa: F401 (a fixture: a bucket on moto's server)
 from training.cli import main
 from training.config import dump_config
 from training.data.store.read import PackedImages

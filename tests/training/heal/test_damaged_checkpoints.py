@@ -109,7 +109,7 @@ def test_every_rank_resumes_from_the_checkpoint_rank_zero_chose(tmp_path, parall
     optimizer state)."""
     import torch.multiprocessing as mp
 
-    from tests.training.test_distributed import free_port
+    from tests.training.distributed.test_distributed import free_port
 
     mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path), parallel), nprocs=2, join=True)
     layout = RunLayout(tmp_path)

@@ -126,7 +126,7 @@ def test_requests_reject_bad_values_built_in_code():
 def test_the_bench_step_module_imports_no_torch():
     code = "import sys, training.steps.bench; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[3])
+                              cwd=Path(__file__).resolve().parents[4])
     assert imported.stdout.strip() == "[]"
 
 

@@ -84,7 +84,7 @@ def test_unknown_arms_and_bad_seeds_are_refused(capsys):
 
 
 def test_configs_fast_is_the_measured_arm_on_scdinos_defaults_at_under_a_quarter_of_their_flops():
-    fast = load_config(Path(__file__).parents[3] / "configs" / "fast.yaml")
+    fast = load_config(Path(__file__).parents[4] / "configs" / "fast.yaml")
     default = Config()
     assert default.replace(ARMS[REFERENCE].overrides) == default  # scDINO's recipe stays the default
     assert fast == default.replace({**ARMS[FAST].overrides, "run.name": fast.run.name,

@@ -148,7 +148,7 @@ def _two_rank_worker(rank, port, out_dir):
 def test_all_ranks_save_at_the_step_rank_zeros_clock_chooses(tmp_path):
     import torch.multiprocessing as mp
 
-    from tests.training.test_distributed import free_port
+    from tests.training.distributed.test_distributed import free_port
 
     mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     rank0, rank1 = (json.loads((tmp_path / f"saves_{rank}.json").read_text()) for rank in (0, 1))

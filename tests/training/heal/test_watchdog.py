@@ -17,7 +17,7 @@ from training.heal.failures import read_records
 from training.heal.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class Recording(ProgressWatchdog):

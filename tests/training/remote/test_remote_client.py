@@ -21,7 +21,7 @@ from training.remote.fields import JobRequest, job_description, minutes
 from training.remote.jobs import job_options
 from training.remote.rest import RestError, SlurmRest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUCKET = "scdino-remote-unit"
 ACCOUNT = "123456789012"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-west-2"}

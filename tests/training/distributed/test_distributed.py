@@ -18,7 +18,7 @@ from training.distributed.groups import DistContext, DistEnv, cleanup, detect_en
 from training.distributed.parallel import model_state
 from training.trainer import train
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from training.data.synthetic.screen import ScreenSpec, write_screen
 from training.report.html import build_report
 from training.rundir import RunLayout
 
-REAL = Path(__file__).resolve().parents[2] / "data" / "real-nuclei"
+REAL = Path(__file__).resolve().parents[3] / "data" / "real-nuclei"
 SIZE = 32
 CROP = 34
 """The screens' crop side: even, as SIZE is not, and wide enough that some cells near the edge are skipped."""

@@ -29,7 +29,7 @@ from training.eval.cellprofiler import MAD_SCALE, robust_scale, standardise
 from training.rundir import RunLayout, tags
 from training.rundir.features import load_features
 
-REAL = Path(__file__).resolve().parents[2] / "data" / "real-nuclei"
+REAL = Path(__file__).resolve().parents[3] / "data" / "real-nuclei"
 BLANK = 1000
 """The second channel's one value."""
 SHAPE_FEATURES = 104
