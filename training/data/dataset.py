@@ -7,7 +7,6 @@ each min-max scaled per image as scDINO does. A constant channel scales to 0 rat
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +14,11 @@ import torch
 from torch.utils.data import Dataset
 
 from training.config import Config
-from training.data.folders.index import ImageIndex, scan_images
-from training.data.folders.pack import expected_format
+from training.data.folders.index import ImageIndex, expected_format, scan_images
 from training.data.store.format import check_not_half_packed, is_packed
 from training.data.store.read import PackedImages
 from training.data.tiff import BadImage, read_image
 from training.errors import MissingInputError, UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import bad_image_paths
 
@@ -36,18 +33,6 @@ class BadImageError(UserError):
             f"bad image {bad.path}: {bad.reason}; fix or remove it, or set data.on_bad_image=skip"
         )
         self.path, self.reason = bad.path, bad.reason
-
-
-def write_bad_report(path: Path, step: str, bad: list[BadImage]) -> None:
-    """The bad-image report with every skipped image and its reason; removed when there is none."""
-    if not bad:
-        path.unlink(missing_ok=True)
-        return
-    write_json_atomic(path, {"step": step, "count": len(bad),
-                             "images": [{"path": b.path, "reason": b.reason} for b in bad]})
-    kinds = Counter(b.reason.split(":")[0].split("(")[0].strip() for b in bad)
-    log.warning("skipped %d bad images (%s); details in %s", len(bad),
-                ", ".join(f"{n} {k}" for k, n in kinds.most_common()), path)
 
 
 class TiffImages:

@@ -1,4 +1,5 @@
-"""Readers of what earlier steps wrote into a run directory.
+"""Readers of what earlier steps wrote into a run directory, and the writer of the one file two steps
+write in one format (bad_images.json: `prepare`'s unreadable images, `ingest`'s bad fields of view).
 
 A later step, the plots, the report and the summary read a run only through these functions (the
 packed dataset through training/data/store/read.py, feature sets through features.py, both checking with
@@ -12,12 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from training.errors import DamagedFileError, MissingInputError, UserError
+from training.files.atomic import write_json_atomic
 from training.rundir import tags
 from training.rundir.features import FeatureSet, list_tags, load_features, read_index
 from training.rundir.integrity import load_torch, parse_json, require_keys, rerun
@@ -149,6 +152,19 @@ def final_weights(layout: RunLayout) -> Path:
     if index and index.get("checkpoint") and Path(index["checkpoint"]).is_file():
         return Path(index["checkpoint"])
     return layout.latest_checkpoint
+
+
+def write_bad_images(layout: RunLayout, step: str, bad: list[tuple[str, str]]) -> None:
+    """bad_images.json: every image (or field of view) `step` skipped, as (path, reason) pairs, with
+    one warning counting them by reason; removed when there is none."""
+    if not bad:
+        layout.bad_images.unlink(missing_ok=True)
+        return
+    write_json_atomic(layout.bad_images, {"step": step, "count": len(bad),
+                                          "images": [{"path": path, "reason": reason} for path, reason in bad]})
+    kinds = Counter(reason.split(":")[0].split("(")[0].strip() for _, reason in bad)
+    log.warning("skipped %d bad images (%s); details in %s", len(bad),
+                ", ".join(f"{n} {k}" for k, n in kinds.most_common()), layout.bad_images)
 
 
 def bad_image_paths(layout: RunLayout, step: str = "prepare") -> set[str]:

@@ -23,8 +23,9 @@ CellProfiler does, into <packed>/cellprofiler.npy and .json, one row per row of 
 
 With --parts N, task K cuts the K-th of N slices of the table's rows into
 <packed>.parts/part-K-of-N/; a finished part made from the same tables and settings is kept when
-the task runs again (an interrupted array is resumed by running it again), and --merge joins the
-parts (linking their pixel files), then writes the split and the report:
+the task runs again (an interrupted array is resumed by running it again), and --merge adds up the
+parts' counts into the report and the bad-field list, joins the parts (linking their pixel files),
+then writes the split (training/data/store/merge.py, the same merge as `prepare`'s):
 `sbatch --array=0-7 slurm/ingest.slurm CONFIG`, then `sbatch slurm/ingest.slurm CONFIG --merge --parts 8`.
 A damaged part (its part.json, a pixel file or a table) is cut again by its task, with a warning.
 
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if getattr(args, "verify", False):
-        from training.data.finish import verify_packed
+        from training.data.store.merge import verify_packed
 
         return verify_packed(config, layout, "ingest")
     from training.data.ingest.run import ingest

@@ -13,8 +13,9 @@ seeded train/hold-out split (<run>/split.json, split.npy) and, if any image is u
 
 With --parts N, task K packs the K-th of N slices of the sorted image list into
 <packed>.parts/part-K-of-N/ (a finished part is kept and skipped when the task runs again), and
---merge joins the finished parts into <packed> (linking their pixel files, copying no pixel), then
-writes the split and the report: `sbatch --array=0-7 slurm/prepare.slurm CONFIG` does both.
+--merge lists the parts' bad images, joins the finished parts into <packed> (linking their pixel
+files, copying no pixel), then writes the split (training/data/store/merge.py, the same merge as
+`ingest`'s): `sbatch --array=0-7 slurm/prepare.slurm CONFIG` does both.
 
 --verify writes nothing: it checks what `prepare` wrote, every byte of the pixel files and the
 table against the CRC-32s in packed/index.json included, and says "intact" or names the damaged
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     if getattr(args, "verify", False):
-        from training.data.finish import verify_packed
+        from training.data.store.merge import verify_packed
 
         return verify_packed(config, layout, "prepare")
     from training.data.folders.prepare import prepare

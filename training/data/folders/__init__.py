@@ -1,2 +1,2 @@
-"""Class folders of single-cell TIFFs (scDINO's layout): index.py finds the images and their classes,
-pack.py packs them into parts, prepare.py is the run of `prepare`."""
+"""Class folders of single-cell TIFFs (scDINO's layout): index.py finds the images, their classes
+and format, pack.py packs them into parts, prepare.py is the run of `prepare`."""

@@ -1,4 +1,5 @@
-"""Find the images of a dataset and their class labels from folder names (scDINO's layout).
+"""Find the images of a dataset and their class labels from folder names (scDINO's layout), and the
+format most of them share (`expected_format`).
 
 `root/<class>/<image>.tif` gives the label "<class>" at folder_depth_for_labels=0 (the folder that
 holds the image); with deeper trees (`root/<donor>/<class>/<plate>/<image>.tif`) the depth counts
@@ -9,14 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from training.data.tiff import BadImage, ChannelAxis, read_image
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
 TIFF_SUFFIXES = (".tif", ".tiff")
+VOTE_SAMPLE = 32
+"""How many leading images vote on the dataset's channel count and give its first pixel type."""
 
 
 @dataclass(frozen=True)
@@ -92,3 +99,23 @@ def _tiff_parts(root: Path) -> list[tuple[str, ...]]:
                 elif os.path.splitext(entry.name)[1].lower() in TIFF_SUFFIXES and entry.is_file():
                     found.append((*prefix, entry.name))
     return found
+
+
+def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
+    """The channel count most of the leading readable images have, and a pixel type that holds all
+    of those images exactly (their own if they share one), so that a mixed folder rarely needs
+    the packed file rewritten later. Every task of an array votes on the same leading images."""
+    votes: Counter = Counter()
+    for rel in index.paths[: VOTE_SAMPLE * 2]:
+        try:
+            image = read_image(root / rel, channel_axis)
+        except BadImage:
+            continue
+        votes[(image.shape[0], image.dtype.str)] += 1
+        if sum(votes.values()) >= VOTE_SAMPLE:
+            break
+    if not votes:
+        return 0, np.dtype(np.uint16)
+    (channels, _), _ = votes.most_common(1)[0]
+    types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
+    return channels, np.result_type(*types)

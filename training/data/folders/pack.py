@@ -2,7 +2,7 @@
 
 `prepare` packs slices of the sorted image list into parts (`pack_part`: every image read by a few
 threads, written into one part, training/data/store/write.py), one per task of a Slurm array or all
-in one process, and merges them into <run>/packed (training/data/folders/prepare.py). `pack_images`
+in one process, and merges them into <run>/packed (training/data/store/merge.py). `pack_images`
 does both in one call. Each cell's table row holds its path and its class folder (Metadata_Class).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections import Counter
 from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from training.data.folders.index import ImageIndex
+from training.data.folders.index import VOTE_SAMPLE, ImageIndex, expected_format
 from training.data.read_ahead import read_in_order
 from training.data.store.cells import CLASS_COLUMN
 from training.data.store.merge import merge_parts
@@ -28,30 +27,8 @@ from training.files.diskspace import require_free
 
 log = logging.getLogger(__name__)
 
-VOTE_SAMPLE = 32
-"""How many leading images vote on the dataset's channel count and give its first pixel type."""
 READ_THREADS, READ_AHEAD = 8, 256
 """Threads reading files, and how many images they may read ahead of the writer."""
-
-
-def expected_format(root: Path, index: ImageIndex, channel_axis: ChannelAxis) -> tuple[int, np.dtype]:
-    """The channel count most of the leading readable images have, and a pixel type that holds all
-    of those images exactly (their own if they share one), so that a mixed folder rarely needs
-    the packed file rewritten later. Every task of an array votes on the same leading images."""
-    votes: Counter = Counter()
-    for rel in index.paths[: VOTE_SAMPLE * 2]:
-        try:
-            image = read_image(root / rel, channel_axis)
-        except BadImage:
-            continue
-        votes[(image.shape[0], image.dtype.str)] += 1
-        if sum(votes.values()) >= VOTE_SAMPLE:
-            break
-    if not votes:
-        return 0, np.dtype(np.uint16)
-    (channels, _), _ = votes.most_common(1)[0]
-    types = [np.dtype(dtype) for n_channels, dtype in votes if n_channels == channels]
-    return channels, np.result_type(*types)
 
 
 def estimated_bytes(root: Path, index: ImageIndex, rows: range, channel_axis: ChannelAxis, dtype: np.dtype) -> int:

@@ -1,6 +1,5 @@
-"""The run of `prepare`: class folders of single-cell TIFFs packed in parts (one per task of a Slurm
-array, or all in one process), then merged into <packed> with the bad-image report and the split
-(training/steps/prepare.py says how it is called)."""
+"""The run of `prepare` (what it does and writes: training/steps/prepare.py): each part packed
+(`pack_one_part`), then the parts' bad images listed and the parts merged (`merge_prepare_parts`)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ def prepare(config: Config, layout: RunLayout, *, part: int | None, parts: int, 
     if not merge:
         for k in range(parts):
             pack_one_part(config, layout, k, parts)
-    finish(config, layout, parts)
+    merge_prepare_parts(config, layout, parts)
 
 
 def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> None:
@@ -63,19 +62,18 @@ def pack_one_part(config: Config, layout: RunLayout, part: int, parts: int) -> N
     log.info("part %d of %d: %d cells packed, %d bad", part + 1, parts, info["n_cells"], len(info["bad"]))
 
 
-def finish(config: Config, layout: RunLayout, parts: int) -> None:
-    """Merge the parts into <packed>, then write the bad-image report and the split."""
-    from training.data.dataset import write_bad_report
-    from training.data.finish import merge_and_split
-    from training.data.store.parts import part_remedy, read_part
-    from training.data.tiff import BadImage
+def merge_prepare_parts(config: Config, layout: RunLayout, parts: int) -> None:
+    """List the parts' bad images, then merge the parts into <packed> and write the split
+    (training/data/store/merge.py)."""
+    from training.data.store.merge import merge_and_split, read_finished_parts
+    from training.rundir.artifacts import write_bad_images
 
     folders = [layout.part(k, parts) for k in range(parts)]
-    infos = [read_part(folder, part_remedy("prepare", folder)) for folder in folders]
-    bad = [BadImage(b["path"], b["reason"]) for info in infos if info for b in info.get("bad", [])]
-    n_cells = sum(info["n_cells"] for info in infos if info)
-    write_bad_report(layout.bad_images, "prepare", bad)
-    if n_cells == 0 and all(infos):
+    infos = read_finished_parts(folders, "prepare")
+    bad = [(b["path"], b["reason"]) for info in infos for b in info.get("bad", [])]
+    n_cells = sum(info["n_cells"] for info in infos)
+    write_bad_images(layout, "prepare", bad)
+    if n_cells == 0:
         raise UserError(f"none of the images under {config.data.source} is readable ({len(bad)} bad); see "
                         f"{layout.bad_images}")
     split = merge_and_split(config, layout, folders, step="prepare", source=str(config.data.source),

@@ -1,7 +1,5 @@
-"""The run of `ingest` (training/steps/ingest.py says how it is called): the settings checked, the
-load table's rows cut in parts (one per task of a Slurm array, or all in one process; a finished part
-of the same inputs is kept), then the parts' counts added up into the report and the parts merged
-into <packed> with the split (and, under ingest.cellprofiler, the cells' measurements)."""
+"""The run of `ingest` (what it does and writes: training/steps/ingest.py): the settings checked, each
+part cut (`cut_one_part`), then the parts' counts added up and the parts merged (`merge_ingest_parts`)."""
 
 from __future__ import annotations
 
@@ -9,8 +7,6 @@ import json
 import logging
 
 from training.config import Config
-from training.data.dataset import write_bad_report
-from training.data.finish import merge_and_split
 from training.data.ingest.cellprofiler import merge_measurements
 from training.data.ingest.checks import (
     check_columns,
@@ -22,11 +18,12 @@ from training.data.ingest.checks import (
 )
 from training.data.ingest.part import describe, ingest_part, part_identity, summarise
 from training.data.ingest.table import LoadTable
-from training.data.store.parts import check_part_arguments, finished_part, part_remedy, part_rows, read_part
-from training.data.tiff import BadImage
+from training.data.store.merge import merge_and_split, read_finished_parts
+from training.data.store.parts import check_part_arguments, finished_part, part_rows
 from training.errors import UserError
 from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
+from training.rundir.artifacts import write_bad_images
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,7 @@ def ingest(config: Config, layout: RunLayout, *, part: int | None, parts: int, m
     check_part_arguments(part, parts)
     check_settings(config)
     if merge:
-        finish(config, layout, parts)
+        merge_ingest_parts(config, layout, parts)
         return
     load = LoadTable(config)
     check_columns(config, load)
@@ -51,7 +48,7 @@ def ingest(config: Config, layout: RunLayout, *, part: int | None, parts: int, m
     for k in ([part] if part is not None else range(parts)):
         cut_one_part(config, layout, load, k, parts)
     if part is None:
-        finish(config, layout, parts)
+        merge_ingest_parts(config, layout, parts)
 
 
 def cut_one_part(config: Config, layout: RunLayout, load: LoadTable, part: int, parts: int) -> None:
@@ -68,29 +65,25 @@ def cut_one_part(config: Config, layout: RunLayout, load: LoadTable, part: int, 
     print(f"ingest part {part + 1} of {parts}: {describe(summarise([info]))}", flush=True)
 
 
-def finish(config: Config, layout: RunLayout, parts: int) -> None:
-    """Add up the parts' counts into the report, then merge them into <packed> and write the split."""
+def merge_ingest_parts(config: Config, layout: RunLayout, parts: int) -> None:
+    """Add up the parts' counts into the report and list their bad fields, then merge the parts into
+    <packed> and write the split (training/data/store/merge.py)."""
     folders = [layout.part(k, parts) for k in range(parts)]
-    infos = [read_part(folder, part_remedy("ingest", folder)) for folder in folders]
-    unfinished = [str(f) for f, info in zip(folders, infos) if info is None]
-    if unfinished:
-        raise UserError(f"{len(unfinished)} of {parts} part(s) are not finished ({', '.join(unfinished[:3])}): run "
-                        "their tasks again (finished parts are kept), then merge")
+    infos = read_finished_parts(folders, "ingest")
     summary = summarise(infos)
     report = {"step": "ingest", "table": config.ingest.table, "settings": config.to_dict()["ingest"],
               "parts": parts, **summary}
     layout.root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(layout.ingest_report, report, indent=1)
-    write_bad_report(layout.bad_images, "ingest", [BadImage(b["field"], f"{b['column']}: {b['reason']}")
-                                                   for b in summary["bad"]])
+    write_bad_images(layout, "ingest", [(b["field"], f"{b['column']}: {b['reason']}") for b in summary["bad"]])
     print(f"ingest: {describe(summary)}; counts in {layout.ingest_report}", flush=True)
     if not summary.get("cut"):
         raise UserError(f"no cell was cut from the {summary.get('fields', 0)} fields of {config.ingest.table} "
                         f"({summary.get('bad_fields', 0)} bad): see {layout.ingest_report}")
     counts = {key: value for key, value in summary.items() if key != "bad"}
-    beside = measurements_merger(config, folders, infos)
-    split = merge_and_split(config, layout, folders, step="ingest", beside=beside, source=config.ingest.table,
-                            ingest=counts)
+    split = merge_and_split(config, layout, folders, step="ingest",
+                            write_extra_files=measurements_merger(config, folders, infos),
+                            source=config.ingest.table, ingest=counts)
     log.info("ingested %d cells into %s; split: %d train, %d hold-out", summary["cut"], layout.packed,
              len(split.train), len(split.holdout))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import training.data.folders.pack as vote_module
+import training.data.folders.index as vote_module
 import training.data.store.write as packed_module
 from tests.support.tiny import run_cli
 from training.data.dataset import open_dataset
