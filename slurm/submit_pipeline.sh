@@ -10,10 +10,10 @@
 #                     partition) with its GPUs and CPUs; default: the cluster's default partition, its
 #                     first preset (the site file slurm/env.sh reads names them)
 #     --after JOBID[:JOBID...]  the first jobs also wait for these jobs (e.g. a data staging job)
-#     --prepare-tasks N  prepare as a Slurm array of N tasks (each packs a slice of the images,
-#                     in parallel across nodes), then one merge job (default 1: one job)
-#     --ingest-tasks N   ingest as a Slurm array of N tasks of SCDINO_INGEST_CPUS_PER_TASK CPUs (each
-#                     cuts the cells of a slice of the fields), then one merge job (default 1: one job)
+#     --prepare-tasks N  prepare as a Slurm array of N tasks, then one merge job (default 1: one job)
+#     --ingest-tasks N   ingest as a Slurm array of N tasks of SCDINO_INGEST_CPUS_PER_TASK CPUs, then
+#                     one merge job (default 1: one job); what a task and the merge do: each step's
+#                     module docstring (training/steps/prepare.py, training/steps/ingest.py)
 #     --dry-run       print the sbatch commands instead of submitting
 #   --set overrides go to every step, so all steps read the same configuration.
 # Steps: prepare mean-std pretrain features labels knn linear export plots report; when the config sets

@@ -117,6 +117,53 @@ def test_steps_import_no_other_step():
     assert {name: deps for name, deps in offenders.items() if deps} == {}
 
 
+def step_modules() -> dict[str, ast.Module]:
+    return {path.stem: ast.parse(path.read_text()) for path in sorted((PACKAGE / "steps").glob("*.py"))
+            if path.stem != "__init__"}
+
+
+def function_parameters(tree: ast.Module, name: str) -> str | None:
+    """`name`'s parameters as the docstring writes them ("config, layout, args"), None without it."""
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name]
+    return ", ".join(arg.arg for arg in found[0].args.args) if found else None
+
+
+def reads_its_own_config(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "READS_ITS_OWN_CONFIG"
+                                                    for t in node.targets) for node in tree.body)
+
+
+def documented_signatures(doc: str) -> tuple[str, str | None, str | None]:
+    """What training/steps/__init__.py says a step module defines: run's parameters, add_arguments's,
+    and run's where the module reads its own configuration (None where it says nothing of it)."""
+    run = re.search(r"defines `add_arguments\((\w*)\)` \(optional[^)]*\) and `run\(([^)]*)\)`", doc)
+    own = re.search(r"READS_ITS_OWN_CONFIG = True[^)]*\), defines `run\(([^)]*)\)` instead", doc)
+    assert run, "training/steps/__init__.py no longer says what a step module defines"
+    return run[2], run[1], own[1] if own else None
+
+
+def test_every_step_module_defines_what_the_steps_package_says():
+    """training/steps/__init__.py's docstring once said `run(config, args)` while every step took the
+    layout too: each module's run and add_arguments are checked against what it says now."""
+    import training.steps
+    from training.cli import STEPS
+
+    run, add_arguments, own = documented_signatures(training.steps.__doc__)
+    modules = step_modules()
+    assert sorted(STEPS.values()) == sorted(modules)
+    expected = {name: own if reads_its_own_config(tree) else run for name, tree in modules.items()}
+    assert {name: function_parameters(tree, "run") for name, tree in modules.items()} == expected
+    flags = {name: function_parameters(tree, "add_arguments") for name, tree in modules.items()}
+    assert {name: found for name, found in flags.items() if found not in (None, add_arguments)} == {}
+
+
+def test_the_step_signature_check_reads_the_docstring():
+    doc = ("Each module defines `add_arguments(parser)` (optional: flags) and `run(config, args)`, the\n"
+           "status. One (`READS_ITS_OWN_CONFIG = True`: `chain`), defines `run(args)` instead.")
+    assert documented_signatures(doc) == ("config, args", "parser", "args")
+    assert documented_signatures(doc.split(" One")[0]) == ("config, args", "parser", None)
+
+
 def test_no_library_imports_the_command_line():
     """The command line imports every step (by name); a library that imported it would stand under
     the whole house. The process-group module (now distributed/groups.py) once did, for the ranks
@@ -345,6 +392,61 @@ def test_the_run_path_check_finds_planted_offenders():
     hits = run_paths_spelled_in(PLANTED, "planted.py", files, folders)
     assert sorted(int(hit.split(":")[1]) for hit in hits) == list(range(3, 10))
     assert run_paths_spelled_in(INNOCENT, "innocent.py", files, folders) == []
+
+
+RUNDIR = PACKAGE / "rundir"
+
+WRITTEN_IN_RUNDIR = ("bad_images",)
+"""Run files rundir/ writes as well as reads (bad_images.json: two steps write it in one format, later
+steps read it): anywhere else their path appears only inside an f-string, a message naming it."""
+
+
+def feature_set_file_names() -> set[str]:
+    """The files of a feature set (features/<tag>/), as rundir/ names them (its *_FILE constants)."""
+    return {node.value.value for path in RUNDIR.glob("*.py") for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            and any(getattr(target, "id", "").endswith("_FILE") for target in node.targets)}
+
+
+def run_files_handled_in(source: str, where: str) -> list[str]:
+    """Where code outside rundir/ handles a run file that rundir/ owns: a path of WRITTEN_IN_RUNDIR
+    used other than inside an f-string, or a feature-set file spelled, or joined onto a feature-set
+    folder (layout.features(tag) / "index.json")."""
+    tree = ast.parse(source)
+    quoted = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for inner in ast.walk(node)}
+    skip = docstrings(tree)
+    names = feature_set_file_names()
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in WRITTEN_IN_RUNDIR and id(node) not in quoted:
+            hits.append(f"{where}:{node.lineno}: {node.attr}")
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+              and node.right.value in names and "features" in ast.unparse(node.left)):
+            hits.append(f"{where}:{node.lineno}: {node.right.value}")
+        elif (isinstance(node, ast.Constant) and id(node) not in skip and node.value in names - {"index.json"}):
+            hits.append(f"{where}:{node.lineno}: {node.value}")
+    return hits
+
+
+def test_the_files_rundir_owns_are_written_and_read_there_only():
+    """bad_images.json was written by data/dataset.py and read by rundir/artifacts.py; a benchmark
+    joined "index.json" onto a feature set's folder. The packed dataset's own index.json is the
+    store's (training/data/store/format.py), hence only a join onto a feature-set folder counts."""
+    assert {"features.npy", "rows.npy", "index.json"} <= feature_set_file_names()
+    hits = [hit for path in sorted(PACKAGE.rglob("*.py")) if RUNDIR not in path.parents
+            for hit in run_files_handled_in(path.read_text(), str(path.relative_to(REPO)))]
+    assert hits == []
+
+
+def test_the_rundir_file_check_finds_planted_offenders():
+    planted = ('def offenders(layout, tag, bad):\n'
+               '    write_json_atomic(layout.bad_images, bad)\n'
+               '    done = layout.features(tag) / "index.json"\n'
+               '    rows = np.load(folder / "rows.npy")\n'
+               '    log.warning("see %s", layout.bad_images)\n'
+               '    raise UserError(f"none readable: see {layout.bad_images}")\n'
+               '    return layout.packed / "index.json"\n')
+    assert sorted(int(hit.split(":")[1]) for hit in run_files_handled_in(planted, "planted.py")) == [2, 3, 4, 5]
 
 
 def shell_code_lines(path: Path) -> list[str]:

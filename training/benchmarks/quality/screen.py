@@ -41,6 +41,7 @@ from training.config import Config
 from training.data.store.format import INDEX_FILE
 from training.errors import UserError
 from training.rundir import RunLayout, tags
+from training.rundir.features import INDEX_FILE as FEATURE_SET_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ TRUTH_KEYS = ("Metadata_Plate", "Metadata_Well", "Metadata_Site")
 def step_done(layout: RunLayout, step: str) -> bool:
     """Whether `step`'s main file exists (for --reuse)."""
     done = {"ingest": layout.packed / INDEX_FILE, "mean-std": layout.mean_std,
-            "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / "index.json",
+            "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / FEATURE_SET_INDEX,
             "labels": layout.labels, "knn": layout.knn_json}
     return done[step].exists()
 
