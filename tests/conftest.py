@@ -1,10 +1,13 @@
-"""Suite-wide settings: small thread pools on the 2-core CI machine, the GPU marker, and moto's server."""
+"""Suite-wide settings: small thread pools on the 2-core CI machine, the GPU marker, moto's server, and
+ParallelCluster's own limits (tests/infra and tests/bootstrap both hold our settings to them)."""
 
 import os
 import shutil
 import tempfile
 
 import pytest
+
+from tests.support.cdk_synth import run_pcluster
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -45,3 +48,12 @@ def moto_endpoint():
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def pcluster_constants() -> dict:
+    """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
+    names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING",
+             "SUPPORTED_OSES", "PRIVATE_OSES"]
+    found = run_pcluster({"constants": names, "version": True})
+    return {**found["constants"], "installed_version": found["version"]}

@@ -5,7 +5,7 @@ cluster stack.
 What a deploy does to a running cluster: a newer Slurm release (image.pcs_slurm_version) and the idle times
 are updates in place; another size replaces the cluster, under a name that carries the size, and with it
 its node groups and queues and the delivery of its logs (docs/deploy.md, "Slurm version and size of a PCS
-cluster"; tests/infra/test_pcs_updates.py)."""
+cluster"; tests/infra/pcs/test_pcs_updates.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stacks.shared.presets import PRESETS
-from tests.support.cdk_synth import Synth, run_pcluster, synthesize
+from tests.support.cdk_synth import Synth, synthesize
 
 
 @pytest.fixture(scope="session")
@@ -30,12 +30,3 @@ def pcs_synth(tmp_path_factory) -> Synth:
     """backend=pcs with every preset and the Spot CPU queue: one synthesis shared by every PCS test."""
     return synthesize(tmp_path_factory.mktemp("cdk-out-pcs"), {
         "backend": "pcs", "cluster.presets": ",".join(PRESETS), "cluster.cpu_spot_instance_type": "c6i.8xlarge"})
-
-
-@pytest.fixture(scope="session")
-def pcluster_constants() -> dict:
-    """Limits ParallelCluster 3.16 itself enforces, read from its installed code (not copied here)."""
-    names = ["NODE_BOOTSTRAP_TIMEOUT", "PCLUSTER_NAME_MAX_LENGTH", "PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING",
-             "SUPPORTED_OSES", "PRIVATE_OSES"]
-    found = run_pcluster({"constants": names, "version": True})
-    return {**found["constants"], "installed_version": found["version"]}

@@ -21,7 +21,11 @@ from pathlib import Path
 import pytest
 
 from stacks.shared.common import CLOUDWATCH_LOGS_KEY_ACTIONS
-from tests.infra.test_pcluster_template import LABELS, SETTINGS, rendered  # noqa: F401 (the session's renders, shared)
+from tests.infra.parallelcluster.test_pcluster_template import (  # noqa: F401 (the session's renders, shared)
+    LABELS,
+    SETTINGS,
+    rendered,
+)
 from tests.support.cdk_synth import REPO_ROOT, Synth, resources
 from tests.support.pcluster_stack import Rendered
 

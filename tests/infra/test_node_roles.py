@@ -3,7 +3,7 @@ bucket's refusal of every node role, and the limits on the CloudWatch agent's ma
 
 A node's role is read from the synthesised templates: ParallelCluster's from the cluster configuration
 (AdditionalIamPolicies, S3Access, as ParallelCluster's code turns them into a role: tests/infra/
-test_pcluster_template.py) and the managed policies they name; PCS's from the role resources themselves.
+parallelcluster/test_pcluster_template.py) and the managed policies they name; PCS's from the role resources themselves.
 `allows` is a small reading of IAM's policy evaluation (an explicit Deny wins, then any Allow; actions and
 ARNs matched as ArnLike matches them), because no IAM engine runs offline: moto's checks neither NotResource
 nor condition keys. It reads conditions only where a test says so (ListBucket's prefix, the metric namespace).
@@ -20,7 +20,10 @@ import pytest
 from stacks.parallelcluster.stack import AGENT_NAMESPACE
 from stacks.pcs.nodes import PCS_ROLE_PATH
 from stacks.shared.storage_stack import NODE_DENIED_ACTIONS, NODE_ROLE_PATHS
-from tests.infra.test_pcluster_template import REFS, rendered  # noqa: F401 (the session's renders, shared)
+from tests.infra.parallelcluster.test_pcluster_template import (  # noqa: F401 (the session's renders, shared)
+    REFS,
+    rendered,
+)
 from tests.support.cdk_synth import Synth, cluster_config, exported
 from tests.support.pcluster_stack import joined, policies_of_role, queue_launch_templates, resources, role_of
 

@@ -84,7 +84,7 @@ def test_the_file_system_and_head_node_volumes_priced_are_the_ones_deployed(synt
 
 def test_the_pcs_login_nodes_priced_are_the_login_group_deployed(pcs_synth):
     """backend=pcs bills its login nodes all the time: their count, type and root volumes as the login node
-    group and its launch template deploy them (tests/infra/test_pcs_updates.py checks another count and type)."""
+    group and its launch template deploy them (tests/infra/pcs/test_pcs_updates.py checks another count and type)."""
     cluster = pcs_synth.json["cluster"]
     (login,) = [value["Properties"] for value in resources(cluster, "AWS::PCS::ComputeNodeGroup").values()
                 if value["Properties"]["Name"].startswith("login")]

@@ -4,7 +4,7 @@ it from submission on, and the node bootstrap (bootstrap/on-node-configured.sh),
 squeue, keeps that bundle through two activations; once the jobs have ended, the next activation removes it.
 
 The bootstrap downloads the bundles from S3, which this machine cannot reach: a fake `aws` copies them from
-a folder (as tests/infra/test_bootstrap.py does, which also covers the environments on FSx). Everything
+a folder (as tests/bootstrap/test_bootstrap.py does, which also covers the environments on FSx). Everything
 else is real: squeue, sbatch, scontrol, the jobs, and the job submitted by hand runs as `nobody`, as a
 user's would, so that its comment is one a user may set on their own job. How lib.sh writes the comment
 (a user's own comment kept, another bundle's mark replaced, squeue failing) is checked first, without the

@@ -1,4 +1,4 @@
-"""What the node bootstrap's tests stand in for (tests/infra/test_bootstrap.py and
+"""What the node bootstrap's tests stand in for (tests/bootstrap/test_bootstrap.py and
 tests/slurm/test_bundle_pruning.py): S3, which this machine cannot reach, and requirements pip resolves
 offline."""
 

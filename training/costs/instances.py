@@ -2,7 +2,7 @@
 model, the planner and the bill all read it.
 
     stacks/shared/presets.py          one Slurm queue per enabled preset (GPUs, vCPUs, EFA, NVMe)
-    slurm/env.sh                      defaults of DEFAULT_PRESET (tests/infra/test_presets_match_slurm.py)
+    slurm/env.sh                      defaults of DEFAULT_PRESET (tests/infra/shared/test_presets_match_slurm.py)
     training/costs/scaling.py         GPUs per node, GPU memory, peaks and bus bandwidths
     training/planning/                the planner (`python -m training plan`)
     training/costs/bill.py            the bill after a run (partition -> preset)

@@ -5,7 +5,7 @@ file), the units, which systemd-analyze verifies, and the OpenAPI plugins asked 
 What stands in for what: no systemd runs as PID 1 here, so systemctl records what it is asked; useradd
 records too (the test must not add users to this machine). The token writer runs against the local
 cluster's real scontrol and moto's Secrets Manager in tests/slurm/test_remote.py; on-node-configured.sh's
-call of this script is in tests/infra/test_bootstrap.py's head-node runs.
+call of this script is in tests/bootstrap/test_bootstrap.py's head-node runs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ same on every run, and a monitoring failure never fails the node. On AWS PCS (ba
 user data's script, bootstrap/pcs-node.sh, runs it under PCS's paths: FSx mounted with flock, /apps
 bound to a directory of the file system, no ParallelCluster node facts (fakes of mount, mountpoint and
 systemctl record what would be done to the machine). Its instance-store /scratch, reboots and boot unit
-are tested on real block devices in tests/infra/test_pcs_node_disks.py."""
+are tested on real block devices in tests/bootstrap/test_pcs_node_disks.py."""
 
 from __future__ import annotations
 
@@ -473,7 +473,7 @@ def _pcs_node(node: dict, node_type: str) -> dict:
              "profile": root / "etc" / "profile.d", "calls": root / "calls.log", "mounts": root / "mounts",
              "systemd": root / "etc" / "systemd" / "system", "node_env": root / "etc" / "scdino" / "pcs-node.env"}
     (root / "etc").mkdir(exist_ok=True)
-    # No instance-store disks: /scratch is tested on real block devices (tests/infra/test_pcs_node_disks.py).
+    # No instance-store disks: /scratch is tested on real block devices (tests/bootstrap/test_pcs_node_disks.py).
     env = {**node["env"], "FAKE_CALLS": str(paths["calls"]), "FAKE_MOUNTS": str(paths["mounts"]),
            "SCDINO_INSTANCE_STORE_DISKS": "", **PCS_SETTINGS, "SCDINO_NODE_TYPE": node_type,
            "SCDINO_FSX_DIR": str(paths["fsx"]), "SCDINO_APPS_DIR": str(paths["apps"]),

@@ -25,7 +25,7 @@ from tests.support.cdk_synth import cluster_config, exported, run_pcluster
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PACKER_TEMPLATE = REPO_ROOT / "ami" / "gpu-image.pkr.hcl"
 ACCOUNT = "111122223333"
 # Sid IamPolicy of cloudformation/policies/parallelcluster-policies.yaml (aws/aws-parallelcluster), the

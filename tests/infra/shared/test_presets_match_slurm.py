@@ -15,7 +15,7 @@ from stacks.shared.presets import DEFAULT_PRESET, PRESETS, SLURM_DEFAULTS, node_
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ENV_SH = REPO_ROOT / "slurm" / "env.sh"
 RENDERER = REPO_ROOT / "bootstrap" / "cluster-env.py"
 SHAPE = ("SCDINO_PARTITION", "SCDINO_GPUS_PER_NODE", "SCDINO_CPUS_PER_GPU", "SCDINO_INSTANCE_TYPE", "SCDINO_CPUS_PER_TASK")

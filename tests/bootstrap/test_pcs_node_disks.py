@@ -8,7 +8,7 @@ slurmd's drop-in are checked by systemd-analyze.
 Where the machine cannot do the real thing, a fake stands in, and says why: FSx for Lustre cannot be
 reached (`mount -t lustre` binds a local directory instead), no systemd runs as PID 1 (systemctl records),
 md arrays cannot be created on this kernel (mdadm builds its "array" as a loop device), the deploy bucket
-is a directory, and the node bootstrap is a stub (tests/infra/test_bootstrap.py runs the real one).
+is a directory, and the node bootstrap is a stub (tests/bootstrap/test_bootstrap.py runs the real one).
 Needs root (loop devices, mkfs, mount); CI runs as root."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ FAKE_AWS = """#!/usr/bin/env bash
 cp "${FAKE_S3_DIR}/${4#s3://*/}" "$5"
 """
 STUB_BOOTSTRAP = """#!/usr/bin/env bash
-# Stand-in for bootstrap/on-node-configured.sh POINTER INSTALL_DIR (tests/infra/test_bootstrap.py runs the
+# Stand-in for bootstrap/on-node-configured.sh POINTER INSTALL_DIR (tests/bootstrap/test_bootstrap.py runs the
 # real one): the bundle, empty, where it is told; one line per install.
 set -euo pipefail
 mkdir -p "$2-stub"

@@ -137,7 +137,7 @@ def test_the_pointer_tells_the_nodes_each_gpu_queue_in_order_the_default_first(r
                          "gpus_per_node": preset.gpus_per_node, "cpus_per_gpu": preset.vcpus // preset.gpus_per_node})
     pointer = node_pointer(synth)
     assert pointer["cluster"] == {"presets": expected} and len(expected) == (3 if fixture == "demo_synth" else 1)
-    # "rest": the head node's Slurm REST API (tests/infra/test_rest_api.py)
+    # "rest": the head node's Slurm REST API (tests/infra/shared/test_rest_api.py)
     assert pointer["bundle"] == "<deploy>" and set(pointer) == {"bundle", "id", "monitoring", "cluster", "rest"}
 
 
