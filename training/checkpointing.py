@@ -4,7 +4,10 @@ A checkpoint (RunLayout.latest_checkpoint, RunLayout.epoch_checkpoint(e)) is a `
 "student" and "teacher" (MultiCropWrapper state dicts: "backbone.<ViT keys>", "head.<...>"),
 "optimizer", "epoch" (completed epochs), "step_in_epoch" (steps done in the next epoch, non-zero only
 after a pre-emption), "global_step", "config", "dino_loss" (the centre), "scaler", "rng" and
-"epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size".
+"epoch_rng" (every rank's RNG states now and at the start of the interrupted epoch), "world_size",
+and "model_card" (training/models/card.py: the channels, statistics, crop and scaling the weights
+expect and the screen they learnt from, as a dict). A checkpoint saved before cards has none: it
+resumes as before (the next save adds one), and readers rebuild its card from its config, with a note.
 
 Rank 0 writes it atomically (training/files/atomic.py), keeping the checkpoint it replaces as
 RunLayout.previous_checkpoint (a hard link: nothing is written twice); at the epochs
@@ -50,6 +53,7 @@ from training.distributed.parallel import load_model_state, load_optimizer_state
 from training.errors import UserError
 from training.files.atomic import link_atomic, save_torch_atomic, write_json_atomic
 from training.files.diskspace import DiskFullError, no_space_error, room_problem
+from training.models.card import ModelCard, build_card
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_checkpoint
 from training.rundir.integrity import is_zip, zip_problem
@@ -217,6 +221,7 @@ class CheckpointManager:
         self.last_save = clock()
         self.resumed_from: Path | None = None
         """The checkpoint `resume` loaded (None: the run started afresh)."""
+        self._card: ModelCard | None = None
 
     def time_to_save(self) -> bool:
         """Whether `train.checkpoint_every_minutes` have passed since the last save. Only rank 0's
@@ -280,6 +285,7 @@ class CheckpointManager:
         """Gather the full training state (a collective under FSDP) and write it from rank 0."""
         payload = snapshot(state, ctx)
         if ctx.is_main:
+            payload["model_card"] = self.card(state).to_dict()
             self.write(payload)
             if preempted_by:
                 self.mark_preempted(preempted_by, state.epoch, state.global_step)
@@ -288,6 +294,13 @@ class CheckpointManager:
         if ctx.distributed:
             dist.barrier()
         self.last_save = clock()
+
+    def card(self, state: TrainState) -> ModelCard:
+        """The run's model card at the state's epoch and step (rank 0; built once, at the first save:
+        the data files it describes do not change while the run trains)."""
+        if self._card is None:
+            self._card = build_card(state.config)
+        return self._card.at(state.epoch, state.global_step)
 
     def resume(self, state: TrainState, ctx: DistContext) -> None:
         """Continue from the newest intact checkpoint if the run has one (`agreed_resume_point`);

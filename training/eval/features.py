@@ -3,7 +3,8 @@
 The cells of each tag (the evaluated held-out cells, or every cell for the final checkpoint: see
 training/eval/feature_plan.py) are read once per pass for up to MODELS_PER_PASS encoders
 (checkpoints and baselines), each rank taking a disjoint shard; rank 0 gathers the rows and writes
-one feature set per tag (training/rundir/features.py). The CellProfiler baseline needs no pass: rank
+one feature set per tag (training/rundir/features.py), a checkpoint's with its model card in the
+index. The CellProfiler baseline needs no pass: rank
 0 computes it from the measurements stored with the cells (training/eval/cellprofiler.py).
 """
 
@@ -106,4 +107,14 @@ def extract_pass(config: Config, layout: RunLayout, group: list[TagPlan], rows, 
         return
     for plan in group:
         save_features(layout.features(plan.tag), FeatureSet(
-            features=gathered.features[plan.tag], indices=gathered.indices, meta=dict(plan.meta)))
+            features=gathered.features[plan.tag], indices=gathered.indices, meta=with_card(plan)))
+
+
+def with_card(plan: TagPlan) -> dict:
+    """A checkpoint tag's index records the weights' model card (training/models/card.py) beside what
+    the plan fingerprints; the card is left out of the fingerprint, so sets written before it stay
+    up to date."""
+    from training.models.card import read_card
+
+    card = read_card(plan.checkpoint) if plan.kind == "checkpoint" and plan.checkpoint else None
+    return {**plan.meta, "model_card": card.to_dict()} if card is not None else dict(plan.meta)

@@ -6,7 +6,10 @@
                                     (categoricals, numbers), Metadata_Path, Metadata_TableRow and
                                     Metadata_Split (train / holdout), indexed by the table row;
                                     uns["scdino"] the provenance: checkpoint, epoch, architecture,
-                                    channels, image size, the resolved config.yaml
+                                    channels, image size, the resolved config.yaml, and
+                                    uns["scdino"]["model_card"] the weights' model card
+                                    (training/models/card.py); the Parquet files carry the card
+                                    as JSON in their schema metadata (card.PARQUET_KEY)
     <run>/profiles/cells.parquet    the same cells as pycytominer reads a profile: Metadata_ columns
                                     first, then the features Cells_scDINO_0000 ... (the Cells_
                                     compartment prefix lets pycytominer's features="infer" find them)
@@ -28,6 +31,7 @@ medians go a block of wells at a time (training/eval/profiles/wells.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -128,7 +132,16 @@ def provenance(config: Config, layout: RunLayout, features: FeatureSet, tag: str
     record = {key: features.meta[key] for key in kept if features.meta.get(key) is not None}
     config_text = layout.config.read_text() if layout.config.is_file() else ""
     return {"run": config.run.name, "tag": tag, "features": record, "dim": features.dim,
-            "data_source": config.data.source, "config_yaml": config_text}
+            "data_source": config.data.source, "config_yaml": config_text,
+            "model_card": features.meta.get("model_card")}
+
+
+def card_metadata(source: ExportSource) -> dict[bytes, bytes] | None:
+    """The Parquet schema metadata that carries the model card, None without one."""
+    from training.models.card import PARQUET_KEY
+
+    card = source.provenance.get("model_card")
+    return {PARQUET_KEY: json.dumps(card).encode()} if card else None
 
 
 def metadata_only(table: pa.Table) -> list[str]:
@@ -150,7 +163,8 @@ def write_cells_parquet(path: Path, source: ExportSource) -> None:
             columns = {**source.metadata(start, stop), **{n: pa.array(block[i]) for i, n in enumerate(names)}}
             batch = pa.table(columns)
             if writer is None:
-                writer = pq.ParquetWriter(tmp, batch.schema, use_dictionary=metadata_only(batch))
+                writer = pq.ParquetWriter(tmp, batch.schema.with_metadata(card_metadata(source)),
+                                          use_dictionary=metadata_only(batch))
             writer.write_table(batch, row_group_size=ROW_GROUP)
         if writer is not None:
             writer.close()
@@ -257,11 +271,12 @@ def _storable(value: Any) -> Any:
     return "" if value is None else value
 
 
-def write_wells_parquet(path: Path, wells: ProfiledWells, profiles: np.ndarray, names: list[str]) -> None:
+def write_wells_parquet(path: Path, wells: ProfiledWells, profiles: np.ndarray, names: list[str],
+                        schema_metadata: dict[bytes, bytes] | None = None) -> None:
     import pyarrow.parquet as pq
 
     features = {name: pa.array(np.ascontiguousarray(profiles[:, i], np.float32)) for i, name in enumerate(names)}
-    table = pa.table({**wells.metadata, **features})
+    table = pa.table({**wells.metadata, **features}).replace_schema_metadata(schema_metadata)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, use_dictionary=metadata_only(table))
 
@@ -279,12 +294,14 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     timed(layout.profiles_cells, write_cells_parquet, source)
     wells = profiled_wells(config, source.cells, source.features.features, source.rows)
     if wells is not None:
-        timed(layout.profiles_wells, write_wells_parquet, wells, wells.profiles, source.feature_names)
+        timed(layout.profiles_wells, write_wells_parquet, wells, wells.profiles, source.feature_names,
+              card_metadata(source))
         if config.eval.profile_normalization:
             normalized, kept = normalize_profiles(wells.profiles, config.eval.profile_normalization,
                                                   wells.context(config))
             names = [source.feature_names[i] for i in kept]
-            timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names)
+            timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names,
+                  card_metadata(source))
     manifest = export_record(config, layout, source, wells, list(timed.seconds))
     manifest["seconds"] = round(time.perf_counter() - start, 3)
     manifest["seconds_per_file"] = {path.relative_to(layout.root).as_posix(): s for path, s in timed.seconds.items()}
