@@ -16,7 +16,7 @@
 #  - Nothing is retried after a deterministic failure (bad config, missing data, a diverged loss):
 #    training leaves a marker, workers that torchrun restarts stop at once, and the job exits 2.
 # The decision and the closing lines (one per failure: rank, host, what happened, where training
-# resumed, restart count) come from the package: python -m training.heal.policy.
+# resumed, restart count) come from the package: python -m training.recovery.policy.
 
 # Worker-group restarts within one job attempt (torchrun --max-restarts).
 SCDINO_MAX_RESTARTS=${SCDINO_MAX_RESTARTS:-3}
@@ -60,7 +60,7 @@ run_healing() {
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
   log "self-healing: up to $SCDINO_MAX_RESTARTS in-job restart(s), $SCDINO_MAX_REQUEUES requeue(s) after a failure"
   run_preemptible "$preempted" "$@" || rc=$?
-  decision=$("$SCDINO_PYTHON" -m training.heal.policy --failure-log "$failure_log" \
+  decision=$("$SCDINO_PYTHON" -m training.recovery.policy --failure-log "$failure_log" \
     --failure-marker "$failure_marker" --exit-code "$rc" --max-requeues "$SCDINO_MAX_REQUEUES") || {
     log "error: could not decide how to go on after status $rc; not retrying"
     return $((rc ? rc : 1))

@@ -4,11 +4,11 @@
   stacks/<pkg>/, tests/slurm/ is slurm/, tests/bootstrap/ is bootstrap/ (a folder of data files only, such as
   tests/data/ or a snapshot folder, mirrors nothing);
 - a test folder whose source package has sub-packages is not flat: its tests sit in the sub-package's folder,
-  and a test file named after a sub-package (test_heal_spot.py beside training/heal/) sits in that folder;
+  and a test file named after a sub-package (test_recovery_spot.py beside training/recovery/) sits in that folder;
 - helpers the tests share live in tests/support/, which holds no test file; every other module under tests/
   is a test file, a conftest.py or an __init__.py;
 - every folder of Python files is a package, so that test files of the same name in two folders are two
-  modules (tests.training.heal.test_spot, ...), not one.
+  modules (tests.training.recovery.test_spot, ...), not one.
 """
 
 from __future__ import annotations
@@ -115,22 +115,22 @@ def write(root: Path, *paths: str) -> None:
 
 def test_the_checks_find_planted_faults(tmp_path):
     """A small repository with one fault of each kind, and each check names it (and nothing else)."""
-    write(tmp_path, "training/__init__.py", "training/heal/__init__.py", "training/heal/spot.py",
+    write(tmp_path, "training/__init__.py", "training/recovery/__init__.py", "training/recovery/spot.py",
           "training/data/__init__.py", "training/data/ingest/__init__.py", "training/data/tiff.py",
           "training/logs.py")
     write(tmp_path, "tests/__init__.py", "tests/support/__init__.py", "tests/support/tiny.py",
           "tests/support/test_tiny.py",
-          "tests/training/__init__.py", "tests/training/test_logs.py", "tests/training/test_heal_spot.py",
+          "tests/training/__init__.py", "tests/training/test_logs.py", "tests/training/test_recovery_spot.py",
           "tests/training/tiny_helpers.py",
           "tests/training/data/__init__.py", "tests/training/data/test_tiff.py",
           "tests/training/costs/test_bill.py",
           "tests/data/nuclei.tif")
     assert unmirrored_folders(tmp_path) == ["tests/training/costs"]
     assert misplaced_tests(tmp_path) == [
-        "tests/training/test_heal_spot.py: belongs in tests/training/heal/",
+        "tests/training/test_recovery_spot.py: belongs in tests/training/recovery/",
         "tests/training/data/test_tiff.py: training/data/ has sub-packages (ingest): put it in the folder of "
         "the one it tests"]
     assert stray_modules(tmp_path) == ["tests/support/test_tiny.py", "tests/training/tiny_helpers.py"]
     assert folders_without_init(tmp_path) == ["tests/training/costs"]
     write(tmp_path, "tests/training/data/ingest/__init__.py", "tests/training/data/ingest/test_table.py")
-    assert misplaced_tests(tmp_path) == ["tests/training/test_heal_spot.py: belongs in tests/training/heal/"]
+    assert misplaced_tests(tmp_path) == ["tests/training/test_recovery_spot.py: belongs in tests/training/recovery/"]

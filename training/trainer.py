@@ -9,7 +9,7 @@ states are restored; an epoch interrupted part-way skips the batches it had alre
 
 Pre-emption protocol (slurm/pretrain.slurm relies on it):
   1. SIGUSR1 or SIGTERM on any rank sets a flag (an EC2 Spot interruption notice sends SIGUSR1 too:
-     train.spot_watch, training/heal/spot.py). At the end of the current step all ranks agree
+     train.spot_watch, training/recovery/spot.py). At the end of the current step all ranks agree
      (the flag is summed in the per-step all_reduce), so every rank stops after the same step.
   2. Rank 0 writes checkpoint.pth (including the position inside the epoch), then the marker file
      <run>/checkpoints/PREEMPTED (JSON: signal, epoch, step, time), and logs "pre-empted: ...".
@@ -72,9 +72,9 @@ from training.distributed.groups import DistContext, HostValues, all_reduce_sum_
 from training.distributed.parallel import parallelize
 from training.errors import UserError
 from training.files.atomic import write_text_atomic
-from training.heal.failures import failure_guard, record_failure, record_resume, refuse_if_failed
-from training.heal.spot import SpotWatcher
-from training.heal.watchdog import ProgressWatchdog
+from training.recovery.failures import failure_guard, record_failure, record_resume, refuse_if_failed
+from training.recovery.spot import SpotWatcher
+from training.recovery.watchdog import ProgressWatchdog
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
@@ -200,8 +200,8 @@ def train(config: Config, ctx: DistContext, *, loader_factory: LoaderFactory | N
     loop with it).
 
     A progress watchdog covers all of it, set-up included: a rank that completes no step for
-    train.hang_timeout_minutes ends its process with exit_codes.HANG (training/heal/watchdog.py).
-    A failure is recorded as deterministic (not retried) or transient (training/heal/failures.py).
+    train.hang_timeout_minutes ends its process with exit_codes.HANG (training/recovery/watchdog.py).
+    A failure is recorded as deterministic (not retried) or transient (training/recovery/failures.py).
     """
     layout = RunLayout.from_config(config)
 

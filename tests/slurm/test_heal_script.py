@@ -25,7 +25,7 @@ launch() {
   if [ "$1" != none ]; then
     "$SCDINO_PYTHON" -c 'import sys
 from training.rundir import RunLayout
-from training.heal.failures import record_failure
+from training.recovery.failures import record_failure
 record_failure(RunLayout(sys.argv[1]), 1, sys.argv[2], sys.argv[3], 12)' "$RUN" "$1" "$3"
   fi
   return "$2"

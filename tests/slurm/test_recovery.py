@@ -23,7 +23,7 @@ import torch
 
 from tests.support.fake_imds import FakeMetadata
 from tests.support.local_slurm import LOCAL_SLURM, Cluster, log_of
-from training.heal.failures import read_records
+from training.recovery.failures import read_records
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics
 

@@ -8,7 +8,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from training.heal import spot
+from training.recovery import spot
 
 TOKEN = "fake-token-123"
 

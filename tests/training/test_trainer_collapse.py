@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.support.heal_run import CPU, scripted, tiny_config
-from training.heal import policy
-from training.heal.failures import read_marker
+from training.recovery import policy
+from training.recovery.failures import read_marker
 from training.rundir import RunLayout
 from training.trainer import TrainingCollapsedError, train
 

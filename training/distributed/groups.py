@@ -13,7 +13,7 @@ launcher can restart training (slurm/heal.sh):
 - every collective times out after `timeout_min` (30 min): gloo raises, NCCL (with
   TORCH_NCCL_ASYNC_ERROR_HANDLING=1, set here as torchrun sets it for its workers) aborts its
   communicators and ends the process. The progress watchdog (train.hang_timeout_minutes, 20 min by
-  default, training/heal/watchdog.py) usually fires first; this timeout is the backstop, long
+  default, training/recovery/watchdog.py) usually fires first; this timeout is the backstop, long
   enough for the other ranks to wait at the barrier while rank 0 writes a large checkpoint.
 - NCCL's heartbeat monitor keeps its default (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=480): it ends a
   process whose NCCL watchdog thread itself is stuck.

@@ -7,7 +7,7 @@ which says nothing of space and which the retry logic took for a transient failu
 times, failing at the same save each time). `no_space_error` recognises such a failure (ENOSPC or
 EDQUOT, torch's writer failing, or simply too little room left for what was being written) and
 turns it into a DiskFullError: which file system, how much the write needs and how much is free.
-It is a UserError, so the step fails deterministically (training/heal/failures.py): no retry until
+It is a UserError, so the step fails deterministically (training/recovery/failures.py): no retry until
 the user has made room, and a new attempt then carries on from the last intact file.
 """
 

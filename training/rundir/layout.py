@@ -151,7 +151,7 @@ class RunLayout:
     preempted_marker = property(lambda self: self.checkpoints / "PREEMPTED",
                                 doc="`pretrain`: while a pre-empted job waits for its requeue (training/trainer.py).")
     failure_log = property(lambda self: self.checkpoints / "failures.jsonl",
-                           doc="`pretrain`: one JSON line per failure and per resume after one (training/heal/).")
+                           doc="`pretrain`: one JSON line per failure and per resume after one (training/recovery/).")
     failure_marker = property(lambda self: self.checkpoints / "DETERMINISTIC_FAILURE",
                               doc="`pretrain`: tells the batch script not to retry.")
     metrics = property(lambda self: self.root / "metrics.jsonl",

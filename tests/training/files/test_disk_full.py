@@ -14,7 +14,7 @@ import pytest
 from tests.support.tiny import run_cli
 from training.distributed.groups import DistContext, DistEnv
 from training.files.diskspace import DiskFullError, is_no_space, no_space_error
-from training.heal.failures import read_records
+from training.recovery.failures import read_records
 from training.rundir import RunLayout
 from training.trainer import default_loader_factory, train
 

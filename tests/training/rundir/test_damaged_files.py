@@ -26,8 +26,8 @@ import torch
 from tests.support.damaging import copy_run, damage, error_line, snapshot
 from tests.support.eval_tiny_run import evaluated_run, run_dir
 from training.cli import main
-from training.heal import policy
-from training.heal.failures import read_records
+from training.recovery import policy
+from training.recovery.failures import read_records
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.support.heal_run import CPU, scripted, tiny_config
-from training.heal import failures, policy
-from training.heal.failures import NotRetriedError, read_records, record_failure, record_resume
+from training.recovery import failures, policy
+from training.recovery.failures import NotRetriedError, read_records, record_failure, record_resume
 from training.rundir import RunLayout
 from training.trainer import TrainingDivergedError, train
 

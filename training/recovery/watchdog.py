@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from training.heal.exit_codes import HANG
+from training.recovery.exit_codes import HANG
 
 log = logging.getLogger(__name__)
 

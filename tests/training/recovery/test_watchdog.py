@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from training.heal.exit_codes import HANG
-from training.heal.failures import read_records
-from training.heal.watchdog import ProgressWatchdog
+from training.recovery.exit_codes import HANG
+from training.recovery.failures import read_records
+from training.recovery.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 
 REPO = Path(__file__).resolve().parents[3]

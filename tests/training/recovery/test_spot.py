@@ -11,7 +11,7 @@ import torch
 from tests.support.fake_imds import TOKEN, FakeMetadata
 from tests.support.heal_run import CPU, final_checkpoint, scripted, tiny_config
 from training.errors import UserError
-from training.heal import spot
+from training.recovery import spot
 from training.rundir import RunLayout
 from training.trainer import train
 

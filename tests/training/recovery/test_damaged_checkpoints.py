@@ -9,8 +9,8 @@ import torch
 
 from tests.support.heal_run import CPU, scripted, tiny_config
 from training.checkpointing import CheckpointManager
-from training.heal import policy
-from training.heal.failures import read_records
+from training.recovery import policy
+from training.recovery.failures import read_records
 from training.rundir import RunLayout
 from training.trainer import train
 

@@ -1,6 +1,6 @@
 """After a training launch ends: retry or not, and one line per failure for the end of the job log.
 
-    python -m training.heal.policy --failure-log FILE --failure-marker FILE --exit-code RC \
+    python -m training.recovery.policy --failure-log FILE --failure-marker FILE --exit-code RC \
         [--max-requeues N]
 
 slurm/heal.sh runs this in the batch shell once the launch (srun + torchrun) has returned and the
@@ -10,7 +10,7 @@ failure lines on stderr and one word on stdout:
   requeue      a transient failure outlived torchrun's in-job restarts: requeue the job
   not-retried  a deterministic failure (this job attempt's marker, or status 2): the job exits 2
   stop         a transient failure, but the failure requeues (SCDINO_MAX_REQUEUES) are used up
-The records are those of training/heal/failures.py; only this Slurm job's are summarised.
+The records are those of training/recovery/failures.py; only this Slurm job's are summarised.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from training.heal.exit_codes import DETERMINISTIC, HANG, OK
-from training.heal.failures import append_record, marks_attempt, read_marker, read_records, where
+from training.recovery.exit_codes import DETERMINISTIC, HANG, OK
+from training.recovery.failures import append_record, marks_attempt, read_marker, read_records, where
 
 _PRIORITY = {"hang": 0, "deterministic": 1, "transient": 2, "lost-peer": 3}
 """Which of several ranks' records of one incident names its cause: a hang or a deterministic error
@@ -113,7 +113,7 @@ def summary(records: list[dict[str, Any]], job: str | None, max_requeues: int) -
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.heal.policy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m training.recovery.policy", description=__doc__.splitlines()[0])
     parser.add_argument("--failure-log", type=Path, required=True)
     parser.add_argument("--failure-marker", type=Path, required=True)
     parser.add_argument("--exit-code", type=int, required=True)

@@ -9,7 +9,7 @@ from the last checkpoint is the cure. A rank whose peer vanished records "lost-p
 died (killed outright, or with its node) usually had no chance to record anything itself.
 
 Records are JSON lines appended to RunLayout.failure_log, so that the batch script can end the job
-log with one line per failure (training/heal/policy.py):
+log with one line per failure (training/recovery/policy.py):
   {"kind": "failure", "class": "deterministic"|"transient"|"lost-peer"|"hang", "rank", "host", "error", "step",
    "job", "attempt", "restart", "time"}     written by the rank that failed, when it still can
   {"kind": "resume", "checkpoint", "epoch", "step_in_epoch", "global_step", "job", "attempt",
