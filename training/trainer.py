@@ -72,13 +72,13 @@ from training.distributed.groups import DistContext, HostValues, all_reduce_sum_
 from training.distributed.parallel import parallelize
 from training.errors import UserError
 from training.files.atomic import write_text_atomic
-from training.recovery.failures import failure_guard, record_failure, record_resume, refuse_if_failed
-from training.recovery.spot import SpotWatcher
-from training.recovery.watchdog import ProgressWatchdog
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
 from training.precision import resolve_precision
+from training.recovery.failures import failure_guard, record_failure, record_resume, refuse_if_failed
+from training.recovery.spot import SpotWatcher
+from training.recovery.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics
 
