@@ -14,6 +14,10 @@
 #     --ingest-tasks N   ingest as a Slurm array of N tasks of SCDINO_INGEST_CPUS_PER_TASK CPUs, then
 #                     one merge job (default 1: one job); what a task and the merge do: each step's
 #                     module docstring (training/steps/prepare.py, training/steps/ingest.py)
+#     --profile MODEL  embed the config's screen with a trained model (its run directory, or a checkpoint
+#                     file) instead of training one: profile-setup (the model's card against the screen),
+#                     ingest, mean-std, profile-check (the screen's statistics), features, labels, knn,
+#                     export (training/steps/profile.py); --ingest-tasks applies, --to knn stops earlier
 #     --dry-run       print the sbatch commands instead of submitting
 #   --set overrides go to every step, so all steps read the same configuration.
 # Steps: prepare mean-std pretrain features labels knn linear export plots report; when the config sets
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --preset) PRESET=${2:?--preset needs a preset name, e.g. p4d.24xlarge}; shift 2 ;;
     --prepare-tasks) PLAN_ARGS+=(--prepare-tasks "${2:?--prepare-tasks needs a number}"); shift 2 ;;
     --ingest-tasks) PLAN_ARGS+=(--ingest-tasks "${2:?--ingest-tasks needs a number}"); shift 2 ;;
+    --profile) PLAN_ARGS+=(--profile "${2:?--profile needs a trained run directory or checkpoint}"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --set) PLAN_ARGS+=(--set "${2:?--set needs key=value}"); shift 2 ;;
     -h | --help) help_text; exit 0 ;;

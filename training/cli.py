@@ -2,7 +2,8 @@
 
 Steps, in pipeline order: synth-data, prepare (or ingest: cells cut out of fields of view),
 mean-std, pretrain, features, labels, knn, linear, export, plots, report, summary; `compare` after one
-chain per channel combination; `chain` the Slurm jobs of them all for a config. `bench step|loader`
+chain per channel combination; `chain` the Slurm jobs of them all for a config; `profile` embeds a new
+screen with a trained model (ingest, features, export and the metrics). `bench step|loader`
 prints benchmark figures as JSON; `plan` a run's time and cost per preset before launch; `paths`
 prints where a run's files are (for shell scripts);
 `upload-data` copies images to the data bucket; `remote` submits, watches, fetches and cancels a run on
@@ -46,6 +47,7 @@ STEPS: dict[str, str] = {
     "report": "report",
     "summary": "summary",
     "compare": "compare",
+    "profile": "profile",
     "bench": "bench",
     "plan": "plan",
     "upload-data": "upload_data",

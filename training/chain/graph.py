@@ -12,6 +12,12 @@ channel-adaptive pretraining ("pretrain:adaptive-KIND") and its evaluation featu
 combination whose linear probe does not exist yet ("STEP:adaptive-KIND-COMBINATION"); and `compare`
 after all of them when the chain goes to `report`.
 
+With --profile MODEL (a trained run's directory or a checkpoint file): no training, but the profile
+chain PROFILE_STEPS, in which MODEL embeds the config's screen (training/steps/profile.py): `profile
+--stage setup` reads the model's card and writes the profile's config (RunLayout.profile_config), which
+every later job reads; ingest (an array with --ingest-tasks), mean-std, `profile --stage check` (the
+screen's statistics against the card's), features of MODEL, labels, knn and export.
+
 Two ways in, one graph: slurm/submit_pipeline.sh submits it with sbatch on the cluster (sbatch.py has the
 command line), a REST client through slurmrestd. Either submits the jobs in order, each after the jobs
 its `after` labels name, which come earlier in the list.
@@ -31,6 +37,8 @@ from training.rundir import RunLayout
 
 STEPS = ("prepare", "mean-std", "pretrain", "features", "labels", "knn", "linear", "export", "plots", "report")
 """The chain's steps in order; each is slurm/<step>.slurm and `python -m training <step>`."""
+PROFILE_STEPS = ("profile-setup", "ingest", "mean-std", "profile-check", "features", "labels", "knn", "export")
+"""The profile chain's steps in order (--profile); profile-STAGE is slurm/profile.slurm's --stage STAGE."""
 SHARED_OUTPUT = {"prepare": "split", "ingest": "split", "mean-std": "mean_std"}
 """Steps every channel combination shares, with the RunLayout attribute of the file that shows each is done."""
 MULTI_NODE = frozenset({"pretrain", "features"})
@@ -105,7 +113,8 @@ class ChainOptions:
     first: str | None = None
     """--from: the first step (its inputs must exist in the run directory); default the chain's first."""
     last: str = "report"
-    """--to: the last step; `compare` follows only when it is report."""
+    """--to: the last step; `compare` follows only when it is report. In a profile chain, report (the
+    default) means its last step, export."""
     nodes: int | None = None
     """--nodes: pretraining nodes; default pretrain.slurm's."""
     after: tuple[str, ...] = ()
@@ -121,8 +130,14 @@ class ChainOptions:
     comment: str = ""
     """sbatch's --comment of every job, when given: submit_pipeline.sh's is the bundle's mark
     (scdino-bundle:<folder>, slurm/env.sh), which keeps that bundle through code updates while a job lives."""
+    profile: str = ""
+    """--profile: a trained model (its run's directory, or a checkpoint file *.pth) that embeds the
+    config's screen: the profile chain (PROFILE_STEPS) instead of training. Empty: the training chain."""
 
     def __post_init__(self) -> None:
+        if self.profile and self.prepare_tasks != 1:
+            raise UserError("--prepare-tasks does not apply to --profile, which ingests the screen's load table: "
+                            "use --ingest-tasks")
         if self.nodes is not None:
             check_count("--nodes", self.nodes)
         check_count("--prepare-tasks", self.prepare_tasks)
@@ -186,6 +201,11 @@ class _Wait:
     ids: tuple[str, ...] = ()
 
 
+def profile_checkpoint(model: str) -> str:
+    """The checkpoint a profile's MODEL names: the file itself (*.pth), else the run directory's latest."""
+    return model if model.endswith(".pth") else str(RunLayout(Path(model)).latest_checkpoint)
+
+
 def run_selector(run: str) -> tuple[str, ...]:
     """The --set arguments that pick the run a job label calls RUN: "" the run itself, COMBINATION that
     combination's run, adaptive-KIND the channel-adaptive model of KIND (kinds have no hyphen),
@@ -206,16 +226,33 @@ class _Planner:
         self.layout = RunLayout.from_config(config)
         self.common_args = (config_arg, *(arg for override in options.overrides for arg in ("--set", override)))
         self.steps = ("ingest", *STEPS[1:]) if config.ingest.table else STEPS
+        self.step_args: dict[str, tuple[str, ...]] = {}
+        """Arguments a step's jobs take after the config's (the profile's features: the model)."""
+        if options.profile:
+            self.profile_chain(config)
         self.jobs: list[JobSpec] = []
         self.skipped: list[str] = []
 
+    def profile_chain(self, config: Config) -> None:
+        """PROFILE_STEPS: the profile's jobs read the config `profile --stage setup` writes; its stages
+        read the config as given, and the model."""
+        if not config.ingest.table:
+            raise UserError("--profile embeds a screen's load table: set ingest.table in the config")
+        self.steps = PROFILE_STEPS
+        self.stage_args = (*self.common_args, "--model", self.options.profile)
+        self.common_args = (str(self.layout.profile_config),)
+        self.step_args = {"features": ("--checkpoint", profile_checkpoint(self.options.profile), "--epochs", "none")}
+
     def chain(self) -> Chain:
-        first, last = self.index(self.options.first or self.steps[0]), self.index(self.options.last)
+        last = self.steps[-1] if self.options.profile and self.options.last == "report" else self.options.last
+        first, last = self.index(self.options.first or self.steps[0]), self.index(last)
         if first > last:
             raise UserError(f"--from {self.options.first} comes after --to {self.options.last}")
         selected = self.steps[first:last + 1]
         start = _Wait(ids=self.options.after)
-        if self.config.data.channel_combinations:
+        if self.options.profile:
+            self.add_chain(selected, start)
+        elif self.config.data.channel_combinations:
             self.combinations(selected, start)
         else:
             self.add_chain(selected, start)
@@ -278,7 +315,10 @@ class _Planner:
     def add(self, step: str, after: _Wait, run: str = "") -> _Wait:
         """STEP of the run called RUN after AFTER (as an array and its merge when asked); returns what
         waits for it."""
-        args = (*self.common_args, *run_selector(run))
+        if step.startswith("profile-"):
+            stage = ("--stage", step.removeprefix("profile-"))
+            return self.job(step, "profile", (*self.stage_args, *stage), {}, after)
+        args = (*self.common_args, *run_selector(run), *self.step_args.get(step, ()))
         tasks = {"prepare": self.options.prepare_tasks, "ingest": self.options.ingest_tasks}.get(step, 1)
         if tasks == 1:
             return self.job(f"{step}:{run}" if run else step, step, args, {}, after)

@@ -4,6 +4,10 @@ command lines, as JSON, or for slurm/submit_pipeline.sh, which submits them.
     python -m training chain --config run.yaml [--set key=value ...] --partition P --cpus-per-task N
         --ingest-cpus-per-task N [--from STEP] [--to STEP] [--nodes N] [--after JOBID] [--prepare-tasks N]
         [--ingest-tasks N] [--output PATTERN] [--comment TEXT] [--bundle DIR] [--format commands|json|nul]
+        [--profile MODEL]
+
+With --profile MODEL (a trained run's directory or a checkpoint file), the jobs that embed the config's
+screen with that model instead of training one (training/steps/profile.py).
 
 `commands` (the default) prints `sbatch ...` per job, a job of the chain it waits for as <LABEL>; `json`
 the run directory, what was skipped and the jobs (label, script, args, sbatch, after, after_ids); `nul`
@@ -34,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--after", help="job id(s), colon-separated, that the first jobs also wait for")
     parser.add_argument("--prepare-tasks", default="1", help="prepare as an array of N tasks, then a merge")
     parser.add_argument("--ingest-tasks", default="1", help="ingest as an array of N tasks, then a merge")
+    parser.add_argument("--profile", default="", metavar="MODEL",
+                        help="embed the config's screen with this trained model (run directory or checkpoint file)")
     parser.add_argument("--partition", required=True, help="Slurm partition of every job (SCDINO_PARTITION)")
     parser.add_argument("--cpus-per-task", required=True, help="CPUs of a single-process step (SCDINO_CPUS_PER_TASK)")
     parser.add_argument("--ingest-cpus-per-task", required=True,
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         first=args.first, last=args.last, nodes=count("--nodes", args.nodes) if args.nodes is not None else None,
         after=tuple(args.after.split(":")) if args.after else (), prepare_tasks=count("--prepare-tasks", args.prepare_tasks),
         ingest_tasks=count("--ingest-tasks", args.ingest_tasks), overrides=tuple(args.overrides), output=args.output,
-        comment=args.comment)
+        comment=args.comment, profile=args.profile)
     site = Site(args.partition, count("--cpus-per-task", args.cpus_per_task),
                 count("--ingest-cpus-per-task", args.ingest_cpus_per_task))
     chain = plan(args.config, options, site)

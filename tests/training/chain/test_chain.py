@@ -295,3 +295,51 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path, args, message):
     done = chain_command(tmp_path, *args)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(message), done.stderr
+
+
+def screen(tmp_path: Path, **ingest) -> Path:
+    path = tmp_path / "plates.yaml"
+    path.write_text(yaml.safe_dump({"run": {"output_dir": str(tmp_path / "plates")},
+                                    "ingest": {"table": str(tmp_path / "load_data.csv"), **ingest}}))
+    return path
+
+
+def test_a_profile_chain_embeds_a_screen_with_the_model_after_its_card_is_checked(tmp_path):
+    """--profile: no training; the stages read the config as given, every other job the profile's own."""
+    path, model = screen(tmp_path), str(tmp_path / "pilot")
+    jobs = plan_chain(path, ChainOptions(profile=model, ingest_tasks=2, overrides=("eval.knn_k=[5]",)), SITE)
+    assert [job.label for job in jobs] == ["profile-setup", "ingest-parts", "ingest", "mean-std", "profile-check",
+                                          "features", "labels", "knn", "export"]
+    assert [job.after for job in jobs] == [(), *[(job.label,) for job in jobs[:-1]]]
+    jobs = by_label(jobs)
+    given = (str(path), "--set", "eval.knn_k=[5]", "--model", model)
+    assert jobs["profile-setup"].args == (*given, "--stage", "setup")
+    assert jobs["profile-check"].args == (*given, "--stage", "check")
+    assert jobs["profile-setup"].script == jobs["profile-check"].script == "slurm/profile.slurm"
+    assert jobs["profile-check"].sbatch["job-name"] == "scdino-profile-check"
+    own = str(RunLayout(tmp_path / "plates").profile_config)
+    assert jobs["ingest-parts"].args == (own, "--parts", "2") and jobs["ingest"].args == (own, "--merge", "--parts", "2")
+    assert jobs["features"].args == (own, "--checkpoint", str(RunLayout(Path(model)).latest_checkpoint),
+                                     "--epochs", "none")
+    assert jobs["labels"].args == jobs["knn"].args == jobs["export"].args == (own,)
+
+
+def test_a_profile_takes_a_checkpoint_file_as_it_is_and_stops_where_asked(tmp_path):
+    jobs = plan_chain(screen(tmp_path), ChainOptions(profile="/fsx/m/epoch_0015.pth", first="features", last="knn"),
+                      SITE)
+    assert [job.label for job in jobs] == ["features", "labels", "knn"]
+    assert jobs[0].args[1:3] == ("--checkpoint", "/fsx/m/epoch_0015.pth")
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda tmp: plan(config(tmp), ChainOptions(profile="m"), SITE),
+     "--profile embeds a screen's load table: set ingest.table in the config"),
+    (lambda tmp: plan(screen(tmp), ChainOptions(profile="m", prepare_tasks=2), SITE),
+     "--prepare-tasks does not apply to --profile, which ingests the screen's load table: use --ingest-tasks"),
+    (lambda tmp: plan(screen(tmp), ChainOptions(profile="m", last="pretrain"), SITE),
+     "unknown step 'pretrain'; steps: profile-setup ingest mean-std profile-check features labels knn export"),
+])
+def test_a_profile_chain_that_cannot_be_planned_is_one_line(tmp_path, make, message):
+    with pytest.raises(UserError) as raised:
+        make(tmp_path)
+    assert str(raised.value) == message
