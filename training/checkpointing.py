@@ -9,7 +9,7 @@ and "model_card" (training/models/card.py: the channels, statistics, crop and sc
 expect and the screen they learnt from, as a dict). A checkpoint saved before cards has none: it
 resumes as before (the next save adds one), and readers rebuild its card from its config, with a note.
 
-Rank 0 writes it atomically (training/files/atomic.py), keeping the checkpoint it replaces as
+Rank 0 writes it atomically (training/writes/atomic.py), keeping the checkpoint it replaces as
 RunLayout.previous_checkpoint (a hard link: nothing is written twice); at the epochs
 `train.saveckp_rule` picks (every `train.saveckp_freq` completed epochs, or scDINO's) a numbered
 copy is linked beside it and, when `train.keep_last` > 0, all but the last that many numbered
@@ -51,13 +51,13 @@ from training.config import TrainConfig, flatten_dotted
 from training.distributed.groups import DistContext, all_gather_object, broadcast_object
 from training.distributed.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
 from training.errors import UserError
-from training.files.atomic import link_atomic, save_torch_atomic, write_json_atomic
-from training.files.diskspace import DiskFullError, no_space_error, room_problem
 from training.models.card import ModelCard, build_card
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_checkpoint
 from training.rundir.integrity import is_zip, zip_problem
 from training.rundir.layout import set_aside_path
+from training.writes.atomic import link_atomic, save_torch_atomic, write_json_atomic
+from training.writes.diskspace import DiskFullError, no_space_error, room_problem
 
 if TYPE_CHECKING:
     from training.dino.step import TrainState

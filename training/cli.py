@@ -25,9 +25,9 @@ from typing import Sequence
 
 from training.config import Config, dump_config, load_config
 from training.errors import PathTakenError, UserError
-from training.files.atomic import write_json_atomic
 from training.logs import configure_logging, launcher_rank
 from training.rundir import RunLayout
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

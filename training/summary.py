@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from training.costs.bill import build_bill, combination_bills
-from training.files.atomic import write_json_atomic
 from training.rundir import tags
 from training.rundir.artifacts import load_knn, read_optional_json, read_timings
 from training.rundir.layout import RunLayout
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}

@@ -71,7 +71,6 @@ from training.dino.step import TrainState, forward_loss, update
 from training.distributed.groups import DistContext, HostValues, all_reduce_sum_later
 from training.distributed.parallel import parallelize
 from training.errors import UserError
-from training.files.atomic import write_text_atomic
 from training.metrics import MetricsLogger, gpu_memory_gb, progress
 from training.models import build_model, count_parameters
 from training.models.pretrained import load_pretrained_into
@@ -81,6 +80,7 @@ from training.recovery.spot import SpotWatcher
 from training.recovery.watchdog import ProgressWatchdog
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics
+from training.writes.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 

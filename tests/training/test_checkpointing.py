@@ -13,10 +13,10 @@ import torch.serialization
 from training.checkpointing import CheckpointManager, settle_resume_point
 from training.config import Config, ModelConfig, TrainConfig
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.files.atomic import save_torch_atomic
 from training.models import build_backbone, build_model, pretrained
 from training.models.pretrained import load_checkpoint
 from training.rundir import RunLayout
+from training.writes.atomic import save_torch_atomic
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ import yaml
 from training.config.scdino import convert_if_scdino
 from training.config.schema import Config, from_dict, hint_of, set_dotted
 from training.config.validation import ConfigError
-from training.files.atomic import write_text_atomic
+from training.writes.atomic import write_text_atomic
 
 
 def read_yaml(text: str) -> Any:

@@ -30,10 +30,10 @@ import numpy as np
 
 from training.config import Config
 from training.errors import DamagedFileError, UserError
-from training.files.atomic import atomic_path, write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_split
 from training.rundir.integrity import Crc32Writer, check_crc32, check_present, check_size, crc32_hex, npy_layout, rerun
+from training.writes.atomic import atomic_path, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from training.eval.feature_plan import (
     plan_tags,
     scope_rows,
 )
-from training.files.diskspace import DiskFullError, room_problem
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, save_features
+from training.writes.diskspace import DiskFullError, room_problem
 
 log = logging.getLogger(__name__)
 

@@ -42,10 +42,10 @@ from training.distributed.groups import DistContext, all_reduce_max, all_reduce_
 from training.distributed.parallel import WrappedModel, wrap_model
 from training.errors import UserError
 from training.eval.linear_probe import ProbeResult
-from training.files.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from training.models.pretrained import load_backbone
 from training.precision import Precision, resolve_precision
 from training.rundir import RunLayout
+from training.writes.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 

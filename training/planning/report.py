@@ -12,12 +12,12 @@ from training.config import Config
 from training.costs.instances import INSTANCES, LOCAL
 from training.costs.prices import on_demand
 from training.errors import UserError
-from training.files.atomic import write_json_atomic
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
 from training.planning.standing import standing_cost, standing_summary, standing_text
 from training.rundir import RunLayout
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

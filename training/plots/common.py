@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from training.files.atomic import atomic_path
+from training.writes.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 

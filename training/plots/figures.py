@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from training.config import Config
 from training.errors import MissingInputError
-from training.files.atomic import write_json_atomic
 from training.plots.accuracy import plot_confusion, plot_knn_vs_epoch, plot_knn_vs_k, plot_screen_measures
 from training.plots.attention import cls_attention, plot_attention
 from training.plots.common import save_figure
@@ -26,6 +25,7 @@ from training.plots.embedding import MAX_LEGEND, plot_embedding, umap_embedding
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import final_weights, load_knn, load_labels, read_metrics, read_optional_json
 from training.rundir.features import list_tags, load_features
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

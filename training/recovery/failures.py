@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from training.errors import UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -349,7 +349,7 @@ def rewrite_report(layout: RunLayout) -> None:
     """report.html again, from the run's files as they are now (the summary adds the bill after it)."""
     import yaml
 
-    from training.files.atomic import write_text_atomic
+    from training.writes.atomic import write_text_atomic
 
     name = (yaml.safe_load(layout.config.read_text()) or {}).get("run", {}).get("name", "") if layout.config.is_file() \
         else layout.root.name

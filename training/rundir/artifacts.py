@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import tags
 from training.rundir.features import FeatureSet, list_tags, load_features, read_index
 from training.rundir.integrity import load_torch, parse_json, require_keys, rerun
 from training.rundir.layout import RunLayout, checkpoint_role, set_aside_path
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.files.atomic import atomic_path, write_json_atomic
 from training.rundir import tags
 from training.rundir.integrity import (
     Crc32Writer,
@@ -37,6 +36,7 @@ from training.rundir.integrity import (
     rerun,
     size_problem,
 )
+from training.writes.atomic import atomic_path, write_json_atomic
 
 log = logging.getLogger(__name__)
 

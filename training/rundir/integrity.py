@@ -1,6 +1,6 @@
 """How a damaged run file is recognised and reported: the checks behind every reader of a run file.
 
-Writes are atomic (training/files/atomic.py), yet a file can still be damaged afterwards: a disk fills, a
+Writes are atomic (training/writes/atomic.py), yet a file can still be damaged afterwards: a disk fills, a
 node dies before its data reached FSx, an S3 import or a copy stops half-way, someone edits it.
 The readers of run files (training/rundir/artifacts.py, features.py, training/data/store/ and the
 checkpoint manager) check through these functions, so that damage always ends in a DamagedFileError

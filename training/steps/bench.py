@@ -73,7 +73,7 @@ def run(config, layout, args: argparse.Namespace) -> int:
 
 def _write_text(out: Path, text: str) -> None:
     """Whole or not at all: a reader (scripts/gpu-bench.sh's summary) never sees half a file."""
-    from training.files.atomic import write_text_atomic
+    from training.writes.atomic import write_text_atomic
 
     write_text_atomic(out, text)
     log.info("wrote %s", out)

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Gather the combinations' results into comparison.json / .md and draw the figure."""
     from training.eval.compare import build_comparison, comparison_markdown
-    from training.files.atomic import write_json_atomic, write_text_atomic
     from training.plots.figures import comparison_plots
+    from training.writes.atomic import write_json_atomic, write_text_atomic
 
     if config.run.combination or config.run.channel_adaptive or not config.data.channel_combinations:
         raise UserError("compare needs data.channel_combinations and runs on the whole run "

@@ -30,8 +30,8 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.eval.knn import evaluate_feature_sets, evaluation_batches
     from training.eval.retrieval import evaluation_wells
     from training.eval.tables import knn_markdown
-    from training.files.atomic import write_json_atomic, write_text_atomic
     from training.rundir.artifacts import load_labels, load_tagged_features
+    from training.writes.atomic import write_json_atomic, write_text_atomic
 
     labels = load_labels(layout)
     sets = load_tagged_features(layout, labels)

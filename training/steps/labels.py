@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write labels.json and log the class counts."""
     from training.data.split import holdout_labels
-    from training.files.atomic import write_json_atomic
+    from training.writes.atomic import write_json_atomic
 
     payload = holdout_labels(config)
     write_json_atomic(layout.labels, payload)

@@ -38,9 +38,9 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
         return run_finetune(config, layout)
     from training.eval.linear_probe import probe_feature_sets
     from training.eval.tables import linear_rows, markdown_table
-    from training.files.atomic import write_json_atomic, write_text_atomic
     from training.rundir import tags
     from training.rundir.artifacts import load_labels, load_tagged_features
+    from training.writes.atomic import write_json_atomic, write_text_atomic
 
     labels = load_labels(layout)
     sets = load_tagged_features(layout, labels)

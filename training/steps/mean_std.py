@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.data.stats import compute_mean_std
-    from training.files.atomic import write_json_atomic
+    from training.writes.atomic import write_json_atomic
 
     stats = compute_mean_std(config)
     write_json_atomic(layout.mean_std, stats)

@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Write report.html from the run's files."""
-    from training.files.atomic import write_text_atomic
     from training.report.html import build_report, report_title
+    from training.writes.atomic import write_text_atomic
 
     if not layout.plots_manifest.is_file() and not layout.knn_json.is_file():
         raise MissingInputError("plots and kNN results", layout.plots_manifest, "plots")

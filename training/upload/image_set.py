@@ -105,7 +105,7 @@ def download_and_unpack(url: str, download_dir: Path) -> Path:
 def fetch(url: str, target: Path) -> None:
     from tqdm import tqdm
 
-    from training.files.atomic import atomic_path
+    from training.writes.atomic import atomic_path
 
     try:
         with atomic_path(target) as tmp, urllib.request.urlopen(url, timeout=60) as response, tmp.open("wb") as out:

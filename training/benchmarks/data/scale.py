@@ -78,7 +78,7 @@ def write_dataset(folder: Path, n: int) -> None:
     """index.json, cells.arrow and sparse pixel files, as `prepare` lays them out."""
     from training.data.store.cells import CELLS_FILE, write_table
     from training.data.store.format import FORMAT, INDEX_FILE, shard_name
-    from training.files.atomic import write_json_atomic
+    from training.writes.atomic import write_json_atomic
 
     folder.mkdir(parents=True)
     table = synthetic_table(n)

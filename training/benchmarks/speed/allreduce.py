@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training.files.atomic import write_text_atomic
+from training.writes.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 

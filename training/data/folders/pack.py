@@ -23,7 +23,7 @@ from training.data.store.cells import CLASS_COLUMN
 from training.data.store.merge import merge_parts
 from training.data.store.write import PartWriter
 from training.data.tiff import BadImage, ChannelAxis, read_image
-from training.files.diskspace import require_free
+from training.writes.diskspace import require_free
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,6 @@ import numpy as np
 
 from training.data.store.format import PART_FILE as PART_INDEX
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.integrity import (
     Crc32Writer,
@@ -70,6 +69,7 @@ from training.rundir.integrity import (
     require_keys,
     rerun,
 )
+from training.writes.atomic import write_json_atomic
 
 FORMAT = "scdino-cellprofiler-v1"
 PART_FILE = "cellprofiler.f32"

@@ -41,7 +41,7 @@ from training.data.ingest.fields import probe_format, read_ahead
 from training.data.ingest.table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
 from training.data.store.write import PartWriter
 from training.errors import UserError
-from training.files.diskspace import require_free
+from training.writes.diskspace import require_free
 
 log = logging.getLogger(__name__)
 

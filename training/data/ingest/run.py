@@ -21,9 +21,9 @@ from training.data.ingest.table import LoadTable
 from training.data.store.merge import merge_and_split, read_finished_parts
 from training.data.store.parts import check_part_arguments, finished_part, part_rows
 from training.errors import UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import write_bad_images
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from training.errors import DamagedFileError, UserError
-from training.files.atomic import atomic_path
 from training.rundir.integrity import crc32_hex, file_crc32, one_line, present_problem, rerun
+from training.writes.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 

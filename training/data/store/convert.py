@@ -14,8 +14,8 @@ import pyarrow as pa
 from training.data.store.cells import CELLS_FILE, CLASS_COLUMN, storage_table, write_table
 from training.data.store.format import FORMAT, FORMAT_V1, IMAGES_FILE, INDEX_FILE
 from training.errors import DamagedFileError
-from training.files.atomic import write_json_atomic
 from training.rundir.integrity import crc32_hex, require_keys, rerun
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

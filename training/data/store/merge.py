@@ -30,10 +30,10 @@ from training.data.store.parts import check_part, part_remedy, read_part
 from training.data.store.read import PackedImages
 from training.data.store.write import widen_file
 from training.errors import MissingInputError, UserError
-from training.files.atomic import write_json_atomic
 from training.rundir import RunLayout
 from training.rundir.artifacts import bad_image_paths, read_split
 from training.rundir.integrity import crc32_hex, rerun
+from training.writes.atomic import write_json_atomic
 
 if TYPE_CHECKING:
     from training.config import Config

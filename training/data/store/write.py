@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from training.data.store.cells import storage_table, write_table
 from training.data.store.format import PART_FILE, PART_FORMAT, shard_name
-from training.files.atomic import write_json_atomic
 from training.rundir.integrity import crc32_hex
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

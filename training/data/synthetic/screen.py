@@ -43,7 +43,7 @@ import tifffile
 
 from training.data.synthetic.folders import CELL_RADIUS, PHENOTYPES, mix_channels, render_cells, write_tiff
 from training.errors import UserError
-from training.files.atomic import write_json_atomic, write_text_atomic
+from training.writes.atomic import write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 

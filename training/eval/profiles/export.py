@@ -45,9 +45,9 @@ from training.config import Config
 from training.data.store.cells import METADATA_PREFIX, CellTable
 from training.eval.profiles.normalization import check_steps, normalize_profiles
 from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
-from training.files.atomic import atomic_path, check_writable, write_json_atomic
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features
+from training.writes.atomic import atomic_path, check_writable, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from training.config import Config, dump_config, from_dict, load_config
 from training.errors import UserError
-from training.files.atomic import write_json_atomic
 from training.models.card import STATS_FACTOR, ModelCard, card_of_checkpoint
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_checkpoint, read_json, read_mean_std
+from training.writes.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import pytest
 
 from tests.support.tiny import run_cli
 from training.distributed.groups import DistContext, DistEnv
-from training.files.diskspace import DiskFullError, is_no_space, no_space_error
 from training.recovery.failures import read_records
 from training.rundir import RunLayout
 from training.trainer import default_loader_factory, train
+from training.writes.diskspace import DiskFullError, is_no_space, no_space_error
 
 CPU = DistContext(env=DistEnv(), device=__import__("torch").device("cpu"), backend=None)
 
