@@ -6,7 +6,7 @@
   model and the bill) sits on the ground floor: standard library and each other only (the FLOP count
   also reads the ViT sizes), so that the planner reads it instead of the benchmarks; no room but the
   planner itself and the steps imports the planner;
-- rundir/ holds the run directory's names and readers only; the run summary is training/summary.py;
+- rundir/ holds the run directory's names and readers only; the run summary is training/results.py;
 - stacks/ (the CDK app, every sub-package) reads nothing of the package but the instance table and the
   dotted-key conversion its settings share with the run configuration (training/config/dotted.py,
   standard library only);
@@ -242,7 +242,7 @@ RUN_DIRECTORY = {"__init__.py", "layout.py", "tags.py", "features.py", "artifact
 
 
 def test_the_run_directory_holds_its_names_and_readers_only():
-    """What a step makes of the run's files lives in that step's library (results.json: training/summary.py)."""
+    """What a step makes of the run's files lives in that step's library (results.json: training/results.py)."""
     rundir = PACKAGE / "rundir"
     assert {p.name for p in rundir.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()} == RUN_DIRECTORY
 

@@ -20,6 +20,7 @@ from typing import Any
 from training.config import Config
 from training.errors import MissingInputError, UserError
 from training.eval.tables import markdown_table
+from training.results import comparison_bill, knn_headline
 from training.rundir import RunLayout, tags
 from training.rundir.artifacts import (
     checkpoint_progress,
@@ -28,7 +29,6 @@ from training.rundir.artifacts import (
     read_metrics,
     read_timings,
 )
-from training.summary import comparison_bill, knn_headline
 
 PER_COMBINATION = "per_combination"
 """The "models" key of scDINO's way: one pretraining per channel combination. Each channel-adaptive

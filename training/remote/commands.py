@@ -220,7 +220,7 @@ def knn_lines(folder) -> list[str]:
     knn = folder.read_json(relative(RUN.knn_json))
     if not knn or "tags" not in knn:
         return []
-    from training.summary import knn_headline
+    from training.results import knn_headline
 
     return [f"  kNN {entry['label']}: top-1 {entry['top1']:.3f} at k={entry['best_k']}"
             for entry in knn_headline(knn).values()]

@@ -33,9 +33,9 @@ from training.eval.tables import (
     screen_setup,
 )
 from training.plots.figures import PlotEntry, read_manifest
+from training.results import knn_headline
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics, read_optional_json, read_timings
-from training.summary import knn_headline
 
 log = logging.getLogger(__name__)
 

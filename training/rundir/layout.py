@@ -201,7 +201,7 @@ class RunLayout:
     timings = property(lambda self: self.root / "timings.json",
                        doc="Every pipeline step: its wall time, merged into the others' (training/cli.py).")
     results = property(lambda self: self.root / "results.json",
-                       doc="`summary`: the headline kNN figures, step times and the bill (training/summary.py).")
+                       doc="`summary`: the headline kNN figures, step times and the bill (training/results.py).")
     plan = property(lambda self: self.root / "plan.json",
                     doc="`plan --save`: the planner's rows for this run, which the bill sets beside its cost.")
     profile_config = property(lambda self: self.root / "profile.yaml",

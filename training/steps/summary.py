@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
-    from training.summary import add_bill_to_comparison, summary_text, write_summary
+    from training.results import add_bill_to_comparison, summary_text, write_summary
 
     summary = write_summary(layout, jobs_file=args.jobs, wall_seconds=args.wall_seconds)
     if args.jobs and summary.get("bill"):
