@@ -1,5 +1,5 @@
 """The "cellprofiler" baseline of `features`: CellProfiler's measurements of each cell, made at
-`ingest` (ingest.cellprofiler; training/data/ingest/cellprofiler.py), made comparable for a cosine kNN.
+`ingest` (ingest.cellprofiler; training/data/ingest/measurements.py), made comparable for a cosine kNN.
 
 The measurements of data.channels (and the shape features, which belong to no channel) are
 standardised feature by feature over every cell of the dataset as pycytominer's mad_robustize
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from training.config import Config
-from training.data.ingest.cellprofiler import open_measurements
+from training.data.ingest.measurements import open_measurements
 from training.rundir.features import FeatureSet
 
 log = logging.getLogger(__name__)

@@ -139,7 +139,7 @@ def _cellprofiler_plans(config: Config, images, digest: str) -> list[TagPlan]:
     """The CellProfiler baseline when the packed dataset has CellProfiler's measurements (`ingest`
     writes them beside it), checked now so that damage stops the step before any work; a
     MissingInputError names `ingest` when ingest.cellprofiler is set and it has none."""
-    from training.data.ingest.cellprofiler import open_measurements
+    from training.data.ingest.measurements import open_measurements
     from training.data.store.read import PackedImages
     from training.eval.cellprofiler import selected_features
 

@@ -19,7 +19,7 @@ by), <run>/ingest_report.json (fields read and bad, objects cut and skipped per 
 settings) and, when a field is unusable, <run>/bad_images.json. data.on_bad_image=fail stops at the
 first bad field instead of skipping it. With ingest.cellprofiler it also measures every cut cell as
 CellProfiler does, into <packed>/cellprofiler.npy and .json, one row per row of the per-cell table
-(training/data/ingest/cellprofiler.py), which `features` evaluates as the "cellprofiler" baseline.
+(training/data/ingest/measurements.py), which `features` evaluates as the "cellprofiler" baseline.
 
 With --parts N, task K cuts the K-th of N slices of the table's rows into
 <packed>.parts/part-K-of-N/; a finished part made from the same tables and settings is kept when

@@ -13,7 +13,7 @@ append the crops to the part's pixel files with one row each in the per-cell tab
     Metadata_<column>      every other column of the load table, values as written
 
 Under ingest.cellprofiler each cut cell is also measured as CellProfiler measures it, in its field,
-and the part keeps the measurements row by row with the table (cellprofiler.py).
+and the part keeps the measurements row by row with the table (measurements.py).
 
 Nothing is dropped silently: each part records how many objects were skipped and why, and the bad
 fields (unreadable, missing or misshapen files, each named by row, column and file); the merge adds
@@ -35,9 +35,9 @@ import numpy as np
 from tqdm import tqdm
 
 from training.config import Config
-from training.data.ingest.cellprofiler import PartMeasurements
 from training.data.ingest.crops import CropSettings, Objects, cut_crops, measure_objects
 from training.data.ingest.fields import probe_format, read_ahead
+from training.data.ingest.measurements import PartMeasurements
 from training.data.ingest.table import FIELD_COLUMNS, BadField, CentresTable, FieldSpec, LoadTable
 from training.data.store.write import PartWriter
 from training.errors import UserError
@@ -123,7 +123,7 @@ def ingest_part(config: Config, load: LoadTable, rows: range, folder: Path, iden
 
 
 def part_measurements(config: Config, folder: Path) -> PartMeasurements | None:
-    """The part's CellProfiler measurements under ingest.cellprofiler (cellprofiler.py)."""
+    """The part's CellProfiler measurements under ingest.cellprofiler (measurements.py)."""
     if not config.ingest.cellprofiler:
         return None
     return PartMeasurements(folder, dict(zip(config.data.channel_indices, config.data.channel_names)))

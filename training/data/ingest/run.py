@@ -7,7 +7,6 @@ import json
 import logging
 
 from training.config import Config
-from training.data.ingest.cellprofiler import merge_measurements
 from training.data.ingest.checks import (
     check_columns,
     check_crop_size,
@@ -16,6 +15,7 @@ from training.data.ingest.checks import (
     propose,
     require_crop_size,
 )
+from training.data.ingest.measurements import merge_measurements
 from training.data.ingest.part import describe, ingest_part, part_identity, summarise
 from training.data.ingest.table import LoadTable
 from training.data.store.merge import merge_and_split, read_finished_parts

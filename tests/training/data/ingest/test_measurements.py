@@ -23,7 +23,7 @@ import torch
 
 from tests.support.tiny import run_cli, tiny_config
 from training.config import ConfigError
-from training.data.ingest.cellprofiler import PART_FILE
+from training.data.ingest.measurements import PART_FILE
 from training.data.store.read import PackedImages
 from training.eval.cellprofiler import MAD_SCALE, robust_scale, standardise
 from training.rundir import RunLayout, tags
