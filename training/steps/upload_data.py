@@ -22,7 +22,7 @@ With --table, the files the table names for `ingest` (its image and mask columns
 ingest section picks them, found through ingest.path_map where the table's paths point elsewhere,
 e.g. JUMP's s3:// folders) go up once each under PREFIX, with the table rewritten to relative paths
 beside them; the step then prints the data.source and ingest.table the cluster reads them by
-(training/upload/screen.py).
+(training/upload/screen_table.py).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run(config: Config, layout, args: argparse.Namespace) -> int:
     """Check (and unless --check-only, upload) the image set or the screen; print the upload's summary as JSON."""
     from training.errors import UserError
     from training.upload.image_set import UploadRequest, upload_image_set
-    from training.upload.screen import upload_screen
+    from training.upload.screen_table import upload_screen
 
     if args.table and args.source:
         raise UserError("give --source (an image set's folder) or --table (a screen's LoadData table), not both")

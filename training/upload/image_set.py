@@ -55,7 +55,7 @@ class UploadRequest:
     check_only: bool = False
     """Check the images, upload nothing (no AWS needed)."""
     table: Path | None = None
-    """A screen's LoadData table: upload it, its images and masks instead of an image set (screen.py)."""
+    """A screen's LoadData table: upload it, its images and masks instead of an image set (screen_table.py)."""
 
 
 def upload_image_set(config: Config, request: UploadRequest) -> dict[str, Any] | None:

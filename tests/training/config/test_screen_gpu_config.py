@@ -19,7 +19,7 @@ from training.costs.instances import INSTANCES
 from training.data.ingest.checks import check_settings
 from training.eval.profiles.normalization import check_steps
 from training.planning.model import GPU_MEMORY_FRACTION, replicated_state_gb
-from training.upload.screen import FSX_DATA
+from training.upload.screen_table import FSX_DATA
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GPU_SCREEN = CONFIGS / "screen-gpu.yaml"

@@ -21,7 +21,7 @@ from training.cli import main
 from training.config import dump_config
 from training.data.store.read import PackedImages
 from training.rundir import RunLayout
-from training.upload.screen import DATA_PREFIX, FSX_DATA
+from training.upload.screen_table import DATA_PREFIX, FSX_DATA
 
 PREFIX = "data/screens/jump-test"
 CROP = 32
