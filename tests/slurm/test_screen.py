@@ -22,7 +22,7 @@ SHRINK = {"optim.epochs": 1, "train.max_steps_per_epoch": 4, "optim.batch_size_p
 
 def test_the_screen_config_runs_from_fields_of_view_to_knn(cluster, tmp_path):
     from training.data.store.read import PackedImages
-    from training.data.synthetic.screen import ScreenSpec, write_screen
+    from training.data.synthetic.plates import ScreenSpec, write_screen
 
     screen = tmp_path / "screen"
     write_screen(screen, ScreenSpec(plates=2, batches=2, wells_per_plate=16, sites=1, fov_size=128, cells_per_fov=12))

@@ -9,7 +9,7 @@ with --screen a synthetic screen (fields of view, label masks, a plate map and l
 highest channel data.channels selects, so that a config's own `synth-data` call produces data its
 other steps can read. `--corrupt` adds one of each kind of bad image (empty, truncated, garbage,
 wrong channels, blank, wrong shape). A screen names its channels as data.channel_names does, else
-Membrane, Cytoplasm, DNA, Marker, Marker2 (training/data/synthetic/screen.py lists what it writes).
+Membrane, Cytoplasm, DNA, Marker, Marker2 (training/data/synthetic/plates.py lists what it writes).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
 
 
 def _write_screen(config: Config, args: argparse.Namespace, channels: int, seed: int) -> int:
-    from training.data.synthetic.screen import ScreenSpec, channel_names_for, write_screen
+    from training.data.synthetic.plates import ScreenSpec, channel_names_for, write_screen
 
     given = [f"--{name.replace('_', '-')}" for name in CLASS_OPTIONS if getattr(args, name) is not None]
     given += [flag for flag, on in (("--channels-first", args.channels_first), ("--corrupt", args.corrupt),

@@ -24,7 +24,7 @@ from tests.support.damaging import copy_run, damage, error_line, garble_column, 
 from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.cli import main
 from training.config import dump_config
-from training.data.synthetic.screen import ScreenSpec, write_screen
+from training.data.synthetic.plates import ScreenSpec, write_screen
 
 INGEST, FEATURES, LABELS, EXPORT = (f": rerun `python -m training {s}`" for s in ("ingest", "features", "labels",
                                                                                      "export"))

@@ -29,7 +29,7 @@ from training.chain import ChainOptions, Site, plan
 from training.cli import main
 from training.config import Config, dump_config, load_config
 from training.data.store.read import PackedImages
-from training.data.synthetic.screen import DEFAULT_CHANNEL_NAMES, ScreenSpec, write_screen
+from training.data.synthetic.plates import DEFAULT_CHANNEL_NAMES, ScreenSpec, write_screen
 from training.models.card import PARQUET_KEY, ModelCard, read_card
 from training.rundir import RunLayout
 from training.rundir.features import load_features

@@ -11,7 +11,7 @@ initialised network mostly measures how much of each channel is bright, which th
 scrambles, so a trained representation does clearly better than either baseline.
 
 `render_cells` draws cells at a given centre and scale with their extents (label masks): the
-synthetic screen (training/data/synthetic/screen.py) places them into larger fields of view.
+synthetic screen (training/data/synthetic/plates.py) places them into larger fields of view.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.tiny import run_cli, tiny_config
 from training.benchmarks.quality.screen import cell_phenotypes, held_out, oracle_entry, shares
-from training.data.synthetic.screen import ScreenSpec, write_screen
+from training.data.synthetic.plates import ScreenSpec, write_screen
 from training.errors import UserError
 from training.rundir import RunLayout
 

@@ -21,7 +21,7 @@ import tifffile
 
 from tests.support.tiny import run_cli, tiny_config
 from training.data.store.read import PackedImages
-from training.data.synthetic.screen import ScreenSpec, write_screen
+from training.data.synthetic.plates import ScreenSpec, write_screen
 from training.report.html import build_report
 from training.rundir import RunLayout
 
