@@ -32,7 +32,7 @@ def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
         log.info("bench screen:\n%s", markdown(result))
         return result
     if isinstance(request, IngestBenchRequest):
-        from training.benchmarks.data.ingest import run_ingest_benchmark
+        from training.benchmarks.data.ingest_rate import run_ingest_benchmark
 
         return run_ingest_benchmark(list(request.fields), cells=request.cells, crop=request.crop)
     if isinstance(request, ScaleBenchRequest):

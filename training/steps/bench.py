@@ -14,7 +14,7 @@ count (training/benchmarks/data/loader.py). `step`: training-step throughput
 its overhead is a measured figure (training/benchmarks/speed/pretrain.py). `scale`: what opening a dataset
 of 10^5..10^7 cells costs, per process and per loader worker, against the JSON index of before
 (training/benchmarks/data/scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
-fields of view, and peak memory at two numbers of fields (training/benchmarks/data/ingest.py). `screen`:
+fields of view, and peak memory at two numbers of fields (training/benchmarks/data/ingest_rate.py). `screen`:
 the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
 (training/benchmarks/quality/screen.py). The flags become a typed request in training/benchmarks/request.py;
 training/benchmarks/__init__.py imports the benchmark, and with it torch, only to run it.

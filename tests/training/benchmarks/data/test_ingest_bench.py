@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from training.benchmarks.data.ingest import SIDE, draw_labels, run_ingest_benchmark
+from training.benchmarks.data.ingest_rate import SIDE, draw_labels, run_ingest_benchmark
 from training.cli import main
 
 
