@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     """Plan on rank 0, extract on every rank, write on rank 0."""
     from training.distributed.groups import process_group
+    from training.eval.feature_passes import compute_features
     from training.eval.feature_plan import FeaturesRequest
-    from training.eval.features import compute_features
 
     request = FeaturesRequest(epochs=args.epochs, checkpoint=args.checkpoint, tag=args.tag,
                               baselines=not args.no_baselines, force=args.force)
