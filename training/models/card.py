@@ -189,8 +189,9 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
 
 
-def config_sha256(config: Config) -> str:
-    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()
+def config_sha256(tree: dict[str, Any]) -> str:
+    """The SHA-256 of a resolved config (Config.to_dict(), as a checkpoint holds it) as sorted JSON."""
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
 
 
 def file_sha256(path: Path) -> str:
@@ -220,7 +221,7 @@ def build_card(config: Config, *, epoch: int = 0, global_step: int = 0) -> Model
         eval_resize=config.eval.resize, feature=config.eval.feature,
         provenance=_provenance(config, images),
         recipe=Recipe(run=config.run.name, arch=config.model.arch, kind=config.model.kind, seed=config.run.seed,
-                      epochs=config.optim.epochs, config_sha256=config_sha256(config)),
+                      epochs=config.optim.epochs, config_sha256=config_sha256(config.to_dict())),
         notes=tuple(notes))
     return card.at(epoch, global_step)
 
@@ -299,7 +300,8 @@ def card_of_checkpoint(saved: dict[str, Any], path: Path) -> ModelCard | None:
             "run's files as they are now")
     log.warning("%s was saved before model cards: its card is rebuilt from its config and its run's files", path)
     card = build_card(config, epoch=int(saved.get("epoch", 0)), global_step=int(saved.get("global_step", 0)))
-    return dataclasses.replace(card, notes=(note, *card.notes))
+    recipe = dataclasses.replace(card.recipe, config_sha256=config_sha256(saved["config"]))  # as saved, not as read now
+    return dataclasses.replace(card, recipe=recipe, notes=(note, *card.notes))
 
 
 def _at_its_run(config: Config, path: Path) -> Config:
