@@ -11,7 +11,8 @@ measurements (ingest.cellprofiler), fingerprinted by their CRC-32, and computed 
 The cells: every epoch's checkpoint and the baselines are evaluated on the evaluated held-out cells
 (training/data/split.py `evaluated_rows`, at most eval.max_cells), so that each epoch costs the same
 at any dataset size; the final checkpoint on every cell of the dataset under eval.embed_all_cells
-(the profiles `export` writes), which includes those.
+(the profiles `export` writes), which includes those, and the baselines too under eval.profile_cells:
+all (their well profiles are then scored on every cell, as final's).
 """
 
 from __future__ import annotations
@@ -239,7 +240,12 @@ def plan_tags(config: Config, layout: RunLayout, request: FeaturesRequest) -> li
         plans = [replace(p, scope=ALL_CELLS, meta={**p.meta, "holdout_digest": every, "cells": ALL_CELLS})
                  if p.tag == tags.FINAL else p for p in plans]
     if request.baselines:
-        plans += _baseline_plans(config, digest) + _cellprofiler_plans(config, images, digest)
+        baselines = _baseline_plans(config, digest) + _cellprofiler_plans(config, images, digest)
+        if config.eval.profile_cells == "all":  # their well profiles are scored on every cell, as final's
+            every = holdout_digest(scope_rows(config, ALL_CELLS, images))
+            baselines = [replace(p, scope=ALL_CELLS, meta={**p.meta, "holdout_digest": every, "cells": ALL_CELLS})
+                         for p in baselines]
+        plans += baselines
     todo = [p for p in plans if request.force or not _up_to_date(layout.features(p.tag), p)]
     for plan in plans:
         if plan not in todo:

@@ -287,9 +287,12 @@ def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.nda
 
 
 def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], settings: EvalConfig, seed: int,
-                          *, batches: np.ndarray | None = None, retrieval: MapSetup | None = None) -> dict[str, Any]:
+                          *, batches: np.ndarray | None = None, retrieval: MapSetup | None = None,
+                          profiles: dict[str, tuple[np.ndarray, MapSetup]] | None = None) -> dict[str, Any]:
     """The knn.json payload: every feature set evaluated on one shared reference/query split; with
-    `batches`, also not same batch; with `retrieval`, each set's mAP of per-well profiles."""
+    `batches`, also not same batch; with `retrieval`, each set's mAP of per-well profiles, read from
+    `profiles`' features and wells for the tags it names (retrieval.profiled_features), else from the
+    set's own features on `retrieval`'s wells."""
     y, ref, query = reference_query(labels, settings.knn_train_fraction, seed)
     num_classes = len(labels["class_names"])
     payload = {
@@ -308,6 +311,8 @@ def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], s
     for tag, feature_set in sets.items():
         entry = evaluate_tag(feature_set, y, (ref, query), settings, num_classes, batches)
         if retrieval is not None:
-            entry.update(tag_map(feature_set.features, retrieval, seed))
+            features, setup = (profiles or {}).get(tag, (feature_set.features, retrieval))
+            entry.update(tag_map(features, setup, seed))
+            entry["map_cells"] = setup.cells
         payload["tags"][tag] = entry
     return payload

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from training.config import Config
 from training.data.store.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
+from training.eval.profiles.hybrid import hybrid_set
 from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
 from training.eval.profiles.wells import (
     DEFAULT_PLATE,
@@ -52,9 +53,13 @@ from training.eval.profiles.wells import (
     well_columns,
     well_medians,
 )
+from training.rundir import RunLayout, tags
+from training.rundir.features import FeatureSet, load_features, read_index
 
 log = logging.getLogger(__name__)
 
+PROFILES = {"evaluated": "median of each well's evaluated held-out cells", "all": "median of each well's cells"}
+"""How knn.json describes a well's profile under each eval.profile_cells."""
 NULL_SIZE = 10000
 """Random rankings per (positives, total) pair of the permutation test: p-values down to 1e-4."""
 THRESHOLD = 0.05
@@ -187,6 +192,8 @@ class MapSetup:
     """Activity's negatives: the control wells of the query's plate (else every control well)."""
     mad_samples: str = "controls"
     """The wells each plate's mad_robustize is fitted on (eval.mad_robustize_samples)."""
+    cells: str = "evaluated"
+    """Whose cells the wells hold: "evaluated" (labels.json's) or "all" (eval.profile_cells)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -234,16 +241,53 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
                     mad_samples=config.eval.mad_robustize_samples)
 
 
-def evaluation_wells(config: Config, labels: dict[str, Any]) -> MapSetup | None:
-    """The evaluated cells' wells for retrieval mAP; None (logged) for a dataset without a per-cell
-    table (a TIFF folder) or without plate and well columns."""
+def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | None = None) -> MapSetup | None:
+    """The wells of the cells retrieval mAP scores (`cells`, else eval.profile_cells: the evaluated
+    held-out cells labels.json lists, or "all" of the dataset's); None (logged) for a dataset without a
+    per-cell table (a TIFF folder) or without plate and well columns."""
     from training.data.dataset import open_images
 
     table = getattr(open_images(config), "table", None)
     if table is None:
         log.info("a TIFF folder has no per-cell table, so no wells: no retrieval mAP")
         return None
-    return map_setup(table, config, labels)
+    which = cells or config.eval.profile_cells
+    if which == "all":
+        labels = {**labels, "indices": np.arange(len(table), dtype=np.int64)}
+    setup = map_setup(table, config, labels)
+    return None if setup is None else replace(setup, cells=which, settings={**setup.settings, "profiles": PROFILES[which]})
+
+
+def profiled_features(config: Config, layout: RunLayout, labels: dict[str, Any],
+                      sets: dict[str, FeatureSet]) -> tuple[MapSetup | None, dict[str, tuple[np.ndarray, MapSetup]]]:
+    """The wells retrieval mAP scores (eval.profile_cells) and, per tag of `sets` (the evaluated
+    cells' features), its features of those wells' cells with their setup. Under "all", a tag whose
+    features cover the evaluated cells only (a numbered epoch's) is scored on the evaluated cells' wells;
+    the setup's `cells` says which. (None, {}) where there are no wells to profile."""
+    evaluated = evaluation_wells(config, labels, cells="evaluated")
+    if evaluated is None or config.eval.profile_cells == "evaluated":
+        return evaluated, {tag: (s.features, evaluated) for tag, s in sets.items()} if evaluated else {}
+    every = evaluation_wells(config, labels, cells="all")
+    cells = int(every.wells.order.size) if every is not None else 0
+    scored = {}
+    for tag, feature_set in sets.items():
+        whole = _every_cell(layout, tag, cells)
+        scored[tag] = (whole.features, every) if whole is not None else (feature_set.features, evaluated)
+        if whole is None:
+            log.info("features/%s covers the evaluated cells only: its mAP reads their wells", tag)
+    return every, scored
+
+
+def _every_cell(layout: RunLayout, tag: str, cells: int) -> FeatureSet | None:
+    """A tag's features of every cell, memory-mapped (the hybrid composed of final's and cellprofiler's),
+    or None when its set holds fewer cells."""
+    if tag == tags.HYBRID:
+        parts = [_every_cell(layout, part, cells) for part in (tags.FINAL, tags.CELLPROFILER)]
+        return None if None in parts else hybrid_set(*parts)
+    index = read_index(layout.features(tag))
+    if index is None or int(index.get("n_images", 0)) != cells:
+        return None
+    return load_features(layout.features(tag), mmap=True)
 
 
 def perturbation_column(table: CellTable, config: Config) -> str:
@@ -260,7 +304,7 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
                       controls: np.ndarray | None) -> dict[str, Any]:
     """How the phenotypic-activity mAP in knn.json was measured, recorded beside it."""
     common = {"perturbation_column": name, "plate_column": columns[0], "well_column": columns[1],
-              "profiles": "median of each well's evaluated held-out cells",
+              "profiles": PROFILES["evaluated"],
               "normalization": list(steps) or ["none"], "mad_robustize_samples": config.eval.mad_robustize_samples,
               "distance": "cosine", "null_size": NULL_SIZE,
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}

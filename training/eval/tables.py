@@ -113,7 +113,9 @@ def screen_setup(knn: dict[str, Any]) -> str:
         if "skipped" in m:
             parts.append(f"mAP: {m['skipped']}.")
         else:
-            parts.append(f"Phenotypic activity (copairs): per-well profiles (median of the evaluated cells{normalised}) "
+            cells = ("every cell of the well, a numbered epoch's of its evaluated cells"
+                     if m.get("profiles") == "median of each well's cells" else "the evaluated cells")
+            parts.append(f"Phenotypic activity (copairs): per-well profiles (median of {cells}{normalised}) "
                          f"of each treatment ({m['perturbation_column']}) retrieve its other wells against "
                          f"{m['negatives']} ({m['controls']}), "
                          f"by cosine; mAP is the mean over treatments, "

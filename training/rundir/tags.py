@@ -6,6 +6,8 @@
     random_init    baseline: the architecture with the run's seed, untrained
     cellprofiler   baseline: CellProfiler's measurements of each cell, robustly standardised (a
                    dataset ingested with ingest.cellprofiler; training/eval/cellprofiler.py)
+    hybrid         the trained model's features beside CellProfiler's (eval.hybrid_cellprofiler), as
+                   labs combine them; composed by `knn` from final and cellprofiler, never on disk
 
 Every table, plot, report and summary names a tag through `label` / `title`, so a tag has one name.
 """
@@ -18,13 +20,15 @@ FINAL = "final"
 RAW_PIXELS = "raw_pixels"
 RANDOM_INIT = "random_init"
 CELLPROFILER = "cellprofiler"
+HYBRID = "hybrid"
 BASELINES = (RAW_PIXELS, RANDOM_INIT, CELLPROFILER)
 HEADLINE = (FINAL, RAW_PIXELS, RANDOM_INIT)
 """The comparison every summary leads with: the trained model against the two baselines every run
 has (the CellProfiler baseline, only a dataset ingested with its measurements has, is in every kNN
 and linear-probe table and plot instead)."""
 
-LABELS = {FINAL: "trained", RAW_PIXELS: "raw pixels", RANDOM_INIT: "random init", CELLPROFILER: "CellProfiler"}
+LABELS = {FINAL: "trained", RAW_PIXELS: "raw pixels", RANDOM_INIT: "random init", CELLPROFILER: "CellProfiler",
+          HYBRID: "trained + CellProfiler"}
 LINE_STYLES = {RAW_PIXELS: ":", RANDOM_INIT: "--", CELLPROFILER: "-."}
 """Plot line style of each baseline (trained tags are solid)."""
 
@@ -66,6 +70,8 @@ def label(tag: str, epoch: int | None = None) -> str:
 
 def title(tag: str) -> str:
     """Row title in result tables: the tag itself, baselines marked as such."""
+    if tag == HYBRID:
+        return f"{LABELS[tag]} (hybrid)"
     return f"{LABELS[tag]} (baseline)" if is_baseline(tag) else tag
 
 

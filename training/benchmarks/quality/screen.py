@@ -158,6 +158,8 @@ def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict
                          (held.ref, held.query), config.eval, len(labels["class_names"]), held.batches)
     setup = evaluation_wells(config, labels)
     if setup is not None:
+        if setup.cells != "evaluated":  # eval.profile_cells: all: the wells hold every cell
+            phenotype, names = cell_phenotypes(config, np.arange(setup.wells.order.size), truth_path)
         fractions = np.stack([np.bincount(phenotype[setup.wells.order[a:b]], minlength=len(names)) / (b - a)
                               for a, b in zip(setup.wells.starts[:-1], setup.wells.starts[1:])])
         controls = setup.controls if setup.controls is not None else np.zeros(len(fractions), bool)
@@ -174,28 +176,54 @@ def other_protocol(config: Config, layout: RunLayout, held: HeldOut) -> dict[str
     import dataclasses
 
     from training.eval.knn import evaluate_tag
+    from training.eval.profiles.hybrid import with_hybrid
     from training.rundir.artifacts import load_tagged_features
 
     settings = dataclasses.replace(config.eval, knn_whiten=not config.eval.knn_whiten)
     sets = load_tagged_features(layout, held.labels)
+    if config.eval.hybrid_cellprofiler:
+        sets = with_hybrid(sets)
     classes = len(held.labels["class_names"])
     return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], held.y, (held.ref, held.query),
                                                                            settings, classes, held.batches))
-            for tag in (tags.FINAL, *tags.BASELINES) if tag in sets}
+            for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in sets}
 
 
-def leads(rows: dict[str, Any], other: dict[str, Any]) -> dict[str, float | None]:
-    """The trained model's figures (the run's protocol) minus each baseline's better one over both
-    kNN protocols: the lead that does not depend on the protocol favouring the model."""
+def leads(rows: dict[str, Any], other: dict[str, Any], of: str = "trained") -> dict[str, float | None]:
+    """`of`'s figures (the run's protocol; the trained model by default) minus each baseline's better one
+    over both kNN protocols: the lead that does not depend on the protocol favouring the model."""
     out = {}
     for name in rows:
-        if name in ("trained", ORACLE):
+        if name in ("trained", ORACLE, tags.HYBRID, of):
             continue
         for key in ("knn_top1", "knn_not_same_batch_top1"):
             values = [v for v in (rows[name].get(key), other.get(name, {}).get(key)) if v is not None]
-            mine = rows["trained"].get(key)
+            mine = rows[of].get(key)
             out[f"{key}_over_{name}"] = None if mine is None or not values else round(mine - max(values), 4)
     return out
+
+
+GOALS = {"nsb_over_cellprofiler": 0.03, "nsb_over_raw_pixels": 0.05, "nsb_share_of_oracle": 0.9}
+"""Issue #48's bar: not-same-batch kNN 3 points above CellProfiler's and 5 above raw pixels' (each at
+its better protocol), NSB at least 0.9 of the oracle's, activity and consistency mAP at least
+CellProfiler's."""
+
+
+def goals(rows: dict[str, Any], lead: dict[str, float | None], of: str) -> dict[str, bool | None]:
+    """Whether `of` (trained or hybrid) meets each of GOALS' bars; None where a figure is missing."""
+    def at_least(value: float | None, bar: float | None) -> bool | None:
+        return None if value is None or bar is None else bool(value >= bar - 1e-12)
+
+    mine, cellprofiler, oracle = rows[of], rows.get(tags.CELLPROFILER, {}), rows.get(ORACLE, {})
+    nsb = "knn_not_same_batch_top1"
+    share = None if mine.get(nsb) is None or not oracle.get(nsb) else mine[nsb] / oracle[nsb]
+    return {"nsb_over_cellprofiler": at_least(lead.get(f"{nsb}_over_{tags.CELLPROFILER}"),
+                                              GOALS["nsb_over_cellprofiler"]),
+            "nsb_over_raw_pixels": at_least(lead.get(f"{nsb}_over_{tags.RAW_PIXELS}"), GOALS["nsb_over_raw_pixels"]),
+            "nsb_share_of_oracle": at_least(share, GOALS["nsb_share_of_oracle"]),
+            "activity_at_least_cellprofiler": at_least(mine.get("map_activity"), cellprofiler.get("map_activity")),
+            "consistency_at_least_cellprofiler": at_least(mine.get("map_consistency"),
+                                                          cellprofiler.get("map_consistency"))}
 
 
 def row_of(entry: dict[str, Any]) -> dict[str, Any]:
@@ -241,7 +269,7 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
     seconds = run_chain(config, config_path, overrides, ranks=ranks, reuse=reuse)
     layout = RunLayout.from_config(config)
     knn = json.loads(layout.knn_json.read_text())
-    entries = {tag: knn["tags"][tag] for tag in (tags.FINAL, *tags.BASELINES) if tag in knn["tags"]}
+    entries = {tag: knn["tags"][tag] for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in knn["tags"]}
     held = held_out(config, layout)
     entries[ORACLE] = oracle_entry(config, held, truth)
     chance = 1.0 / len(knn["class_names"])
@@ -260,6 +288,8 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
         "share_of_oracle": {name: shares(row, rows[ORACLE], chance) for name, row in rows.items()},
         "figures_knn_whitened" if not config.eval.knn_whiten else "figures_knn_plain": other,
         "lead_over_best_protocol": leads(rows, other),
+        "goals": {name: goals(rows, leads(rows, other, of=name), name) for name in ("trained", tags.HYBRID)
+                  if name in rows},
     }
 
 
