@@ -4,7 +4,7 @@ and CloudWatch embedded-metric-format (EMF) lines for the cluster's dashboard.
 Only rank 0 writes. Each metrics.jsonl line is one object:
 {"kind": "step"|"epoch", "epoch", "step", "loss", "lr", "wd", "momentum", "images_per_s",
  "data_wait_s", "step_time_s", "gpu_mem_gb" (GPU only), "cpu_core_s", "gpu_s", "time"}
-(the loop that fills them: training/trainer.py `record`).
+(the loop that fills them: training/trainer.py `metrics_line`).
 
 With SCDINO_EMF_LOG set (slurm/env.sh sets it on the cluster's compute nodes, from what the node
 bootstrap wrote), each "step" record is also appended to that file as one EMF document, which the

@@ -1,50 +1,10 @@
 """DINO pretraining loop: `python -m training pretrain --config run.yaml` (also under torchrun/srun).
 
-Built from builders (`build_model`, `build_optimizer`, `build_schedules`, the loader from
-`training.data`); the loop itself is `train` -> `run_epoch` -> `training.dino.step`.
-
-Resume: if <run>/checkpoints/checkpoint.pth exists, training continues from it, to the same losses
-as an uninterrupted run (model, teacher, optimizer, scaler, loss centre, schedules position and RNG
-states are restored; an epoch interrupted part-way skips the batches it had already done).
-
-Pre-emption protocol (slurm/pretrain.slurm relies on it):
-  1. SIGUSR1 or SIGTERM on any rank sets a flag (an EC2 Spot interruption notice sends SIGUSR1 too:
-     train.spot_watch, training/recovery/spot.py). At the end of the current step all ranks agree
-     (the flag is summed in the per-step all_reduce), so every rank stops after the same step.
-  2. Rank 0 writes checkpoint.pth (including the position inside the epoch), then the marker file
-     <run>/checkpoints/PREEMPTED (JSON: signal, epoch, step, time), and logs "pre-empted: ...".
-  3. Every rank returns normally: the process exits with status 0.
-  4. The batch script sees the marker after `srun` returns and runs `scontrol requeue $SLURM_JOB_ID`.
-     The requeued job resumes from checkpoint.pth and deletes the marker when training starts.
-  A run that finishes leaves no marker, so the script does not requeue it.
-
-Checkpoints by time: every `train.checkpoint_every_minutes` (rank 0's clock, summed into the same
-per-step all_reduce, so all ranks save after the same step) checkpoint.pth is also saved mid-epoch;
-a crash then loses at most that much training, and the resume continues at the exact step.
-
-One step late: a step's loss and flags (non-finite loss, stop signal, time to save, teacher
-statistics) are summed over ranks and copied to the host without waiting, and read at the start of
-the next step, before its batch is fetched (`run_epoch`). Reading them right after the forward, as
-this loop once did, made the host wait for the GPU before it could queue the backward, so the GPU
-idled while the host launched it. Read at the next step's start, they wait only for the previous
-forward pass, while that step's backward and optimizer step are still queued on the GPU. Every
-decision is the one an immediate read gives: the run stops, saves or halts after the same step,
-with the same state, because nothing changes the state between the step and its read. (The read
-also guarantees that the step's batch has been copied to the device before the loader may reuse
-its pinned buffer.)
-
-Non-finite loss: every rank stops with TrainingDivergedError (a UserError: the CLI prints one line
-naming the epoch and step where the loss first became non-finite, and exits 2). That step's update
-has been applied in memory by then (it was queued before its loss was read), but never saved: every
-save follows the read of the last step's flags, and the error ends the run before any save, so
-checkpoint.pth remains the last good checkpoint.
-
-Collapse: every step's teacher statistics (training/dino/loss.py, summed over ranks in the same
-all_reduce) go to the collapse detector (training/dino/collapse.py); the first step at which the
-mean of the last train.collapse_patience_steps steps looks collapsed logs one WARNING on rank 0, and
-the step lines of metrics.jsonl carry "collapse". Under train.stop_on_collapse every rank stops after that step,
-checkpoint.pth is saved, and TrainingCollapsedError (a UserError: a deterministic failure, not
-retried) ends the run.
+`train` builds the run (`build_model`, `build_optimizer`, `build_schedules`, the loader from
+`training.data`), resumes it from <run>/checkpoints/checkpoint.pth when there is one, to the same
+losses as an uninterrupted run, and trains its epochs. Each step of `run_epoch`: run it
+(`run_step`), read back what it produced (`read_step` -> `StepResult`), `decide`, act on the
+`Decision`.
 """
 
 from __future__ import annotations
@@ -88,11 +48,13 @@ LoaderFactory = Callable[[Config, DistContext], tuple[Any, Any]]
 
 
 class TrainingDivergedError(UserError):
-    """The loss became NaN or infinite; the message names where and what to try."""
+    """The loss became NaN or infinite; the message names where, the last good checkpoint and what to
+    try. A UserError: the CLI prints one line and exits 2, and the launcher does not retry it."""
 
 
 class TrainingCollapsedError(UserError):
-    """The teacher output collapsed and train.stop_on_collapse stopped the run (after a save)."""
+    """The teacher output collapsed (training/dino/collapse.py) and train.stop_on_collapse stopped the
+    run, after a save. A UserError, not retried: the same run would collapse the same way."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +80,11 @@ class LoopHooks:
     on_step: Callable[[int], None] = lambda step: None
     """Told once per step, when its figures have been read (`train(on_step=...)`)."""
     collapse: CollapseDetector | None = None
-    halted: Collapse | None = None
-    """The collapse that stopped the run under train.stop_on_collapse (set by run_epoch)."""
 
 
 class StopSignals:
-    """Records SIGUSR1/SIGTERM instead of dying, so the loop can save first (main thread only)."""
+    """Records SIGUSR1/SIGTERM instead of dying, so the loop can save first (main thread only). An EC2
+    Spot interruption notice sends SIGUSR1 too (train.spot_watch, training/recovery/spot.py)."""
 
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -229,24 +190,36 @@ def _train(config: Config, ctx: DistContext, layout: RunLayout, loader_factory: 
                       preempted=preempted)
         forget_metrics_after(layout, state.global_step)
     metrics = MetricsLogger(layout, config, enabled=ctx.is_main)
-    last_loss = None
     try:
         spot = SpotWatcher(config.train.spot_watch, enabled=ctx.env.local_rank == 0)
         with StopSignals() as signals, spot:  # the watcher's SIGUSR1 needs StopSignals' handler
             hooks = LoopHooks(signals, metrics, checkpoints, on_progress=watchdog.beat,
                               on_step=on_step or (lambda step: None), collapse=collapse_detector(state, steps))
-            while state.epoch < config.optim.epochs:
-                last_loss, stopped_by = run_epoch(state, ctx, loader, sampler, steps, hooks)
-                if hooks.halted:
-                    checkpoints.save(state, ctx)
-                    raise collapsed(hooks.halted, checkpoints.latest)
-                if stopped_by:
-                    checkpoints.save(state, ctx, preempted_by=stopped_by)
-                    return TrainResult(state.epoch, state.global_step, True, last_loss, state)
-                checkpoints.save(state, ctx)
-                watchdog.beat(state.global_step)
+            return train_epochs(state, ctx, loader, sampler, steps, hooks)
     finally:
         metrics.close()
+
+
+def train_epochs(state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int,
+                 hooks: LoopHooks) -> TrainResult:
+    """Epochs until the run's last, a pre-emption or a collapse under train.stop_on_collapse; the
+    decision that ends each epoch saves checkpoint.pth first."""
+    last_loss = None
+    while state.epoch < state.config.optim.epochs:
+        end = run_epoch(state, ctx, loader, sampler, steps, hooks)
+        last_loss = end.mean_loss
+        if end.decision.preempt:
+            # Pre-emption protocol (slurm/pretrain.slurm relies on it): every rank read the same summed
+            # stop flag, so all stop after this step. Rank 0 writes checkpoint.pth (the position inside
+            # the epoch included), then the marker <run>/checkpoints/PREEMPTED; every rank returns, so
+            # the process exits 0, and the batch script, seeing the marker, runs `scontrol requeue`.
+            # The requeued job resumes from checkpoint.pth and deletes the marker; a finished run leaves none.
+            hooks.checkpoints.save(state, ctx, preempted_by=hooks.signals.received or "a signal on another rank")
+            return TrainResult(state.epoch, state.global_step, True, last_loss, state)
+        hooks.checkpoints.save(state, ctx)
+        if end.decision.halt is TrainingCollapsedError:
+            raise collapse_error(end.last_step.collapse, hooks.checkpoints.latest)
+        hooks.on_progress(state.global_step)
     log.info("pretraining finished: %d epochs, %d steps, last loss %s", state.epoch, state.global_step,
              last_loss)
     return TrainResult(state.epoch, state.global_step, False, last_loss, state)
@@ -290,51 +263,176 @@ def epoch_batches(state: TrainState, loader: Any, sampler: Any) -> Iterator[Any]
     return batches
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one step produced, read back on the host, and where it leaves the epoch: all that `decide`
+    looks at. The figures are summed over ranks (`_step_flags`), so every rank decides the same."""
+
+    loss: float
+    """The step's loss, mean over ranks."""
+    loss_finite: bool
+    stop_requested: bool
+    """A stop signal (SIGUSR1/SIGTERM, `StopSignals`) had reached some rank when the step was queued."""
+    save_due: bool
+    """train.checkpoint_every_minutes have passed since the last save, by rank 0's clock."""
+    collapse: Collapse | None
+    """The collapse the detector sees in the window ending at this step (None: none, or not judged)."""
+    epoch: int
+    """Completed epochs: the step belongs to the next one."""
+    step_in_epoch: int
+    """Steps done in the epoch, this one included."""
+    steps: int
+    """Steps in the epoch."""
+    global_step: int
+    """Steps done in the run, this one included."""
+    teacher: tuple[float, ...] = ()
+    """The teacher statistics (training.dino.loss.TEACHER_STATISTICS), mean over ranks."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the loop does once it has read a step, in this order: save checkpoint.pth (`save`, with the
+    PREEMPTED marker when `preempt`), leave the epoch (`leave_epoch`), then end the run: by returning
+    when `preempt` (the process exits 0), by raising `halt` when it is set (a UserError: exit 2)."""
+
+    save: bool = False
+    leave_epoch: bool = False
+    preempt: bool = False
+    halt: type[UserError] | None = None
+
+
+NEXT_STEP = Decision()
+SAVE_MID_EPOCH = Decision(save=True)
+EPOCH_END = Decision(save=True, leave_epoch=True)
+PREEMPT = Decision(save=True, leave_epoch=True, preempt=True)
+HALT_COLLAPSED = Decision(save=True, leave_epoch=True, halt=TrainingCollapsedError)
+HALT_DIVERGED = Decision(leave_epoch=True, halt=TrainingDivergedError)
+
+
+def decide(step: StepResult, *, stop_on_collapse: bool) -> Decision:
+    """Stop, save or halt after `step`, from what it produced alone (train.stop_on_collapse aside)."""
+    if not step.loss_finite:
+        # Nothing is saved: this step's update is already applied in memory (it was queued before its
+        # loss could be read), so checkpoint.pth stays the last good checkpoint.
+        return HALT_DIVERGED
+    if step.collapse is not None and stop_on_collapse:
+        return HALT_COLLAPSED  # before a pre-emption: the requeued run would only collapse again
+    if step.stop_requested:
+        return PREEMPT
+    if step.step_in_epoch == step.steps:
+        return EPOCH_END  # its save is the time-based one too
+    return SAVE_MID_EPOCH if step.save_due else NEXT_STEP
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """A step's host-side figures for the metrics: images (all ranks) and seconds."""
+
+    images: int
+    data_wait: float
+    step_time: float
+    """Wall time since the previous step ended (its read-back included, a save left out)."""
+    cpu_time: float
+    """This process's CPU time over the same span (every thread; loader workers not counted)."""
+
+
+class StepClock:
+    """Host wall and CPU time between the ends of consecutive steps."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self, images: int, data_wait: float) -> StepTiming:
+        wall, cpu = time.perf_counter(), time.process_time()
+        timing = StepTiming(images, data_wait, wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return timing
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """How `run_epoch` ended: the decision that left the epoch, the last step read (None when the
+    epoch had no step left), and the mean loss of the epoch's steps."""
+
+    decision: Decision
+    last_step: StepResult | None
+    mean_loss: float | None
+
+
 def run_epoch(
     state: TrainState, ctx: DistContext, loader: Any, sampler: Any, steps: int, hooks: LoopHooks,
-) -> tuple[float | None, str | None]:
-    """Train until the epoch ends or a stop signal; returns (mean loss of the epoch, signal name).
-
-    Each step's figures are read at the start of the next step (or, after the last, before the
-    loop ends), never right after its forward: see "One step late" in the module docstring.
-    """
-    epoch, config = state.epoch, state.config
+) -> EpochEnd:
+    """Train the epoch's remaining steps until a decision leaves it: run, read back, decide, act."""
     batches = epoch_batches(state, loader, sampler)
-    figures = _EpochFigures(state, ctx, steps)
-    sent: _Sent | None = None
-    stop = 0.0
-    tick, cpu_tick = time.perf_counter(), time.process_time()
-    while True:
-        if sent is not None:
-            stop, save_now = figures.read(sent, state, ctx, hooks)
-            sent = None
-            if stop or hooks.halted:
-                break
-            if save_now and state.step_in_epoch < steps:  # at the epoch's end the epoch save follows
-                save_mid_epoch(state, ctx, hooks)
-                tick, cpu_tick = time.perf_counter(), time.process_time()  # the save is no step's time
-        if state.step_in_epoch == steps:
-            break
-        fetched = time.perf_counter()
-        crops, _labels = next(batches)
-        crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
-        data_wait = time.perf_counter() - fetched
-        flags = train_step(state, ctx, crops, epoch, stop=hooks.signals.received is not None,
-                           save_now=ctx.is_main and hooks.checkpoints.time_to_save())
-        state.step_in_epoch += 1
-        state.global_step += 1
-        now, cpu_now = time.perf_counter(), time.process_time()
-        sent = _Sent(flags, len(crops[0]) * ctx.world_size, data_wait, now - tick, cpu_now - cpu_tick)
-        tick, cpu_tick = now, cpu_now
-    figures.bar.close()
+    metrics = EpochMetrics(state, ctx, steps)
+    clock = StepClock()
+    # A run resumed at the very end of an epoch (its step cap changed since) has no step left in it.
+    decision, result = (EPOCH_END if state.step_in_epoch == steps else NEXT_STEP), None
+    while not decision.leave_epoch:
+        flags, timing = run_step(state, ctx, batches, hooks, clock)
+        # One step late: the step's flags are read only now, its backward and optimizer step already
+        # queued, as the next step begins and before its batch is fetched. Read right after the
+        # forward, they made the host wait for the GPU before it could queue the backward, so the GPU
+        # idled; here the read waits for the forward alone. The decision is the one an immediate read
+        # gives, as nothing changes the state in between. (The batch's copy to the device is done by
+        # then, so the loader may reuse its pinned buffer.)
+        result = read_step(flags, state, ctx, steps, hooks.collapse)
+        decision = decide(result, stop_on_collapse=state.config.train.stop_on_collapse)
+        if decision.halt is TrainingDivergedError:
+            raise divergence_error(result, hooks.checkpoints.latest)  # before its metrics: none are finite
+        metrics.add(result, timing, hooks, flush=decision.halt is not None)
+        if decision.save and not decision.leave_epoch:
+            save_mid_epoch(state, ctx, hooks)
+            clock.restart()  # the save is no step's time
+    metrics.bar.close()
     if state.step_in_epoch == steps:
-        state.epoch += 1
-        state.step_in_epoch = 0
-        hooks.metrics.log(record(state, ctx, "epoch", figures.epoch_window, epoch=epoch))
-        log.info("epoch %d/%d: loss %.4f, %.1f images/s", epoch + 1, config.optim.epochs,
-                 figures.epoch_window.mean_loss, figures.epoch_window.images_per_s)
-    stopped_by = (hooks.signals.received or "a signal on another rank") if stop else None
-    return figures.epoch_window.mean_loss, stopped_by
+        finish_epoch(state, ctx, hooks, metrics.epoch_window)
+    return EpochEnd(decision, result, metrics.epoch_window.mean_loss)
+
+
+def run_step(state: TrainState, ctx: DistContext, batches: Iterator[Any], hooks: LoopHooks,
+             clock: StepClock) -> tuple[HostValues, StepTiming]:
+    """Fetch the next batch, queue one step on the device and count it; its flags are still on their way."""
+    fetched = time.perf_counter()
+    crops, _labels = next(batches)
+    crops = crops_on_device(crops, ctx.device)  # under data.gpu_augment, augments there
+    data_wait = time.perf_counter() - fetched
+    # Both flags are summed over ranks with the loss, so every rank stops, or saves, after the same
+    # step: a signal seen by any rank, and rank 0's clock alone for checkpoints by time.
+    flags = train_step(state, ctx, crops, state.epoch, stop=hooks.signals.received is not None,
+                       save_now=ctx.is_main and hooks.checkpoints.time_to_save())
+    state.step_in_epoch += 1
+    state.global_step += 1
+    return flags, clock.lap(len(crops[0]) * ctx.world_size, data_wait)
+
+
+def read_step(flags: HostValues, state: TrainState, ctx: DistContext, steps: int,
+              detector: CollapseDetector | None) -> StepResult:
+    """Read back the step just trained (the state's counters are still that step's) and judge
+    collapse on its teacher statistics; a step whose loss is not finite is not judged."""
+    loss_sum, nonfinite, stop, save_due, *teacher_sums = flags.values()
+    teacher = tuple(value / ctx.world_size for value in teacher_sums)
+    collapse = None
+    if detector is not None and not nonfinite:
+        collapse = detector.observe(state.global_step, teacher[0], teacher[1])
+    return StepResult(
+        loss=loss_sum / ctx.world_size, loss_finite=not nonfinite, stop_requested=bool(stop),
+        save_due=bool(save_due), collapse=collapse, epoch=state.epoch, step_in_epoch=state.step_in_epoch,
+        steps=steps, global_step=state.global_step, teacher=teacher,
+    )
+
+
+def finish_epoch(state: TrainState, ctx: DistContext, hooks: LoopHooks, window: _Window) -> None:
+    """Count the epoch whose steps are all done, and write its metrics line."""
+    epoch = state.epoch
+    state.epoch += 1
+    state.step_in_epoch = 0
+    hooks.metrics.log(metrics_line(state, ctx, "epoch", window, epoch=epoch))
+    log.info("epoch %d/%d: loss %.4f, %.1f images/s", epoch + 1, state.config.optim.epochs,
+             window.mean_loss, window.images_per_s)
 
 
 def train_step(state: TrainState, ctx: DistContext, crops: list[torch.Tensor], epoch: int, *,
@@ -348,46 +446,33 @@ def train_step(state: TrainState, ctx: DistContext, crops: list[torch.Tensor], e
     return flags
 
 
-@dataclass
-class _Sent:
-    """A trained step whose figures are still on their way to the host, and its host-side timings."""
-
-    flags: HostValues
-    images: int
-    data_wait: float
-    step_time: float
-    cpu_time: float
-
-
-class _EpochFigures:
-    """The epoch's metric windows and progress bar, fed with each step's figures once they are read."""
+class EpochMetrics:
+    """The epoch's metric windows (since the last metrics line, and the whole epoch) and its progress
+    bar, fed with each step once it is read; they report, and decide nothing."""
 
     def __init__(self, state: TrainState, ctx: DistContext, steps: int) -> None:
+        self.state, self.ctx = state, ctx
         self.window = _Window()
         self.epoch_window = _Window()
-        self.steps = steps
         self.bar = progress(steps, f"epoch {state.epoch + 1}/{state.config.optim.epochs}", enabled=ctx.is_main,
                             initial=state.step_in_epoch)
 
-    def read(self, sent: _Sent, state: TrainState, ctx: DistContext, hooks: LoopHooks) -> tuple[float, float]:
-        """Read the step just trained (the state's counters are still that step's); stop the run if
-        its loss was not finite; log, judge collapse; return its summed (stop, save_now) flags."""
-        loss_sum, nonfinite, stop, save_now, *teacher = sent.flags.values()
-        if nonfinite:
-            raise diverged(state, ctx, loss_sum, hooks.checkpoints.latest)
-        teacher = [value / ctx.world_size for value in teacher]
-        for w in (self.window, self.epoch_window):
-            w.add(loss_sum / ctx.world_size, sent.images, sent.data_wait, sent.step_time, sent.cpu_time, teacher)
+    def add(self, step: StepResult, timing: StepTiming, hooks: LoopHooks, *, flush: bool) -> None:
+        """Count the step, move the bar, warn once of a collapse (rank 0), write a metrics line every
+        train.log_every steps, at the epoch's last step and when `flush`, then tell the callbacks."""
+        for window in (self.window, self.epoch_window):
+            window.add(step.loss, timing, step.teacher)
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss_sum / ctx.world_size:.4f}")
-        hooks.halted = judge_collapse(state, ctx, hooks, teacher, self.window)
-        cadence = state.global_step % state.config.train.log_every == 0 or state.step_in_epoch == self.steps
-        if cadence or hooks.halted:
-            hooks.metrics.log(record(state, ctx, "step", self.window))
+        self.bar.set_postfix(loss=f"{step.loss:.4f}")
+        if step.collapse is not None:
+            self.window.collapse = step.collapse.kind
+            if step.collapse.new and self.ctx.is_main:
+                log.warning("%s", step.collapse.describe())
+        if step.global_step % self.state.config.train.log_every == 0 or step.step_in_epoch == step.steps or flush:
+            hooks.metrics.log(metrics_line(self.state, self.ctx, "step", self.window))
             self.window = _Window()
-        hooks.on_progress(state.global_step)
-        hooks.on_step(state.global_step)
-        return stop, save_now
+        hooks.on_progress(step.global_step)
+        hooks.on_step(step.global_step)
 
 
 def collapse_detector(state: TrainState, steps_per_epoch: int) -> CollapseDetector | None:
@@ -397,25 +482,21 @@ def collapse_detector(state: TrainState, steps_per_epoch: int) -> CollapseDetect
     return CollapseDetector(CollapseRule.from_config(state.config, steps_per_epoch), state.loss_fn.collapse_state)
 
 
-def judge_collapse(state: TrainState, ctx: DistContext, hooks: LoopHooks, teacher: list[float],
-                   window: _Window) -> Collapse | None:
-    """Feed the step's teacher statistics (the same on every rank) to the detector; warn on rank 0
-    when a collapse first holds; return it when train.stop_on_collapse says to stop."""
-    if hooks.collapse is None:
-        return None
-    collapse = hooks.collapse.observe(state.global_step, teacher[0], teacher[1])
-    if collapse is None:
-        return None
-    window.collapse = collapse.kind
-    if collapse.new and ctx.is_main:
-        log.warning("%s", collapse.describe())
-    return collapse if state.config.train.stop_on_collapse else None
-
-
-def collapsed(collapse: Collapse, latest: Path) -> TrainingCollapsedError:
+def collapse_error(collapse: Collapse, latest: Path) -> TrainingCollapsedError:
+    """The error that ends a run stopped by train.stop_on_collapse, once `latest` has been saved."""
     return TrainingCollapsedError(
         f"stopped by train.stop_on_collapse: {collapse.describe()}. Saved {latest}; change those settings "
         "and start a new run (another run.output_dir), or set train.stop_on_collapse=false to train on"
+    )
+
+
+def divergence_error(step: StepResult, latest: Path) -> TrainingDivergedError:
+    """The error for a step whose loss was not finite; `latest` is named if a checkpoint exists."""
+    last_good = latest if latest.exists() else "none yet"
+    return TrainingDivergedError(
+        f"non-finite loss ({step.loss}) at epoch {step.epoch + 1}, step {step.step_in_epoch} of the epoch "
+        f"(global step {step.global_step}); last good checkpoint: {last_good}. Try a lower optim.lr, "
+        "a smaller optim.clip_grad or train.precision=fp32"
     )
 
 
@@ -448,14 +529,13 @@ class _Window:
         self.teacher = [0.0] * len(TEACHER_STATISTICS)
         self.collapse: str | None = None
 
-    def add(self, loss: float, images: int, data_wait: float, step_time: float, cpu_time: float,
-            teacher: list[float]) -> None:
+    def add(self, loss: float, timing: StepTiming, teacher: tuple[float, ...]) -> None:
         self.steps += 1
         self.loss += loss
-        self.images += images
-        self.data_wait += data_wait
-        self.step_time += step_time
-        self.cpu_time += cpu_time
+        self.images += timing.images
+        self.data_wait += timing.data_wait
+        self.step_time += timing.step_time
+        self.cpu_time += timing.cpu_time
         self.teacher = [total + value for total, value in zip(self.teacher, teacher)]
 
     def teacher_means(self) -> dict[str, float | None]:
@@ -471,7 +551,7 @@ class _Window:
         return self.images / self.step_time if self.step_time > 0 else 0.0
 
 
-def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoch: int | None = None) -> dict:
+def metrics_line(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoch: int | None = None) -> dict:
     """One metrics line. `cpu_core_s` and `gpu_s` are the training compute of the window's steps
     (all ranks; summing the "step" lines gives a run's total, resumed parts included, so runs of
     different models compare by cost): rank 0's process CPU time (every thread; data-loader
@@ -493,12 +573,3 @@ def record(state: TrainState, ctx: DistContext, kind: str, window: _Window, epoc
         "gpu_s": round(window.step_time * ctx.world_size, 4) if ctx.device.type == "cuda" else 0.0,
     }
 
-
-def diverged(state: TrainState, ctx: DistContext, loss_sum: float, latest: Path) -> TrainingDivergedError:
-    """The error for a non-finite loss at the step the state's counters have just counted."""
-    last_good = latest if latest.exists() else "none yet"
-    return TrainingDivergedError(
-        f"non-finite loss ({loss_sum / ctx.world_size}) at epoch {state.epoch + 1}, step "
-        f"{state.step_in_epoch} of the epoch (global step {state.global_step}); last good "
-        f"checkpoint: {last_good}. Try a lower optim.lr, a smaller optim.clip_grad or train.precision=fp32"
-    )
