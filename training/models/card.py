@@ -219,7 +219,7 @@ def build_card(config: Config, *, epoch: int = 0, global_step: int = 0) -> Model
         patch_size=config.model.patch_size, global_crop_size=config.dino.global_crop_size,
         local_crop_size=config.dino.local_crop_size, eval_image_size=config.eval.image_size,
         eval_resize=config.eval.resize, feature=config.eval.feature,
-        provenance=_provenance(config, images),
+        provenance=_provenance(config, images, notes),
         recipe=Recipe(run=config.run.name, arch=config.model.arch, kind=config.model.kind, seed=config.run.seed,
                       epochs=config.optim.epochs, config_sha256=config_sha256(config.to_dict())),
         notes=tuple(notes))
@@ -257,7 +257,7 @@ def _crop_size(config: Config, images) -> int:
     return int(shape[-1]) if shape and shape[-1] == shape[-2] else 0
 
 
-def _provenance(config: Config, images) -> Provenance:
+def _provenance(config: Config, images, notes: list[str]) -> Provenance:
     from training.data.store.format import INDEX_FILE
 
     table = Path(config.ingest.table) if config.ingest.table else None
@@ -273,7 +273,10 @@ def _provenance(config: Config, images) -> Provenance:
         for key, wanted in (("plates", config.eval.plate_column or "Metadata_Plate"),
                             ("batches", config.data.batch_column or "Metadata_Batch")):
             name = next((c for c in (wanted, f"Metadata_{wanted}") if c in columns), None)
-            values[key] = tuple(images.table.categories(name).names) if name else ()
+            try:
+                values[key] = tuple(images.table.categories(name).names) if name else ()
+            except UserError as exc:  # a damaged column: the steps that read it say so, not the card
+                notes.append(f"no {key}: {exc}")
     return Provenance(
         source=config.data.source, table=str(table or ""), table_sha256=file_sha256(table) if table else "",
         packed_sha256=file_sha256(images.folder / INDEX_FILE) if images is not None else "",
