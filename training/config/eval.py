@@ -25,8 +25,12 @@ class EvalConfig:
     """Images per forward pass when extracting features."""
     image_size: int = 224
     """Side the held-out images are resized to for feature extraction."""
-    resize: Literal["square_bicubic", "shorter_side_bilinear", "none"] = "square_bicubic"
+    resize: Literal["square_bicubic", "shorter_side_bilinear", "none", "centre_crop"] = "square_bicubic"
     """How: "square_bicubic" to image_size x image_size (every image batches with every other);
+    "centre_crop", the central image_size x image_size window at the crop's own resolution, as DINO's
+    evaluation crops the centre (an image smaller than that is first brought up to it): no pixel is
+    resampled, so puncta and edges stay as imaged, and the model sees as many patches as its global
+    crops had;
     "shorter_side_bilinear" is scDINO's Resize(image_size): the shorter side to image_size, aspect
     kept, bilinear, no antialias; "none" keeps the images' own size (scDINO's resize: False). The
     last two batch images together only when all have one shape, else one image per forward pass

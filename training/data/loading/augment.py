@@ -519,6 +519,19 @@ def resize_full(images: torch.Tensor | Sequence[torch.Tensor], size: int) -> tor
     return crop_resize(batch, boxes, size)
 
 
+def centre_crop(images: torch.Tensor | Sequence[torch.Tensor], size: int) -> torch.Tensor:
+    """The central (size, size) window of each image at its own resolution (DINO's evaluation crop);
+    an image whose shorter side is under `size` is first brought to it as `resize_shorter_side` does."""
+    crops = []
+    for image in (images if isinstance(images, torch.Tensor) else list(images)):
+        if min(image.shape[-2:]) < size:
+            image = _resize_shorter(image[None], size)[0]
+        # torchvision's CenterCrop offsets (DINO's evaluation transform), rounded as it rounds them
+        top, left = (int(round((side - size) / 2.0)) for side in image.shape[-2:])
+        crops.append(image[..., top:top + size, left:left + size])
+    return torch.stack(crops)
+
+
 def resize_shorter_side(images: torch.Tensor | Sequence[torch.Tensor], size: int | None) -> torch.Tensor | list[torch.Tensor]:
     """scDINO's eval resize, torchvision 0.9's `Resize(size)` on tensors: the shorter side to `size`,
     the longer to int(size * long / short), bilinear without antialias (an image whose shorter side

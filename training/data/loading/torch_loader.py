@@ -38,6 +38,7 @@ from training.data.loading.augment import (
     BatchMultiCrop,
     CropBuffers,
     ViewPlan,
+    centre_crop,
     image_sizes,
     normalise,
     resize_full,
@@ -326,6 +327,8 @@ class EvalTransform:
             return torch.zeros(0, self.mean.shape[1], self.size, self.size), labels, idx
         if self.resize == "square_bicubic":
             resized = resize_full(images, self.size)
+        elif self.resize == "centre_crop":
+            resized = centre_crop(images, self.size)
         else:
             resized = resize_shorter_side(images, self.size if self.resize == "shorter_side_bilinear" else None)
             if not isinstance(resized, torch.Tensor):
@@ -372,9 +375,10 @@ def build_eval_loader(config: Config, *, indices: Sequence[int], rank: int = 0, 
 
 
 def eval_batch_size(config: Config, images, wanted: int) -> int:
-    """`wanted`, or 1 when eval.resize keeps the aspect and the images are not known to share one
-    shape: such images cannot form one tensor (scDINO's loader cannot batch them at all)."""
-    if config.eval.resize == "square_bicubic" or getattr(images, "uniform_shape", None) is not None:
+    """`wanted`, or 1 when eval.resize keeps the aspect (its output is not square) and the images are
+    not known to share one shape: such images cannot form one tensor (scDINO's loader cannot batch
+    them at all)."""
+    if config.eval.resize in ("square_bicubic", "centre_crop") or getattr(images, "uniform_shape", None) is not None:
         return wanted
     log.info("eval.resize=%s and images of unknown or differing shapes: one image per forward pass",
              config.eval.resize)

@@ -155,3 +155,27 @@ def test_training_with_device_augmentation_matches_cpu_augmentation(make_config,
                               "train.max_steps_per_epoch": 2, "data.gpu_augment": gpu_augment})
         losses.append(train(config, CPU, loader_factory=factory).last_loss)
     assert losses[0] is not None and losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+@pytest.mark.parametrize("side", [40, 43, 32])
+def test_centre_crop_is_torchvisions_center_crop_at_the_images_own_resolution(side):
+    """eval.resize=centre_crop against torchvision's CenterCrop, DINO's evaluation crop, on a batch and on
+    a list of images; no pixel is resampled."""
+    from torchvision.transforms.functional import center_crop
+
+    from training.data.loading.augment import centre_crop
+
+    images = torch.rand(3, 5, side, side + 3, generator=torch.Generator().manual_seed(side))
+    expected = center_crop(images, [32, 32])
+    assert torch.equal(centre_crop(images, 32), expected)
+    assert torch.equal(centre_crop(list(images), 32), expected)
+
+
+def test_centre_crop_brings_a_small_image_up_to_the_window_first():
+    from torchvision.transforms.functional import InterpolationMode, center_crop, resize
+
+    from training.data.loading.augment import centre_crop
+
+    image = torch.rand(2, 24, 30, generator=torch.Generator().manual_seed(0))
+    expected = center_crop(resize(image[None], [32], interpolation=InterpolationMode.BILINEAR, antialias=False), [32, 32])
+    torch.testing.assert_close(centre_crop([image], 32), expected, rtol=0, atol=1e-6)
