@@ -15,6 +15,7 @@ from training.benchmarks.request import (
     IngestBenchRequest,
     LoaderBenchRequest,
     PretrainBenchRequest,
+    ProfileScaleBenchRequest,
     ScaleBenchRequest,
     ScreenBenchRequest,
 )
@@ -39,6 +40,10 @@ def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
         from training.benchmarks.data.scale import run_scale_benchmark
 
         return run_scale_benchmark(list(request.sizes))
+    if isinstance(request, ProfileScaleBenchRequest):
+        from training.benchmarks.data.profile_scale import run_profile_scale_benchmark
+
+        return run_profile_scale_benchmark(list(request.sizes), plates=request.plates)
     if isinstance(request, LoaderBenchRequest):
         from training.benchmarks.data.loader import run_loader_benchmark
 

@@ -122,6 +122,18 @@ class ScaleBenchRequest:
 
 
 @dataclass(frozen=True)
+class ProfileScaleBenchRequest:
+    """`bench profile-scale`: the steps after `features` on a screen of these many cells."""
+
+    sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
+    plates: int = 40
+    """Plates of 384 wells: the per-well steps (normalisation, mAP) grow with them, not with the cells."""
+
+    def __post_init__(self) -> None:
+        _at_least("--plates", self.plates, 1, "give a number of plates of 384 wells, e.g. --plates 40")
+
+
+@dataclass(frozen=True)
 class IngestBenchRequest:
     """`bench ingest`: crops cut per CPU-second at these numbers of fields of view."""
 
@@ -147,8 +159,8 @@ class ScreenBenchRequest:
     """The screen's truth.csv (None: beside ingest.table)."""
 
 
-BenchRequest = (LoaderBenchRequest | StepBenchRequest | PretrainBenchRequest | ScaleBenchRequest | IngestBenchRequest
-                | ScreenBenchRequest)
+BenchRequest = (LoaderBenchRequest | StepBenchRequest | PretrainBenchRequest | ScaleBenchRequest
+                | ProfileScaleBenchRequest | IngestBenchRequest | ScreenBenchRequest)
 
 
 def _given(args: argparse.Namespace, *names: str) -> dict:
@@ -212,6 +224,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
     screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
     screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
+    if getattr(args, "plates", None) is not None and args.what != "profile-scale":
+        raise UserError(f"--plates: only `bench profile-scale` takes it, not `bench {args.what}`")
     if getattr(args, "loader", None) is not None and args.what != "pretrain":
         raise UserError(f"--loader: only `bench pretrain` takes it, not `bench {args.what}`")
     if screen_only and args.what != "screen":
@@ -228,6 +242,8 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
         return IngestBenchRequest(tuple(ingest_fields(args.fields)), cells=args.cells or 200, crop=args.crop or 64)
     if args.what == "scale":
         return ScaleBenchRequest(tuple(scale_sizes(args.sizes)))
+    if args.what == "profile-scale":
+        return ProfileScaleBenchRequest(tuple(scale_sizes(args.sizes)), **_given(args, "plates"))
     if args.what == "loader":
         return loader_request(args)
     if args.what == "pretrain":

@@ -4,6 +4,7 @@
     python -m training bench step --config run.yaml [--batches 20 --warmup 3] [--out step.json]
     python -m training bench pretrain --config run.yaml [--batches 20 --warmup 3 --loader staged|packed --images N]
     python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
+    python -m training bench profile-scale [--sizes 100000,1000000,10000000 --plates 40] [--out profile_scale.json]
     python -m training bench ingest [--fields 16,64 --cells 200 --crop 64] [--out ingest.json]
     python -m training bench screen --config configs/screen.yaml [--ranks 2 --reuse --truth truth.csv] [--out screen.json]
 
@@ -13,7 +14,10 @@ count (training/benchmarks/data/loader.py). `step`: training-step throughput
 (training/benchmarks/speed/step.py). `pretrain`: `pretrain`'s own loop beside the same model's step, so
 its overhead is a measured figure (training/benchmarks/speed/pretrain.py). `scale`: what opening a dataset
 of 10^5..10^7 cells costs, per process and per loader worker, against the JSON index of before
-(training/benchmarks/data/scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
+(training/benchmarks/data/scale.py). `profile-scale`: the steps after `features` on a synthetic screen of
+10^5..10^7 cells, each in its own process: time, private memory and bytes written of the feature set,
+export's AnnData and Parquet, the per-well medians and their normalisation, and the mAP
+(training/benchmarks/data/profile_scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
 fields of view, and peak memory at two numbers of fields (training/benchmarks/data/ingest_rate.py). `screen`:
 the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
 (training/benchmarks/quality/screen.py). The flags become a typed request in training/benchmarks/request.py;
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag defaults to None: the request dataclasses hold the defaults, per benchmark."""
-    parser.add_argument("what", choices=["loader", "step", "pretrain", "scale", "ingest", "screen"],
+    parser.add_argument("what", choices=["loader", "step", "pretrain", "scale", "profile-scale", "ingest", "screen"],
                         help="which benchmark to run")
     parser.add_argument("--batches", type=int,
                         help="timed batches (loader, default 10) or steps (step, default 20)")
@@ -47,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader", help="pretrain: staged (crops already on the device, the default) or packed "
                                          "(the real loader over synthetic images)")
     parser.add_argument("--size", help="loader: global/local crop sides, e.g. 48/24 (native resolution)")
-    parser.add_argument("--sizes", help="scale: dataset sizes in cells, e.g. 100000,1000000,10000000 (the default)")
+    parser.add_argument("--sizes", help="scale, profile-scale: dataset sizes in cells, e.g. 100000,1000000,10000000 "
+                                        "(the default)")
+    parser.add_argument("--plates", type=int, help="profile-scale: plates of 384 wells in the screen (default 40)")
     parser.add_argument("--fields", help="ingest: numbers of fields of view, e.g. 16,64 (the default)")
     parser.add_argument("--cells", type=int, help="ingest: cells per field of view (default 200)")
     parser.add_argument("--crop", type=int, help="ingest: crop side in pixels (default 64)")

@@ -58,15 +58,10 @@ def synthetic_table(n: int) -> pa.Table:
         np.char.add(b"screen-2026/Plate", np.char.zfill(plate.astype("S"), 3)), b"/images/r"),
         np.char.zfill((well // 24).astype("S"), 2)), np.char.add(b"c", np.char.zfill((well % 24).astype("S"), 2))),
         np.char.add(b"f01p01-ch1sk1fk1fl1.tiff#", cell.astype("S")))
-    elements = int(np.prod(SHAPE))
-    per_shard = (4 << 30) // (elements * 2)
     text = lambda values: pa.array(values).cast(pa.string())  # noqa: E731
     return pa.table({
         "path": pa.array(names).cast(pa.large_string()),
-        "shard": pa.array((cell // per_shard).astype(np.uint16)),
-        "offset": pa.array((cell % per_shard) * elements),
-        "height": pa.array(np.full(n, SHAPE[1], np.int32)),
-        "width": pa.array(np.full(n, SHAPE[2], np.int32)),
+        **storage_columns(cell),
         "Metadata_Plate": text(np.char.add(b"P", plate.astype("S"))),
         "Metadata_Well": text(np.char.add(b"W", well.astype("S"))),
         "Metadata_Treatment": text(np.char.add(b"cpd", (well % 300).astype("S"))),
@@ -74,14 +69,24 @@ def synthetic_table(n: int) -> pa.Table:
     })
 
 
-def write_dataset(folder: Path, n: int) -> None:
-    """index.json, cells.arrow and sparse pixel files, as `prepare` lays them out."""
+def storage_columns(cell: np.ndarray) -> dict[str, pa.Array]:
+    """Where each cell's pixels lie in the sparse shards of write_dataset (4 GiB each)."""
+    elements = int(np.prod(SHAPE))
+    per_shard = (4 << 30) // (elements * 2)
+    return {"shard": pa.array((cell // per_shard).astype(np.uint16)), "offset": pa.array((cell % per_shard) * elements),
+            "height": pa.array(np.full(len(cell), SHAPE[1], np.int32)),
+            "width": pa.array(np.full(len(cell), SHAPE[2], np.int32))}
+
+
+def write_dataset(folder: Path, n: int, table: pa.Table | None = None) -> None:
+    """index.json, cells.arrow and sparse pixel files, as `prepare` lays them out; `table`: the cells'
+    rows (path, storage_columns and metadata), synthetic_table's by default."""
     from training.data.store.cells import CELLS_FILE, write_table
     from training.data.store.format import FORMAT, INDEX_FILE, shard_name
     from training.writes.atomic import write_json_atomic
 
     folder.mkdir(parents=True)
-    table = synthetic_table(n)
+    table = synthetic_table(n) if table is None else table
     written = write_table(folder / CELLS_FILE, table)
     elements = int(np.prod(SHAPE))
     per_shard = (4 << 30) // (elements * 2)
