@@ -15,6 +15,7 @@ from training.errors import UserError
 from training.planning import inputs
 from training.planning.fixed import fixed_costs, fixed_text, for_row
 from training.planning.model import plan
+from training.planning.profile_steps import profile_steps, profile_steps_text, wells_of
 from training.planning.standing import standing_cost, standing_summary, standing_text
 from training.rundir import RunLayout
 from training.writes.atomic import write_json_atomic
@@ -122,13 +123,21 @@ def plan_standing(config: Config, layout: RunLayout, settings: inputs.PlanSettin
     return standing_cost(settings, stored_gb=count * image_bytes / 2**30)
 
 
+def plan_profile_steps(config: Config, layout: RunLayout, args: argparse.Namespace) -> dict[str, Any]:
+    """The steps after `features` for the dataset's cells (training/planning/profile_steps.py)."""
+    cells, _, _ = inputs.dataset_size(config, layout, args.images, args.image_bytes)
+    wells, source = wells_of(cells, getattr(args, "wells", None))
+    return {**profile_steps(cells, wells), "wells_source": source}
+
+
 def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def plan_text(rows: list[dict], settings: inputs.PlanSettings, standing: dict[str, Any] | None = None) -> str:
+def plan_text(rows: list[dict], settings: inputs.PlanSettings, standing: dict[str, Any] | None = None,
+              profile: dict[str, Any] | None = None) -> str:
     """The table, then each row's warnings and the figures it rests on (once per preset), the back ends'
-    fixed cost per hour and the deployment's standing cost per month."""
+    fixed cost per hour, the deployment's standing cost per month and the steps after `features`."""
     lines = [f"region {settings.region}; FSx {settings.fsx_capacity_gib} GiB at {settings.fsx_throughput_per_tib} "
              "MB/s/TiB; pretraining for the configured epochs, downstream steps after",
              f"{'preset':<15} {'nodes':>5} {'wall h':>9} {'GPU h':>9} {'cost':>11} {'downstream h':>12}  bottleneck"]
@@ -149,14 +158,16 @@ def plan_text(rows: list[dict], settings: inputs.PlanSettings, standing: dict[st
                          + (f"; price: ${price['usd_per_hour']}/h, {price['source']}, {price['date']}" if price else ""))
     lines += fixed_text(next((row["fixed"] for row in rows if row.get("fixed")), None))
     lines += standing_text(standing)
+    lines += profile_steps_text(profile)
     return "\n".join(lines)
 
 
 def plan_payload(rows: list[dict], settings: inputs.PlanSettings, seconds: float,
-                 standing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What `--json` and `--save` keep: the settings planned for, the rows, the standing cost and the planner's time."""
+                 standing: dict[str, Any] | None = None, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `--json` and `--save` keep: the settings planned for, the rows, the standing cost, the steps
+    after `features` and the planner's time."""
     return {"settings": vars(settings) | {"presets": list(settings.presets)}, "rows": rows, "standing": standing,
-            "seconds": round(seconds, 3)}
+            "profile_steps": profile, "seconds": round(seconds, 3)}
 
 
 def write_plan(payload: dict[str, Any], path: Path) -> None:

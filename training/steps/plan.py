@@ -1,6 +1,6 @@
 """plan: a run's time and cost before launch, per preset and node count, and its bottleneck.
 
-    python -m training plan --config run.yaml [--images N] [--preset P ...] [--nodes K[,K...]]
+    python -m training plan --config run.yaml [--images N] [--wells W] [--preset P ...] [--nodes K[,K...]]
         [--step-json F] [--loader-json F] [--busbw-json F] [--json OUT] [--save] [--live-prices] [-c key=value ...]
 
 Reads the deployment settings as `cdk` does (cdk.json's context, `-c settings=file.yaml`, then
@@ -12,7 +12,9 @@ published figures; each row says which figures it used. The model: training/plan
 `--save` keeps the rows in the run directory, where `summary` puts the row of the preset and node
 count pretraining ran on beside the run's bill (training/costs/bill.py). Beside the run's cost it prints
 what the deployment bills a month while idle and what `cdk destroy --all` keeps billing
-(training/planning/standing.py), in the text and under "standing" in the JSON.
+(training/planning/standing.py), in the text and under "standing" in the JSON; and the time, storage and
+memory of the steps after `features` (export, per-well profiles, mAP) for the dataset's cells in `--wells`
+wells, from measured figures (training/planning/profile_steps.py), under "profile_steps".
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, help="images in the dataset (default: the run's packed dataset)")
     parser.add_argument("--image-bytes", type=float,
                         help="with --images: stored bytes per image (default: 16-bit, 48 x 48 px per channel)")
+    parser.add_argument("--wells", type=int, help="wells of the screen, for the steps after features (default: "
+                                                   "the cells over the benchmark's 651 cells a well)")
     parser.add_argument("--preset", action="append", default=[],
                         help="instance type to plan (repeatable), `all`, or `local`; default: the enabled presets")
     parser.add_argument("--nodes", help="comma-separated node counts (default: 1, 2, 4, ... up to cluster.max_nodes)")
@@ -69,6 +73,7 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     from training.planning.report import (
         node_counts,
         plan_payload,
+        plan_profile_steps,
         plan_rows,
         plan_standing,
         plan_text,
@@ -81,10 +86,11 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
     rows = plan_rows(config, layout, settings, names, args,
                      lambda local: node_counts(args.nodes, settings.max_nodes, local))
     standing = plan_standing(config, layout, settings, names, args)
+    profile = plan_profile_steps(config, layout, args)
     elapsed = time.perf_counter() - start
-    print(plan_text(rows, settings, standing))
+    print(plan_text(rows, settings, standing, profile))
     print(f"\nplanned {len(rows)} row(s) for {len(names)} preset(s) in {elapsed:.2f} s")
-    payload = plan_payload(rows, settings, elapsed, standing)
+    payload = plan_payload(rows, settings, elapsed, standing, profile)
     for wanted, path in ((args.json_out, args.json_out), (args.save, layout.plan)):
         if wanted:
             write_plan(payload, path)
