@@ -304,3 +304,6 @@ def test_a_deterministic_failure_is_not_retried(cluster, workdir):
     assert "deterministic failure: not retried" in log and "after every restart allowed" not in log, log
     assert re.search(r"heal: failure 1: rank \d+ on \S+, deterministic: .* -> launch ended with .*: not retried "
                      r"\(a deterministic failure", log), log
+    # torchrun restarted the workers, which stopped before torch and the rendezvous (training/steps/pretrain.py):
+    # each rank joined once, in the launch that failed.
+    assert "already failed on rank" in log and log.count(" joined (gloo") == 2, log

@@ -16,6 +16,7 @@ import argparse
 
 from training.config import Config
 from training.errors import UserError
+from training.recovery.failures import refuse_if_failed
 from training.rundir import RunLayout
 
 
@@ -25,6 +26,10 @@ def run(config: Config, layout: RunLayout, args: argparse.Namespace) -> int:
                         f"with run.channel_adaptive={config.run.channel_adaptive} and without run.combination "
                         f"(got {config.run.combination!r}, "
                         "which picks its evaluation on that combination: features, labels, knn, linear)")
+    # A worker that torchrun restarts after a deterministic failure of this job attempt stops here, before torch
+    # is imported and the ranks meet: each restart left costs a Python start (1 s) instead of a set-up (13 s on
+    # the local cluster). train() checks again, and there rank 0 clears a marker of an earlier attempt.
+    refuse_if_failed(layout, is_main=False)
     from training.distributed.groups import process_group
     from training.trainer import train
 
