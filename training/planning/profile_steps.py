@@ -59,13 +59,13 @@ class StepCost:
 
 
 STEP_COSTS: tuple[StepCost, ...] = (
-    StepCost("features", "features/final: features.npy, rows.npy (the write; its forward pass is the downstream hours)",
+    StepCost("features", "the feature set of every cell (its write: the forward pass is in the downstream hours)",
              4.090, 0.0023, 1544.0, 0.0, 798.1, 0.0101, 0.2821),
-    StepCost("h5ad", "profiles/cells.h5ad (export)", 2.234, 0.0001, 1694.9, 29.22, 605.6, 6.374, 0.0217),
-    StepCost("parquet", "profiles/cells.parquet (export)", 6.953, 0.0, 1552.9, 21.48, 779.0, 8.586, 0.0109),
-    StepCost("wells", "profiles/wells.parquet, wells_normalized.parquet (export: medians, mad_robustize, sphering)",
-             4.429, 0.2843, 0.0, 3080.5, 901.6, 9.636, 13.83),
-    StepCost("map", "knn.json's activity mAP of every cell's wells (eval.profile_cells: all)", 4.478, 0.4561, 0.0, 0.0,
+    StepCost("h5ad", "export: every cell's profile as AnnData", 2.234, 0.0001, 1694.9, 29.22, 605.6, 6.374, 0.0217),
+    StepCost("parquet", "export: every cell's profile as Parquet", 6.953, 0.0, 1552.9, 21.48, 779.0, 8.586, 0.0109),
+    StepCost("wells", "export: per-well medians and their normalisation, as Parquet", 4.429, 0.2843, 0.0, 3080.5,
+             901.6, 9.636, 13.83),
+    StepCost("map", "knn: the activity mAP of every cell's wells (eval.profile_cells: all)", 4.478, 0.4561, 0.0, 0.0,
              1388.0, 16.55, 4.829),
 )
 """Measured MEASURED, by SOURCE; tests/training/planning/test_profile_steps.py derives every figure

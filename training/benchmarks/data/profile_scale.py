@@ -131,12 +131,20 @@ class Screen:
         return pa.table({"path": paths.cast(pa.large_string()), **storage_columns(cell), **columns})
 
 
+def run_layout(root: Path):
+    """The scratch run's layout (its packed dataset inside it, as `prepare` puts it)."""
+    from training.rundir import RunLayout
+
+    return RunLayout(root / "run")
+
+
 def screen_config(root: Path):
     """The screen recipe's settings that export, the medians and the mAP read, on the scratch run."""
     from training.config import Config
 
+    layout = run_layout(root)
     return Config().replace({
-        "run.output_dir": str(root / "run"), "data.source": str(root / "run" / "packed"),
+        "run.output_dir": str(layout.root), "data.source": str(layout.packed),
         "data.label_column": "Metadata_Treatment", "data.batch_column": "Metadata_Batch",
         "data.control_column": "Metadata_Treatment", "data.control_value": CONTROL, "model.arch": "vit_tiny",
         "eval.feature": "cls_patch_mean", "eval.profile_cells": "all",
@@ -189,7 +197,7 @@ def feature_meta(config) -> dict[str, Any]:
     """What the features step records of the final checkpoint's set (training/eval/feature_plan.py)."""
     return {"tag": "final", "kind": "checkpoint", "epoch": 100, "arch": config.model.arch, "patch_size": 16,
             "image_size": config.eval.image_size, "channels": config.data.channels, "feature": config.eval.feature,
-            "checkpoint": "checkpoint.pth", "cells": "all"}
+            "checkpoint": "synthetic: bench profile-scale", "cells": "all"}
 
 
 def write_features(directory: Path, screen: Screen, meta: dict[str, Any]) -> None:
@@ -376,6 +384,8 @@ def measure(step: str, root: Path, screen: Screen) -> dict[str, Any]:
 
 def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scratch: Path | None = None) -> dict[str, Any]:
     """The figures of the module docstring: per size, the screen's generation time and each step's figures."""
+    from training.data.store.cells import CELLS_FILE
+
     rows = []
     for n in sizes:
         screen = Screen(n, plates)
@@ -385,7 +395,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
             start = time.perf_counter()
             write_screen(root, screen)
             row: dict[str, Any] = {"n_cells": n, "generate_s": round(time.perf_counter() - start, 2),
-                                   "table_bytes": folder_bytes(root / "run" / "packed" / "cells.arrow")}
+                                   "table_bytes": folder_bytes(run_layout(root).packed / CELLS_FILE)}
             for step in (["save_features"] if n <= SAVE_FEATURES_LIMIT else []) + list(STEPS):
                 row[step] = measure(step, root, screen)
                 log.info("bench profile-scale: %d cells, %s: %s", n, step, row[step])
@@ -393,7 +403,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
             rows.append(row)
     return {"benchmark": "profile-scale", "dim": DIM, "dtype": "float32", "plates": plates,
             "wells": Screen(1, plates).wells, "compounds": Screen(1, plates).compounds, "replicates": REPLICATES,
-            "normalization": ["mad_robustize", "spherize"], "map_cells": "every cell (features/final)",
+            "normalization": ["mad_robustize", "spherize"], "map_cells": "every cell (eval.profile_cells: all)",
             "memory": "peak_anon_mb: RssAnon of /proc/PID/status sampled every 10 ms; peak_rss_mb: the step "
                       "process's ru_maxrss (os.wait4), pages of memory-mapped files included",
             "cpus": os.cpu_count(), "rows": rows}
@@ -401,7 +411,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
 
 def drop_outputs(root: Path) -> None:
     """Export's files, measured: deleted before the next step (at 10^7 cells each is ~15 GB)."""
-    profiles = root / "run" / "profiles"
+    profiles = run_layout(root).profiles
     if profiles.exists():
         shutil.rmtree(profiles)
 
