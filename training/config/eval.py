@@ -155,7 +155,7 @@ class EvalConfig:
         self._check_finetune()
         if self.profile_cells == "all" and not self.embed_all_cells:
             raise ConfigError("eval.profile_cells: all scores the well profiles of every cell, and "
-                              "eval.embed_all_cells is false, so features/final holds the evaluated cells only: "
+                              "eval.embed_all_cells is false, so the final features hold the evaluated cells only: "
                               "set eval.embed_all_cells: true, or eval.profile_cells: evaluated")
 
     def _check_profile_normalization(self) -> None:

@@ -28,7 +28,7 @@ def standardised_block(features: np.ndarray) -> np.ndarray:
 def hybrid_set(trained: FeatureSet, cellprofiler: FeatureSet) -> FeatureSet:
     """The hybrid of the same cells' trained features and CellProfiler measurements."""
     if not np.array_equal(trained.indices, cellprofiler.indices):
-        cellprofiler = cellprofiler.select(trained.indices, "features/cellprofiler")
+        cellprofiler = cellprofiler.select(trained.indices, "the CellProfiler feature set")
     features = np.concatenate([standardised_block(trained.features), standardised_block(cellprofiler.features)],
                               axis=1)
     return FeatureSet(features, trained.indices, {"kind": tags.HYBRID, "tag": tags.HYBRID, "epoch": None,
