@@ -26,7 +26,7 @@
 #                            .local-slurm/scdino-env.sh names it for the jobs; without one,
 #                            slurm/env.sh's default partition alone
 #   SLURM_LOCAL_PARTITIONS   extra partition names, after those
-#   SLURM_LOCAL_CRED_EXPIRE  seconds; a requeued job becomes eligible this + 1 s later (30)
+#   SLURM_LOCAL_CRED_EXPIRE  seconds; a requeued job becomes eligible this + 1 s later (10)
 #   SLURM_LOCAL_MIN_JOB_AGE  seconds the controller keeps a finished job (600); after that only the job
 #                            completion log knows it (`sacct --completion`). A short one rehearses a slow
 #                            machine or a busy cluster; a change is applied without a restart
@@ -43,7 +43,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODE=${SLURM_LOCAL_MODE:-netns}
 NODES=${SLURM_LOCAL_NODES:-2}
 CPUS=${SLURM_LOCAL_CPUS:-}
-CRED_EXPIRE=${SLURM_LOCAL_CRED_EXPIRE:-30}
+CRED_EXPIRE=${SLURM_LOCAL_CRED_EXPIRE:-10}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-600}
 SITE_FILE=${SCDINO_CLUSTER_ENV:-}
 BASE=${SLURM_LOCAL_BASE:-$REPO/.local-slurm}
@@ -215,7 +215,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# A requeued job waits cred_expire + 1 s before it may run again; 30 s keeps the tests short.
+# A requeued job waits cred_expire + 1 s before it may run again, and a launch's credential must reach its
+# node within cred_expire: 10 s keeps requeues short with room for a busy machine (Slurm: 120 s, at least 5).
 AuthInfo=cred_expire=$CRED_EXPIRE
 # The REST API's clients (slurmrestd, tokens from scontrol token) sign with this key.
 AuthAltTypes=auth/jwt
