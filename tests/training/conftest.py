@@ -42,3 +42,13 @@ def make_config(synth_root: Path, tmp_path: Path) -> Callable[..., Config]:
         return tiny_config({**base, **(overrides or {})}, **keywords)
 
     return make
+
+
+@pytest.fixture
+def slurm_job(monkeypatch):
+    """This process runs as attempt 0 of Slurm job 4242, first start under torchrun (the recovery records
+    and the pretrain step's restart guard read these variables)."""
+    for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    return monkeypatch

@@ -20,15 +20,6 @@ torch.set_num_threads(1)
 HOST = socket.gethostname()
 
 
-@pytest.fixture
-def job(monkeypatch):
-    """This process runs as attempt 0 of Slurm job 4242, first start under torchrun."""
-    for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    return monkeypatch
-
-
 class PoisonedCrops:
     """Batches whose second batch of epoch 2 is NaN: the loss diverges there, every time."""
 
@@ -53,7 +44,7 @@ def poisoned(config, ctx):
     return loader, loader
 
 
-def test_deterministic_failure_is_marked_and_not_retried_in_the_same_attempt(tmp_path, job):
+def test_deterministic_failure_is_marked_and_not_retried_in_the_same_attempt(tmp_path, slurm_job):
     config = tiny_config(tmp_path)
     layout = RunLayout.from_config(config)
     with pytest.raises(TrainingDivergedError):
@@ -63,18 +54,18 @@ def test_deterministic_failure_is_marked_and_not_retried_in_the_same_attempt(tmp
         "deterministic", 0, HOST, "4242", 0, 3)
     assert marker["error"].startswith("TrainingDivergedError: non-finite loss (nan) at epoch 2, step 2")
 
-    job.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarts the worker group
+    slurm_job.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarts the worker group
     with pytest.raises(NotRetriedError, match=r"not retried: this job attempt already failed on rank 0"):
         train(config, CPU, loader_factory=scripted(2))
     assert [r["kind"] for r in read_records(layout.failure_log)] == ["failure"]
     assert torch.load(layout.latest_checkpoint, weights_only=False)["global_step"] == 2  # untouched
 
-    job.setenv("SLURM_RESTART_COUNT", "1")  # a later attempt (the user fixed the data): it runs
+    slurm_job.setenv("SLURM_RESTART_COUNT", "1")  # a later attempt (the user fixed the data): it runs
     result = train(config, CPU, loader_factory=scripted(2))
     assert result.global_step == 4 and not layout.failure_marker.exists()
 
 
-def test_transient_failure_is_recorded_and_the_restart_notes_where_it_resumed(tmp_path, job):
+def test_transient_failure_is_recorded_and_the_restart_notes_where_it_resumed(tmp_path, slurm_job):
     config = tiny_config(tmp_path, **{"train.checkpoint_every_minutes": 0})
     layout = RunLayout.from_config(config)
 
@@ -84,7 +75,7 @@ def test_transient_failure_is_recorded_and_the_restart_notes_where_it_resumed(tm
     with pytest.raises(RuntimeError):
         train(config, CPU, loader_factory=scripted(3, {(1, 2): nccl_error}))
     assert not layout.failure_marker.exists()
-    job.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    slurm_job.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert train(config, CPU, loader_factory=scripted(3)).global_step == 6
 
     failure, resume = read_records(layout.failure_log)
@@ -97,7 +88,7 @@ def test_transient_failure_is_recorded_and_the_restart_notes_where_it_resumed(tm
         f"{layout.latest_checkpoint} at epoch 2, step 0 of the epoch (torchrun restart 1, job attempt 0)"]
 
 
-def test_restarts_are_counted_over_the_job_attempt_when_rank_zeros_agent_did_not_count(tmp_path, job):
+def test_restarts_are_counted_over_the_job_attempt_when_rank_zeros_agent_did_not_count(tmp_path, slurm_job):
     """Rank 0's agent restarts its still-healthy workers when another node's agent restarts first,
     without counting: TORCHELASTIC_RESTART_COUNT stays 0 there. The resume record still says which
     in-job restart it is; the first start of a requeued attempt is no in-job restart."""
@@ -109,16 +100,16 @@ def test_restarts_are_counted_over_the_job_attempt_when_rank_zeros_agent_did_not
         return read_records(layout.failure_log)[-1]
 
     assert [fail_then_resume(1)["restart"], fail_then_resume(2)["restart"]] == [1, 2]  # env count: 0
-    job.setenv("TORCHELASTIC_RESTART_COUNT", "3")  # the agent's own count wins when it is higher
+    slurm_job.setenv("TORCHELASTIC_RESTART_COUNT", "3")  # the agent's own count wins when it is higher
     assert fail_then_resume(3)["restart"] == 3
-    job.setenv("SLURM_RESTART_COUNT", "1")  # Slurm requeued the job after a lost node: a new attempt
-    job.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    slurm_job.setenv("SLURM_RESTART_COUNT", "1")  # Slurm requeued the job after a lost node: a new attempt
+    slurm_job.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     record_resume(layout, str(layout.latest_checkpoint), 0, 3, 3, preempted=False)
     assert (read_records(layout.failure_log)[-1]["attempt"], read_records(layout.failure_log)[-1]["restart"]) == (1, 0)
     assert fail_then_resume(4)["restart"] == 1  # the count starts again in the new attempt
 
 
-def test_a_clean_start_writes_no_records(tmp_path, job):
+def test_a_clean_start_writes_no_records(tmp_path, slurm_job):
     config = tiny_config(tmp_path, **{"optim.epochs": 1})
     train(config, CPU, loader_factory=scripted(2))
     assert not RunLayout.from_config(config).failure_log.exists()

@@ -21,16 +21,7 @@ from training.steps import pretrain
 MISSING = "MissingInputError: mean/std file not found at run/mean_std.json: run `python -m training mean-std` first"
 
 
-@pytest.fixture
-def job(monkeypatch):
-    """This process runs as attempt 0 of Slurm job 4242, first start under torchrun."""
-    for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    return monkeypatch
-
-
-def test_a_restarted_worker_of_the_failed_attempt_stops_before_torch_is_imported(tmp_path, job):
+def test_a_restarted_worker_of_the_failed_attempt_stops_before_torch_is_imported(tmp_path, slurm_job):
     config = run_config(tmp_path / "run")
     dump_config(config, tmp_path / "run.yaml")
     # Rank 0 of attempt 0 of job 4242 failed deterministically (as train() records it), then torchrun restarts.
@@ -47,13 +38,13 @@ def test_a_restarted_worker_of_the_failed_attempt_stops_before_torch_is_imported
     assert "torch" not in imported, "torch imported before the refusal"
 
 
-def test_a_marker_of_an_earlier_attempt_does_not_stop_the_start(tmp_path, job):
+def test_a_marker_of_an_earlier_attempt_does_not_stop_the_start(tmp_path, slurm_job):
     """Attempt 1 after a requeue (the user fixed the cause): the early check lets it go on to the process group,
     where train() clears the marker on rank 0."""
     config = run_config(tmp_path / "run")
     layout = RunLayout.from_config(config)
     record_failure(layout, 0, "deterministic", MISSING, None)
-    job.setenv("SLURM_RESTART_COUNT", "1")
+    slurm_job.setenv("SLURM_RESTART_COUNT", "1")
 
     class Met(Exception):
         """The ranks would meet now: the start went past the refusal."""
@@ -61,7 +52,7 @@ def test_a_marker_of_an_earlier_attempt_does_not_stop_the_start(tmp_path, job):
     def process_group():
         raise Met
 
-    job.setattr("training.distributed.groups.process_group", process_group)
+    slurm_job.setattr("training.distributed.groups.process_group", process_group)
     with pytest.raises(Met):
         pretrain.run(config, layout, argparse.Namespace())
     assert layout.failure_marker.exists(), "only rank 0, in train(), clears it"
