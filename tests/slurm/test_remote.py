@@ -181,6 +181,63 @@ def test_the_demo_chain_through_slurmrestd_followed_and_fetched_from_the_bucket(
     assert "cancelled 0 job(s)" in capsys.readouterr().err
 
 
+def test_the_profile_chain_through_slurmrestd_runs_its_setup_with_the_model_and_stops_at_a_failed_step(
+        cluster, aws, tmp_path, capsys):
+    """`remote submit --profile RUN`: the chain submit_pipeline.sh --profile submits, after `arrival`; its setup
+    job reads the model's card and writes the profile's config with the model's channels mapped by name. The
+    screen's load table is missing, so ingest fails with its one line and Slurm cancels every job after it: the
+    rest of the chain (features of the model, knn, export) is tests/training/steps/test_profile.py's, in-process."""
+    import torch
+
+    from training.chain import PROFILE_STEPS
+    from training.config import Config, dump_config, load_config
+    from training.models.card import ModelCard, Recipe
+    from training.rundir import RunLayout
+
+    fsx_data = tmp_path / "fsx" / "data"
+    model = Config().replace({"run.output_dir": str(fsx_data / "runs" / "model"), "data.channels": "012",
+                              "data.channel_names": ["a", "b", "c"], "ingest.crop_size": 40})
+    card = ModelCard(channels=("a", "b", "c"), channel_ids=(0, 1, 2), mean=(0.1, 0.2, 0.3), std=(0.2, 0.2, 0.2),
+                     crop_size=40, recipe=Recipe(arch="vit_small", epochs=1, epochs_done=1))
+    checkpoint = RunLayout.from_config(model).latest_checkpoint
+    checkpoint.parent.mkdir(parents=True)
+    # The setup reads only a checkpoint's config and card, not its weights: a checkpoint of those alone stands
+    # in for a trained one, which would take a pretraining to make (tests/slurm/test_profile.py does the same).
+    torch.save({"config": model.to_dict(), "model_card": card.to_dict(), "epoch": 1, "global_step": 5}, checkpoint)
+    assert export(fsx_data / "runs" / "model", aws["s3"], "data/runs/model") == 1
+    screen = Config().replace({"run.output_dir": str(fsx_data / "runs" / "new-plates"), "data.channels": "012",
+                               "data.channel_names": ["c", "a", "b"],
+                               "ingest.table": str(fsx_data / "screen" / "load_data.csv")})
+    laptop_config = tmp_path / "laptop" / "new-plates.yaml"
+    laptop_config.parent.mkdir()
+    dump_config(screen, laptop_config)
+    record = tmp_path / "deployment.json"
+    write_record(record, aws["secret"])
+    local_env = [f"--env={key}={cluster.env[key]}" for key in ("SCDINO_HOME", "SCDINO_VENV", "SCDINO_SCRATCH",
+                                                                 "OMP_NUM_THREADS", "PATH", "HOME")]
+    arrived = import_when_uploaded(aws["s3"], "data/runs/new-plates.yaml", fsx_data / "runs" / "new-plates.yaml")
+
+    started = time.monotonic()
+    assert main([*laptop(record, fsx_data, "submit", "--config", str(laptop_config), "--bundle", str(REPO),
+                         "--profile", "runs/model"), *local_env]) == 0
+    jobs = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    assert list(jobs) == ["arrival", *PROFILE_STEPS]
+    arrived.join()
+    assert main([*laptop(record, fsx_data, "status", "runs/new-plates", "--follow", "--interval", "2")]) == 1
+    last = capsys.readouterr().out.strip().split("\n\n")[-1]
+    print(f"profile chain through REST, to its failed ingest: {time.monotonic() - started:.0f} s")
+    for label in ("arrival", "profile-setup"):
+        assert f"{jobs[label]}  COMPLETED" in last, last
+    assert f"{jobs['ingest']}  FAILED" in last, last
+    for label in PROFILE_STEPS[2:]:
+        assert f"{jobs[label]}  CANCELLED" in last, last
+    profile = load_config(RunLayout(fsx_data / "runs" / "new-plates").profile_config)
+    assert profile.data.channels == "120" and profile.ingest.crop_size == 40, "the setup read the model's card"
+    ingest_log = fsx_data / "runs" / "new-plates" / "logs" / f"scdino-ingest_{jobs['ingest']}.out"
+    errors = [line for line in ingest_log.read_text().splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "load_data.csv" in errors[0], ingest_log.read_text()
+
+
 def test_a_refused_token_and_a_closed_port_are_one_line_each(cluster, aws, tmp_path, capsys):
     """A token signed with another key is refused by the real controller (slurmrestd passes it on unread: its
     OpenAPI document answers anyone); a port with nothing behind it names the tunnel to open."""

@@ -95,13 +95,14 @@ def submit(target, session, config: Config, args: argparse.Namespace) -> int:
     run_dir = posixpath.normpath(str(config.run.output_dir))
     folder = folder_of(target, session, run_dir)
     config_key = folder.key_of(run_dir + ".yaml")  # also refuses a run outside the data folder
+    model = profile_model(target, folder, args.profile) if args.profile else ""
     api = rest_api(target, session)
     offered = api.offered()
     print(f"Slurm REST API {api.version} at {target.endpoint} (the server offers {', '.join(offered)})",
           file=sys.stderr)
     shape = site_of(target)
     options = ChainOptions(first=args.first, last=args.last, nodes=args.nodes, prepare_tasks=args.prepare_tasks,
-                           ingest_tasks=args.ingest_tasks, overrides=tuple(args.overrides))
+                           ingest_tasks=args.ingest_tasks, overrides=tuple(args.overrides), profile=model)
     chain = plan(args.config, options, shape, exists=exists_in(folder), config_arg=run_dir + ".yaml")
     for line in chain.skipped:
         print(line, file=sys.stderr)
@@ -117,6 +118,34 @@ def submit(target, session, config: Config, args: argparse.Namespace) -> int:
     print(f"{len(jobs)} jobs submitted; follow them with: python -m training remote status {run_dir} --follow",
           file=sys.stderr)
     return 0
+
+
+def profile_model(target, folder, model: str) -> str:
+    """--profile's model as the jobs name it on the cluster: a run's folder or a checkpoint file, absolute or under
+    the data folder. One line when the bucket shows no checkpoint there: without one the chain's first job would
+    fail, minutes after the upload and the arrival wait."""
+    from training.chain.graph import profile_checkpoint
+    from training.remote.bucket import exists_in
+
+    path = posixpath.normpath(model if model.startswith("/") else posixpath.join(target.cluster_data, model))
+    checkpoint = profile_checkpoint(path)
+    try:
+        key = folder.key_of(checkpoint)
+    except UserError:  # not exported to the bucket: only the cluster can tell, and profile-setup does
+        print(f"--profile {model}: {checkpoint} is outside {target.cluster_data}, not in the bucket; the chain's "
+              "first job (profile-setup) checks that it is there", file=sys.stderr)
+        return path
+    if exists_in(folder)(Path(checkpoint)):
+        return path
+    where = f"s3://{folder.bucket}/{key} (on the cluster {checkpoint})"
+    if checkpoint != path:  # a run's folder: say whether the run is there at all
+        run_key = folder.key_of(path) + "/"
+        found = folder.s3.list_objects_v2(Bucket=folder.bucket, Prefix=run_key, MaxKeys=1).get("KeyCount", 0)
+        if found:
+            raise UserError(f"--profile {model}: the run has no checkpoint {where}: its pretraining has not saved "
+                            "one yet; profile with a finished run, or name one of its checkpoint files (*.pth)")
+    raise UserError(f"--profile {model}: no checkpoint {where}: name a finished run's folder (runs/NAME, under "
+                    f"{target.cluster_data}) or a checkpoint file (*.pth)")
 
 
 def pair_of(text: str) -> tuple[str, str]:

@@ -3,6 +3,7 @@ are all it needs (training/remote/ has how).
 
     python -m training remote tunnel                      # the SSM port forward to the REST API; keep it open
     python -m training remote submit --config run.yaml    # config's run.output_dir: /fsx/data/runs/NAME
+    python -m training remote submit --config new_plates.yaml --profile runs/MODEL   # profile with a trained model
     python -m training remote status runs/NAME [--follow]
     python -m training remote fetch runs/NAME [--what report,knn,profiles] [--into DIR]
     python -m training remote cancel runs/NAME
@@ -12,7 +13,9 @@ FILE for another). A run is named by its folder on the cluster, absolute (/fsx/d
 the data folder (runs/NAME), or by --config (its run.output_dir). submit uploads the config beside the run
 folder (s3://<bucket>/data/runs/NAME.yaml, which the file system imports as /fsx/data/runs/NAME.yaml),
 submits the chain slurm/submit_pipeline.sh would (training/chain) through the Slurm REST API, and keeps
-the job ids beside it (NAME.jobs.json). status reads each job's state from the REST API while Slurm knows
+the job ids beside it (NAME.jobs.json); with --profile RUN, as submit_pipeline.sh --profile, the chain in
+which RUN's model (a finished run's folder, or a checkpoint file) embeds the config's screen instead of
+training one, once the bucket shows RUN's checkpoint. status reads each job's state from the REST API while Slurm knows
 it, and always the run folder in the bucket: each step's time, its log's last lines, the kNN figures, the
 results; fetch downloads parts of the run folder, resumably.
 """
@@ -50,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, help="submit: pretraining nodes")
     parser.add_argument("--prepare-tasks", type=int, default=1, help="submit: prepare as an array of N tasks")
     parser.add_argument("--ingest-tasks", type=int, default=1, help="submit: ingest as an array of N tasks")
+    parser.add_argument("--profile", metavar="RUN",
+                        help="submit: embed the config's screen with RUN's trained model instead of training one "
+                        "(a finished run's folder, /fsx/data/runs/NAME or runs/NAME, or a checkpoint file *.pth)")
     parser.add_argument("--follow", action="store_true", help="status: print changes until every job has ended")
     parser.add_argument("--interval", type=float, default=10.0, help="status --follow: seconds between looks")
     parser.add_argument("--lines", type=int, default=3, help="status: last lines of each job's log")

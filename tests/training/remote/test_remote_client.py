@@ -294,6 +294,31 @@ def test_each_look_of_status_reads_the_token_again_and_the_openapi_document_once
     assert [token for path, token in asked if path.endswith("/ping")] == ["first.b.c", "renewed.b.c"]
     assert [token for path, token in asked if path.endswith("/job/42")] == ["first.b.c", "renewed.b.c"]
 
+def test_profile_with_a_run_that_has_no_checkpoint_is_one_line_and_submits_nothing(aws, tmp_path, capsys):
+    """`remote submit --profile RUN` looks for RUN's checkpoint in the bucket before it uploads or submits: a run
+    that is not there, and one whose pretraining saved nothing yet, are each one line. The deployment's token
+    secret does not exist, so a submission that went past the check stops at reading it instead."""
+    record = record_at(tmp_path / "deployment.json")
+    config = tmp_path / "new-plates.yaml"
+    config.write_text("run: {output_dir: /fsx/data/runs/new-plates}\ningest: {table: /fsx/data/screen/load_data.csv}\n")
+    aws.put_object(Bucket=BUCKET, Key="data/runs/half/metrics.jsonl", Body=b'{"epoch": 0}\n')
+    submit = ["remote", "submit", "--config", str(config), "--deployment", str(record), "--endpoint",
+              f"http://127.0.0.1:{free_port()}", "--profile"]
+    assert main([*submit, "runs/never"]) == 2
+    assert one_error(capsys) == (f"error: --profile runs/never: no checkpoint s3://{BUCKET}/data/runs/never/checkpoints/"
+                                 "checkpoint.pth (on the cluster /fsx/data/runs/never/checkpoints/checkpoint.pth): "
+                                 "name a finished run's folder (runs/NAME, under /fsx/data) or a checkpoint file (*.pth)")
+    assert main([*submit, "/fsx/data/runs/half/"]) == 2
+    assert "the run has no checkpoint s3://" in one_error(capsys)
+    assert main([*submit, "runs/half/checkpoints/checkpoint_0005.pth"]) == 2
+    assert f"no checkpoint s3://{BUCKET}/data/runs/half/checkpoints/checkpoint_0005.pth" in one_error(capsys)
+    listed = aws.list_objects_v2(Bucket=BUCKET).get("Contents", [])
+    assert [item["Key"] for item in listed] == ["data/runs/half/metrics.jsonl"], "nothing was uploaded"
+    aws.put_object(Bucket=BUCKET, Key="data/runs/half/checkpoints/checkpoint.pth", Body=b"saved")
+    assert main([*submit, "runs/half"]) == 2
+    assert "cannot read the REST API's token" in one_error(capsys), "past the check, on to the REST API's token"
+
+
 def test_a_run_that_does_not_exist_is_one_line(aws, tmp_path, capsys):
     record = record_at(tmp_path / "deployment.json")
     assert main(["remote", "fetch", "runs/never", "--deployment", str(record)]) == 2
