@@ -59,5 +59,10 @@ lint: $(VENV)/.installed
 synth: install
 	npx cdk synth --quiet
 
+# The runs the targets write under runs/, each with its generated data inside it: make demo's
+# (configs/demo.yaml), make screen's (configs/screen.yaml) and the new plates that docs/training.md
+# profiles with make screen's model (configs/screen_new_plates.yaml). Other runs there are the user's.
+MADE_RUNS := runs/demo runs/screen runs/screen_new_plates
+
 clean:
-	rm -rf cdk.out runs/demo runs/screen .pytest_cache
+	rm -rf cdk.out $(MADE_RUNS) .pytest_cache
