@@ -16,7 +16,8 @@ that a deploy which fails half-way can still be destroyed, and again with the ou
 the region and names from it; a `-c` option they are given is added (and recorded by deploy and update),
 but a region or prefix other than the record's is refused with one line: a deployment never moves, and
 no command reaches past it into another region. `destroy` without a record refuses to fall back to
-cdk.json's region. `--print` prints the command lines instead of running them (no AWS call);
+cdk.json's region, and with one refuses credentials of another account than the record's (STS says whose
+they are). `--print` prints the command lines instead of running them (no AWS call);
 `--deployment FILE` names another record (a second deployment from the same checkout).
 `python -m training upload-data` takes its bucket and region from the same record.
 """
@@ -307,7 +308,13 @@ def destroy(request: Request, stacks: Sequence[str], options: Sequence[str], *, 
     if request.print_only:
         print(shlex.join(command))
         return 0
-    where = f"{record.region}" + (f" (account {record.account})" if record.account else "")
+    account = credentials_account(record)
+    if record.account and account != record.account:
+        raise DeploymentError(
+            f"these AWS credentials are for account {account}, but {request.path.name} records {record.prefix} in "
+            f"account {record.account} ({record.region}): nothing was deleted; destroy again with credentials of "
+            f"account {record.account} (AWS_PROFILE, `aws sso login`), or name that account's record (--deployment FILE)")
+    where = f"{record.region} (account {account})"
     if not confirmed and input(f"Delete {', '.join(chosen)} in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
         print("nothing deleted", file=sys.stderr)
         return 1
@@ -319,6 +326,23 @@ def destroy(request: Request, stacks: Sequence[str], options: Sequence[str], *, 
             request.path.unlink()
             print(f"{record.prefix}'s stacks are gone from {record.region}: removed {request.path}", file=sys.stderr)
     return code
+
+
+def credentials_account(record: Deployment) -> str:
+    """The account of the AWS credentials this command runs with (STS, in the deployment's region): `cdk destroy`
+    deletes in whichever account they are for, and the stack names alone would match a deployment of the same
+    prefix there."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    try:
+        return boto3.Session(region_name=record.region).client("sts").get_caller_identity()["Account"]
+    except NoCredentialsError:
+        raise DeploymentError(f"no AWS credentials: log in to the account of {record.prefix} (`aws sso login`, "
+                              "`aws configure` or AWS_PROFILE); nothing was deleted") from None
+    except (BotoCoreError, ClientError) as error:
+        raise DeploymentError(f"the AWS credentials do not work in {record.region}: {str(error).splitlines()[0]}; "
+                              "nothing was deleted") from None
 
 
 def image(request: Request, *, published: bool) -> int:

@@ -274,10 +274,59 @@ def test_a_deploy_that_fails_half_way_is_recorded_and_an_update_keeps_what_it_ad
     assert deployment.load(path).context["cluster.custom_ami"] == "ssm"
 
 
+@pytest.fixture
+def sts(moto_endpoint, monkeypatch):
+    """moto's server on loopback answers STS for AWS (destroy asks it whose credentials these are): its first
+    credentials are for its default account, MOTO_ACCOUNT; the fixture's function switches to a role's
+    credentials in another account, as moto's AssumeRole hands them out."""
+    import boto3
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-west-2", "AWS_ENDPOINT_URL": moto_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+    def as_account(account: str) -> None:
+        given = boto3.client("sts", region_name="us-west-2").assume_role(
+            RoleArn=f"arn:aws:iam::{account}:role/deployer", RoleSessionName="destroy-test")["Credentials"]
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", given["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", given["SecretAccessKey"])
+        monkeypatch.setenv("AWS_SESSION_TOKEN", given["SessionToken"])
+
+    return as_account
+
+
+MOTO_ACCOUNT = "123456789012"
+RECORDED_ACCOUNT = "111122223333"
+"""The account in the ARNs of tests/infra/data's outputs, which the record takes."""
+
+
+def test_destroy_refuses_credentials_of_another_account_in_one_line_and_runs_nothing(tmp_path, capsys, monkeypatch,
+                                                                                   sts, fake_cdk):
+    path = tmp_path / "deployment.json"
+    record = write_record(path)
+    assert record.account == RECORDED_ACCOUNT
+    code, _, err = run_main(capsys, "destroy", "--yes", "--deployment", str(path))
+    assert code == 2 and fake_cdk() == [] and deployment.load(path) == record
+    assert one_error_line(err) == (
+        f"error: these AWS credentials are for account {MOTO_ACCOUNT}, but deployment.json records team-a in account "
+        f"{RECORDED_ACCOUNT} (us-west-2): nothing was deleted; destroy again with credentials of account "
+        f"{RECORDED_ACCOUNT} (AWS_PROFILE, `aws sso login`), or name that account's record (--deployment FILE)")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    code, _, err = run_main(capsys, "destroy", "--yes", "--deployment", str(path))
+    assert code == 2 and fake_cdk() == []
+    assert one_error_line(err).startswith("error: no AWS credentials: log in to the account of team-a")
+
+
 def test_destroy_asks_then_forgets_destroyed_stacks_and_the_record_once_all_are_gone(tmp_path, capsys, monkeypatch,
-                                                                                     fake_cdk):
+                                                                                     sts, fake_cdk):
     path = tmp_path / "deployment.json"
     write_record(path)
+    sts(RECORDED_ACCOUNT)
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
     code, _, err = run_main(capsys, "destroy", "--deployment", str(path))
     assert code == 1 and "nothing deleted" in err and fake_cdk() == []
