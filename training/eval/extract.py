@@ -1,16 +1,22 @@
-"""Feature extraction across ranks: each rank encodes its shard, rank 0 receives every row.
+"""Feature extraction across ranks: each rank encodes its shard, the feature sets are written as
+the rows come, never held whole.
 
 Several encoders (checkpoints of different epochs, the baselines) share one pass over the images,
 because reading and resizing the held-out TIFFs costs more than the forward passes on a GPU.
-Rows travel with their dataset index, so the gathered set is sorted back into dataset order and is
-identical whatever the number of ranks.
+On one rank whose batches follow the dataset's order, each batch's rows go straight to the sets
+(training/rundir/features.py, FeatureSetWriter). Otherwise every rank writes its rows, with their
+dataset indices, to a part beside each set, and rank 0 merges the parts into the set in dataset
+order, a block at a time (merge_parts): the set is identical whatever the number of ranks, and its
+size never sits in memory (15 GB of float32 at 10^7 cells of 384 features).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -18,18 +24,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from training.rundir.features import FeaturePartWriter, FeatureSetWriter, merge_parts
+
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass
-class Shard:
-    """Rows computed (or gathered) on one rank: dataset indices, labels and one array per encoder."""
+@dataclass(frozen=True)
+class SetTarget:
+    """Where an encoder's feature set goes: its folder, its width and what its index records
+    (rank 0's; the other ranks write parts only)."""
 
-    indices: np.ndarray
-    labels: np.ndarray
-    features: dict[str, np.ndarray]
+    directory: Path
+    dim: int
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def raw_pixel_encoder(size: int) -> Encoder:
@@ -46,65 +55,46 @@ def raw_pixel_encoder(size: int) -> Encoder:
 
 
 @torch.no_grad()
-def extract_shard(
-    encoders: Mapping[str, Encoder], batches: Iterable, device: torch.device, *, progress: bool = False
-) -> Shard:
-    """Encode every batch `(images, labels, indices)` with each encoder; rows are L2-normalised."""
-    indices, labels = [], []
-    features: dict[str, list[np.ndarray]] = {name: [] for name in encoders}
-    for images, batch_labels, batch_indices in tqdm(batches, desc="features", unit="batch", disable=not progress):
+def encode_batches(encoders: Mapping[str, Encoder], batches: Iterable, device: torch.device, *,
+                   progress: bool = False) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Each batch `(images, labels, indices)` encoded by every encoder: its dataset indices and each
+    encoder's rows, L2-normalised float32, in the batch's order."""
+    for images, _, batch_indices in tqdm(batches, desc="features", unit="batch", disable=not progress):
         images = images.to(device, non_blocking=True)
-        for name, encode in encoders.items():
-            rows = F.normalize(encode(images).float(), dim=1)
-            features[name].append(rows.cpu().numpy())
-        indices.append(np.asarray(batch_indices, np.int64))
-        labels.append(np.asarray(batch_labels, np.int64))
-    return Shard(
-        indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
-        labels=np.concatenate(labels) if labels else np.zeros(0, np.int64),
-        features={name: np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
-                  for name, rows in features.items()},
-    )
+        rows = {name: F.normalize(encode(images).float(), dim=1).cpu().numpy() for name, encode in encoders.items()}
+        yield np.asarray(batch_indices, np.int64), rows
 
 
-def _gather_device() -> torch.device:
-    """NCCL moves CUDA tensors only; gloo moves CPU tensors."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def rank_and_ranks() -> tuple[int, int]:
+    """This process's rank and the number of ranks (0 and 1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
-def _all_gather_rows(rows: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-    """all_gather of tensors whose first dimension differs between ranks (padded, then trimmed)."""
-    count = torch.tensor([rows.shape[0]], device=device)
-    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
-    dist.all_gather(counts, count)
-    longest = int(max(c.item() for c in counts))
-    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=device)
-    padded[: rows.shape[0]] = rows.to(device)
-    received = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(received, padded)
-    return [r[: int(c.item())].cpu() for r, c in zip(received, counts)]
-
-
-def gather_shards(shard: Shard, names: list[str], dims: dict[str, int]) -> Shard | None:
-    """Every rank's rows, sorted by dataset index, on rank 0 (None elsewhere); a no-op on one rank.
-
-    `dims` gives each encoder's output width so that a rank with an empty shard can still take part.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        order = np.argsort(shard.indices, kind="stable")
-        return Shard(shard.indices[order], shard.labels[order], {n: shard.features[n][order] for n in names})
-    device = _gather_device()
-    ids = torch.from_numpy(np.stack([shard.indices, shard.labels], axis=1))
-    all_ids = torch.cat(_all_gather_rows(ids, device)).numpy()
-    gathered = {}
-    for name in names:
-        rows = shard.features[name].reshape(-1, dims[name]).astype(np.float32)
-        gathered[name] = torch.cat(_all_gather_rows(torch.from_numpy(rows), device)).numpy()
-    if dist.get_rank() != 0:
-        return None
-    order = np.argsort(all_ids[:, 0], kind="stable")
-    if len(np.unique(all_ids[:, 0])) != len(all_ids):
-        raise RuntimeError("ranks extracted overlapping shards: the eval loader must not pad or repeat images")
-    return Shard(all_ids[order, 0], all_ids[order, 1], {n: gathered[n][order] for n in names})
+def extract_sets(encoders: Mapping[str, Encoder], batches: Iterable, device: torch.device,
+                 targets: Mapping[str, SetTarget], *, ascending: bool, progress: bool = False) -> None:
+    """Encode this rank's batches and write each encoder's feature set to its target; every rank
+    calls it. `ascending`: the batches follow ascending dataset indices (the eval loader keeps the
+    order of the rows it is given); on one rank the rows are then written as they come."""
+    rank, ranks = rank_and_ranks()
+    if ranks == 1 and ascending:
+        with ExitStack() as stack:
+            writers = {name: stack.enter_context(FeatureSetWriter(t.directory, t.dim, t.meta))
+                       for name, t in targets.items()}
+            for indices, rows in encode_batches(encoders, batches, device, progress=progress):
+                order = np.argsort(indices, kind="stable")  # a batch's own order: the writer checks the rest
+                for name, writer in writers.items():
+                    writer.append(indices[order], rows[name][order])
+        return
+    with ExitStack() as stack:
+        parts = {name: stack.enter_context(FeaturePartWriter(t.directory, rank, ranks, t.dim))
+                 for name, t in targets.items()}
+        for indices, rows in encode_batches(encoders, batches, device, progress=progress):
+            for name, part in parts.items():
+                part.append(indices, rows[name])
+    if ranks > 1:
+        dist.barrier()  # every part is written before rank 0 reads them
+    if rank == 0:
+        for target in targets.values():
+            merge_parts(target.directory, ranks, target.dim, target.meta)

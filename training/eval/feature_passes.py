@@ -2,15 +2,17 @@
 
 The cells of each tag (the evaluated held-out cells, or every cell for the final checkpoint: see
 training/eval/feature_plan.py) are read once per pass for up to MODELS_PER_PASS encoders
-(checkpoints and baselines), each rank taking a disjoint shard; rank 0 gathers the rows and writes
-one feature set per tag (training/rundir/features.py), a checkpoint's with its model card in the
-index. The CellProfiler baseline needs no pass: rank
-0 computes it from the measurements stored with the cells (training/eval/cellprofiler.py).
+(checkpoints and baselines), each rank taking a disjoint shard; the rows are written as they come,
+one feature set per tag (training/eval/extract.py: on several ranks each writes a part and rank 0
+merges them), a checkpoint's with its model card in the index. The CellProfiler baseline needs no
+pass: rank 0 computes it from the measurements stored with the cells (training/eval/cellprofiler.py).
 """
 
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from training.config import Config
 from training.data.dataset import open_images
@@ -19,7 +21,7 @@ from training.data.stats import load_mean_std
 from training.distributed.groups import DistContext, broadcast_object
 from training.errors import UserError
 from training.eval.cellprofiler import cellprofiler_features
-from training.eval.extract import extract_shard, gather_shards
+from training.eval.extract import SetTarget, extract_sets
 from training.eval.feature_plan import (
     ALL_CELLS,
     EVALUATED,
@@ -30,7 +32,7 @@ from training.eval.feature_plan import (
     scope_rows,
 )
 from training.rundir import RunLayout, tags
-from training.rundir.features import FeatureSet, save_features
+from training.rundir.features import save_features
 from training.writes.diskspace import DiskFullError, room_problem
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,7 @@ def extract_all(config: Config, layout: RunLayout, plans: list[TagPlan], ctx: Di
         if not chosen:
             continue
         rows = scope_rows(config, scope, images)
-        needed = sum(len(rows) * (p.dim * 4 + 8) for p in chosen)  # every cell's set can be large: fail now
+        needed = room_needed(len(rows), chosen, ctx.world_size)  # every cell's set can be large: fail now
         problem = room_problem(layout.features_root, needed, "the features") if ctx.is_main else None
         if broadcast_object(ctx, problem):
             raise DiskFullError(problem)
@@ -101,13 +103,18 @@ def extract_pass(config: Config, layout: RunLayout, group: list[TagPlan], rows, 
     encoders = {p.tag: build_encoder(config, p, config.data.in_chans, ctx.device) for p in group}
     loader = build_eval_loader(config, indices=rows, rank=ctx.rank, world_size=ctx.world_size,
                                mean=stats[0], std=stats[1])
-    shard = extract_shard(encoders, loader, ctx.device, progress=ctx.is_main)
-    gathered = gather_shards(shard, list(encoders), {p.tag: p.dim for p in group})
-    if gathered is None:
-        return
-    for plan in group:
-        save_features(layout.features(plan.tag), FeatureSet(
-            features=gathered.features[plan.tag], indices=gathered.indices, meta=with_card(plan)))
+    targets = {p.tag: SetTarget(layout.features(p.tag), p.dim, with_card(p) if ctx.is_main else {}) for p in group}
+    extract_sets(encoders, loader, ctx.device, targets, ascending=bool((np.diff(rows) > 0).all()),
+                 progress=ctx.is_main)
+
+
+def room_needed(cells: int, chosen: list[TagPlan], ranks: int) -> int:
+    """Bytes the feature sets of `chosen` take (float32 features and an int64 row a cell); on several
+    ranks, plus the parts of the largest pass, which lie beside the sets until rank 0 has merged them."""
+    sizes = [cells * (p.dim * 4 + 8) for p in chosen]
+    encoded = [size for size, p in zip(sizes, chosen) if p.kind != tags.CELLPROFILER]
+    passes = [sum(encoded[start:start + MODELS_PER_PASS]) for start in range(0, len(encoded), MODELS_PER_PASS)]
+    return sum(sizes) + (max(passes, default=0) if ranks > 1 else 0)
 
 
 def with_card(plan: TagPlan) -> dict:

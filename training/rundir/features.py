@@ -6,7 +6,10 @@ gigabytes for 100k images; nothing in the index grows with the number of cells, 
 of 10^7 rows parses a few hundred bytes of JSON. A set is keyed by table rows only: labels, paths,
 batches and every metadata column are the table's (and labels.json's), never a second list kept
 in step. The files are written to temporary names and renamed, the index last, so an interrupted
-step never leaves a half-written feature set behind.
+step never leaves a half-written feature set behind. FeatureSetWriter writes them block by block as
+the rows come (the `features` step never holds a set: 15 GB at 10^7 cells of 384 float32); on
+several ranks each rank writes its part beside the set under a hidden name (FeaturePartWriter) and
+rank 0 merges the parts into the set (merge_parts).
 
 The index records both arrays' sizes and CRC-32s ("features_bytes", "features_crc32", "rows_bytes",
 "rows_crc32", computed while writing). A reader checks the sizes from the arrays' own headers at
@@ -17,7 +20,10 @@ listed in index.json as "indices") is still read.
 
 from __future__ import annotations
 
+import io
 import logging
+import zlib
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,7 @@ from training.rundir.integrity import (
     rerun,
     size_problem,
 )
-from training.writes.atomic import atomic_path, write_json_atomic
+from training.writes.atomic import atomic_path, check_writable, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -75,31 +81,244 @@ class FeatureSet:
         return FeatureSet(np.asarray(self.features[position]), rows, dict(self.meta))
 
 
-def _save_npy(path: Path, array: np.ndarray) -> Crc32Writer:
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        written = Crc32Writer(handle)
-        np.save(written, array)
-    return written
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """np.save's header of an array of `dtype` and `shape` (C order, format 1.0). numpy pads it so
+    that its length does not change as the first dimension grows: a writer can leave the header's
+    room, stream the rows, then write the header of the rows it wrote."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                  "fortran_order": False, "shape": shape})
+    return header.getvalue()
+
+
+_CRC32_POLY = 0xEDB88320
+"""CRC-32's polynomial, bit-reflected as zlib computes it."""
+
+
+def _crc32_multiply(a: int, b: int) -> int:
+    """a x b modulo CRC-32's polynomial (zlib's multmodp)."""
+    bit, product = 1 << 31, 0
+    while True:
+        if a & bit:
+            product ^= b
+            if not a & (bit - 1):
+                return product
+        bit >>= 1
+        b = (b >> 1) ^ _CRC32_POLY if b & 1 else b >> 1
+
+
+def _crc32_zeros(count: int) -> int:
+    """x^(8 count) modulo the polynomial: appending `count` zero bytes, as an operator (zlib's x2nmodp)."""
+    product, power = 1 << 31, 1 << 30  # 1 and x, in the reflected bit order; x squared thrice is x^8: a byte
+    for _ in range(3):
+        power = _crc32_multiply(power, power)
+    while count:
+        if count & 1:
+            product = _crc32_multiply(power, product)
+        count >>= 1
+        power = _crc32_multiply(power, power)
+    return product
+
+
+def crc32_combine(first: int, second: int, second_size: int) -> int:
+    """The CRC-32 of A then B from the CRC-32s of A and B and B's size (zlib's crc32_combine, which
+    Python's zlib does not expose): a streamed file's header, written last, joins its data's CRC."""
+    return _crc32_multiply(_crc32_zeros(second_size), first) ^ second
+
+
+class _NpyStream:
+    """One .npy file written block by block through a temporary name (training/writes/atomic.py):
+    the header's room first, the blocks through a Crc32Writer, then the header of the rows written."""
+
+    def __init__(self, files: ExitStack, path: Path, dtype: type, row_shape: tuple[int, ...]) -> None:
+        self.dtype, self.row_shape = np.dtype(dtype), row_shape
+        self.handle = files.enter_context(open(files.enter_context(atomic_path(path)), "wb"))
+        self.header_size = self.handle.write(_npy_header(self.dtype, (0, *row_shape)))
+        self.data = Crc32Writer(self.handle)
+        self.rows = 0
+
+    def write(self, block: np.ndarray) -> None:
+        self.data.write(np.ascontiguousarray(block, dtype=self.dtype))
+        self.rows += len(block)
+
+    def finish(self) -> tuple[int, str]:
+        """Write the header of the rows written: the file's size and CRC-32 (hex)."""
+        header = _npy_header(self.dtype, (self.rows, *self.row_shape))
+        if len(header) != self.header_size:
+            raise RuntimeError(f"numpy {np.__version__} does not leave room in a .npy header for its rows to grow "
+                               "(numpy >= 1.23 does)")
+        self.handle.seek(0)
+        self.handle.write(header)
+        return self.header_size + self.data.size, crc32_hex(crc32_combine(zlib.crc32(header), self.data.crc,
+                                                                          self.data.size))
+
+
+class FeatureSetWriter:
+    """A feature set written block by block, with the bytes save_features writes, holding no more
+    than the block it is given: `features.npy` and `rows.npy` go to temporary names as the blocks
+    come, and on a clean exit are renamed and the index written last, atomically, with their sizes and
+    CRC-32s. An exception inside the block leaves the earlier set (if any) as it was and nothing
+    else; a crash after the renames, before the index, leaves arrays without an index, which
+    read_index reports as incomplete and `features` recomputes.
+
+        with FeatureSetWriter(directory, dim, meta) as writer:
+            writer.append(rows, features)  # table rows ascending and distinct, over every block
+    """
+
+    def __init__(self, directory: Path, dim: int, meta: dict[str, Any] | None = None) -> None:
+        self.directory, self.dim, self.meta = Path(directory), int(dim), dict(meta or {})
+        self.last_row = -1
+
+    def __enter__(self) -> "FeatureSetWriter":
+        check_writable([self.directory / name for name in (FEATURES_FILE, ROWS_FILE, INDEX_FILE)])
+        with ExitStack() as files:
+            self.feature_file = _NpyStream(files, self.directory / FEATURES_FILE, np.float32, (self.dim,))
+            self.row_file = _NpyStream(files, self.directory / ROWS_FILE, np.int64, ())
+            self.files = files.pop_all()
+        return self
+
+    def append(self, rows: np.ndarray, features: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 1 or np.shape(features) != (len(rows), self.dim):
+            raise ValueError(f"a block of {np.shape(features)} features for {rows.shape} rows; expected "
+                             f"({len(rows)}, {self.dim})")
+        if len(rows) and (rows[0] <= self.last_row or not (np.diff(rows) > 0).all()):
+            raise ValueError("feature set rows must be ascending and distinct")
+        self.feature_file.write(features)
+        self.row_file.write(rows)
+        self.last_row = int(rows[-1]) if len(rows) else self.last_row
+
+    @property
+    def count(self) -> int:
+        """Rows appended so far."""
+        return self.row_file.rows
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None:
+            return bool(self.files.__exit__(kind, error, traceback))  # temporary files removed, nothing renamed
+        with self.files:  # on leaving: both files closed, then renamed
+            (features_bytes, features_crc), (rows_bytes, rows_crc) = self.feature_file.finish(), self.row_file.finish()
+            (self.directory / INDEX_FILE).unlink(missing_ok=True)  # never an index beside other arrays
+        write_json_atomic(self.directory / INDEX_FILE, {
+            **self.meta, "n_images": self.count, "dim": self.dim, "features_bytes": features_bytes,
+            "features_crc32": features_crc, "rows_bytes": rows_bytes, "rows_crc32": rows_crc}, indent=None)
+        log.info("wrote %d x %d features to %s", self.count, self.dim, self.directory)
+        return False
 
 
 def save_features(directory: Path, feature_set: FeatureSet) -> None:
     """Write `features.npy`, `rows.npy` and `index.json` atomically (the index last: it marks completion)."""
-    array = np.ascontiguousarray(feature_set.features, dtype=np.float32)
-    rows = np.ascontiguousarray(feature_set.indices, dtype=np.int64)
-    if len(rows) > 1 and not (np.diff(rows) > 0).all():
-        raise ValueError("feature set rows must be ascending and distinct")
-    features, row_file = _save_npy(directory / FEATURES_FILE, array), _save_npy(directory / ROWS_FILE, rows)
-    index = {
-        **feature_set.meta,
-        "n_images": int(array.shape[0]),
-        "dim": int(array.shape[1]),
-        "features_bytes": features.size,
-        "features_crc32": crc32_hex(features.crc),
-        "rows_bytes": row_file.size,
-        "rows_crc32": crc32_hex(row_file.crc),
-    }
-    write_json_atomic(directory / INDEX_FILE, index, indent=None)
-    log.info("wrote %d x %d features to %s", array.shape[0], array.shape[1], directory)
+    with FeatureSetWriter(directory, feature_set.dim, feature_set.meta) as writer:
+        writer.append(feature_set.indices, feature_set.features)
+
+
+PART_PREFIX = ".part-"
+"""A rank's part of a feature set lies in the set's folder under a hidden name (`.part-00001-of-00004.`
+then features.npy or rows.npy): no reader takes it for a set, and merge_parts removes it."""
+MERGE_BYTES = 1 << 26
+"""Feature bytes the merge holds at a time, over all the parts (64 MB)."""
+
+
+def part_paths(directory: Path, rank: int, ranks: int) -> tuple[Path, Path]:
+    """The features and rows files of rank `rank`'s part of the set in `directory`."""
+    stem = f"{PART_PREFIX}{rank:05d}-of-{ranks:05d}."
+    return Path(directory) / (stem + FEATURES_FILE), Path(directory) / (stem + ROWS_FILE)
+
+
+class FeaturePartWriter:
+    """One rank's rows of a feature set, in the order it computed them, block by block: two .npy
+    files written as the set's are (through temporary names, renamed on a clean exit), for
+    merge_parts to read memory-mapped once every rank has written its part."""
+
+    def __init__(self, directory: Path, rank: int, ranks: int, dim: int) -> None:
+        self.paths, self.dim = part_paths(directory, rank, ranks), int(dim)
+
+    def __enter__(self) -> "FeaturePartWriter":
+        with ExitStack() as files:
+            self.feature_file = _NpyStream(files, self.paths[0], np.float32, (self.dim,))
+            self.row_file = _NpyStream(files, self.paths[1], np.int64, ())
+            self.files = files.pop_all()
+        return self
+
+    def append(self, rows: np.ndarray, features: np.ndarray) -> None:
+        self.feature_file.write(np.reshape(features, (len(rows), self.dim)))
+        self.row_file.write(rows)
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is None:
+            self.feature_file.finish()
+            self.row_file.finish()
+        return bool(self.files.__exit__(kind, error, traceback))
+
+
+@dataclass
+class _Part:
+    """A part's rows ascending (`rows`, memory-mapped when the rank wrote them in order) and where
+    each one's features are in the part (`order`, None when in place)."""
+
+    rows: np.ndarray
+    features: np.ndarray
+    order: np.ndarray | None
+
+    def features_of(self, start: int, stop: int) -> np.ndarray:
+        if self.order is None:
+            return np.asarray(self.features[start:stop])
+        return self.features[self.order[start:stop]]
+
+
+def _ascending(rows: np.ndarray, block: int) -> bool:
+    """Whether memory-mapped `rows` are ascending and distinct, read `block` at a time."""
+    return all((np.diff(rows[max(0, start - 1):start + block]) > 0).all() for start in range(0, len(rows), block))
+
+
+def _open_part(directory: Path, rank: int, ranks: int, dim: int, block: int) -> _Part:
+    features_path, rows_path = part_paths(directory, rank, ranks)
+    for path in (features_path, rows_path):
+        if not path.is_file():
+            raise UserError(f"{path} is missing after every rank wrote its part of the feature set: the run's folder "
+                            "must be on a file system every node shares (FSx), as run.output_dir is on the cluster")
+    features, rows = np.load(features_path, mmap_mode="r"), np.load(rows_path, mmap_mode="r")
+    if features.shape != (len(rows), dim):
+        raise DamagedFileError(features_path, f"holds {features.shape} features for {len(rows)} rows of {dim}", REMEDY)
+    if _ascending(rows, block):
+        return _Part(rows, features, None)
+    order = np.argsort(rows, kind="stable")  # a rank that computed its rows out of order: only they are held
+    return _Part(np.asarray(rows)[order], features, order)
+
+
+def _merged(parts: list[_Part], block: int):
+    """The parts' (rows, features) in ascending row order, in blocks of at most `block` rows over all
+    parts: each round takes up to block / len(parts) rows of every part not yet done and hands on
+    those up to the smallest of their last rows, which no later row of any part can precede."""
+    per_part, done, last = max(1, block // len(parts)), [0] * len(parts), -1
+    while live := [i for i, part in enumerate(parts) if done[i] < len(part.rows)]:
+        window = {i: np.asarray(parts[i].rows[done[i]:done[i] + per_part]) for i in live}
+        bound = min(int(rows[-1]) for rows in window.values())
+        taken = {i: int(np.searchsorted(rows, bound, side="right")) for i, rows in window.items()}
+        rows = np.concatenate([window[i][:taken[i]] for i in live])
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        if rows[0] <= last or not (np.diff(rows) > 0).all():
+            raise RuntimeError("ranks extracted overlapping shards: the eval loader must not pad or repeat images")
+        features = np.concatenate([parts[i].features_of(done[i], done[i] + taken[i]) for i in live])[order]
+        for i in live:
+            done[i] += taken[i]
+        last = int(rows[-1])
+        yield rows, features
+
+
+def merge_parts(directory: Path, ranks: int, dim: int, meta: dict[str, Any]) -> None:
+    """The feature set in `directory` from the parts of its `ranks` ranks (FeaturePartWriter), in
+    ascending row order through FeatureSetWriter, MERGE_BYTES of features at a time whatever the
+    set's size; then every part there is removed. RuntimeError when two parts hold the same row."""
+    block = max(1, MERGE_BYTES // (max(1, dim) * 4))
+    parts = [_open_part(directory, rank, ranks, dim, block) for rank in range(ranks)]
+    log.info("merging %d rows from %d ranks' parts into %s", sum(len(p.rows) for p in parts), ranks, directory)
+    with FeatureSetWriter(directory, dim, meta) as writer:
+        for rows, features in _merged(parts, block):
+            writer.append(rows, features)
+    for path in Path(directory).glob(PART_PREFIX + "*"):
+        path.unlink()
 
 
 REMEDY = rerun("features")

@@ -104,6 +104,8 @@ def test_torchrun_two_ranks_write_the_single_rank_features(config, tmp_path):
         two, one = load_features(other / "features" / tag), load_features(root / "features" / tag)
         np.testing.assert_array_equal(two.indices, one.indices)
         np.testing.assert_allclose(two.features, one.features, atol=1e-5)
+        # each rank wrote a part beside the set; rank 0 merged them and removed them
+        assert sorted(p.name for p in (other / "features" / tag).iterdir()) == ["features.npy", "index.json", "rows.npy"]
 
 
 def test_knn_table_compares_trained_features_with_baselines(config, capsys):

@@ -1,6 +1,5 @@
-"""Feature sets: the on-disk format, the raw-pixel baseline and the gather across gloo ranks."""
+"""Feature sets: the on-disk format, the raw-pixel baseline and the sets written across gloo ranks."""
 
-import os
 import socket
 
 import numpy as np
@@ -9,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from training.errors import DamagedFileError, MissingInputError, UserError
-from training.eval.extract import extract_shard, gather_shards, raw_pixel_encoder
+from training.eval.extract import SetTarget, encode_batches, extract_sets, raw_pixel_encoder
 from training.rundir.features import FeatureSet, list_tags, load_features, save_features
 
 
@@ -76,9 +75,10 @@ def test_incomplete_sets_say_what_is_missing_and_absent_ones_name_the_step(tmp_p
 
 def test_raw_pixel_baseline_pools_to_a_modest_dimension():
     images = torch.rand(4, 5, 40, 40)
-    shard = extract_shard({"raw_pixels": raw_pixel_encoder(8)}, [(images, torch.arange(4), torch.arange(4))],
-                          torch.device("cpu"))
-    rows = shard.features["raw_pixels"]
+    ((indices, encoded),) = encode_batches({"raw_pixels": raw_pixel_encoder(8)},
+                                           [(images, torch.arange(4), torch.arange(4))], torch.device("cpu"))
+    rows = encoded["raw_pixels"]
+    np.testing.assert_array_equal(indices, np.arange(4))
     assert rows.shape == (4, 5 * 8 * 8)
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
     # each row: the means of the 5 x 5 pixel blocks, channel by channel, row-major, scaled to unit length
@@ -92,10 +92,13 @@ def _images(n=11):
 
 
 def _encoders():
-    """A seeded linear projection and the raw-pixel baseline: the gather, not the model, is under test."""
-    torch.manual_seed(0)
-    projection = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 32 * 32, 16)).eval()
-    return {"projection": projection, "raw_pixels": raw_pixel_encoder(4)}
+    """The raw-pixel baseline and a pixel-wise square: each row is computed from its own image alone, so
+    the rows are the same bytes however the ranks batch the images (a learned projection's matrix
+    product may take another path for another batch size); the writing, not the model, is under test."""
+    return {"raw_pixels": raw_pixel_encoder(4), "squares": lambda images: images.flatten(1)[:, ::37] ** 2}
+
+
+DIMS = {"raw_pixels": 32, "squares": 56}
 
 
 def _batches(indices, batch_size=3):
@@ -104,20 +107,21 @@ def _batches(indices, batch_size=3):
             for i in range(0, len(indices), batch_size)]
 
 
+def _targets(root):
+    return {name: SetTarget(root / name, dim, {"tag": name}) for name, dim in DIMS.items()}
+
+
 def _rank_main(rank, world_size, port, out_dir):
+    from pathlib import Path
+
     from training.distributed.groups import DistEnv, cleanup, init_distributed
 
     torch.set_num_threads(1)
     ctx = init_distributed(DistEnv(rank=rank, world_size=world_size, master_port=port, launcher="torchrun"))
     # uneven, interleaved shards: rank 0 gets 6 images, rank 1 gets 5, in scrambled order
     order = torch.tensor([7, 0, 9, 2, 4, 10, 1, 8, 3, 6, 5])
-    shard = extract_shard(_encoders(), _batches(order[rank::world_size]), ctx.device)
-    gathered = gather_shards(shard, ["projection", "raw_pixels"], {"projection": 16, "raw_pixels": 32})
-    if rank == 0:
-        np.savez(os.path.join(out_dir, "gathered.npz"), indices=gathered.indices, labels=gathered.labels,
-                 projection=gathered.features["projection"], raw=gathered.features["raw_pixels"])
-    else:
-        assert gathered is None
+    extract_sets(_encoders(), _batches(order[rank::world_size]), ctx.device, _targets(Path(out_dir)),
+                 ascending=False)
     cleanup(ctx)
 
 
@@ -127,18 +131,44 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _set_files(directory):
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
 @pytest.mark.slow
-def test_two_gloo_ranks_gather_exactly_the_single_rank_result(tmp_path, monkeypatch):
+def test_two_gloo_ranks_write_the_single_rank_set_byte_for_byte(tmp_path, monkeypatch):
+    """Each rank writes its part beside the set, rank 0 merges them in dataset order and removes them:
+    the files are those one rank writes as its batches come, and those of one rank out of order."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
-    mp.start_processes(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    gathered = np.load(tmp_path / "gathered.npz")
-    single = gather_shards(extract_shard(_encoders(), _batches(torch.arange(11)), torch.device("cpu")),
-                           ["projection", "raw_pixels"], {"projection": 16, "raw_pixels": 32})
-    np.testing.assert_array_equal(gathered["indices"], np.arange(11))
-    np.testing.assert_array_equal(gathered["labels"], single.labels)
-    np.testing.assert_allclose(gathered["projection"], single.features["projection"], atol=1e-6)
-    np.testing.assert_allclose(gathered["raw"], single.features["raw_pixels"], atol=1e-6)
+    mp.start_processes(_rank_main, args=(2, _free_port(), str(tmp_path / "two")), nprocs=2, start_method="spawn")
+    extract_sets(_encoders(), _batches(torch.arange(11)), torch.device("cpu"), _targets(tmp_path / "one"),
+                 ascending=True)
+    scrambled = torch.tensor([10, 3, 4, 0, 8, 1, 2, 9, 5, 7, 6])
+    extract_sets(_encoders(), _batches(scrambled), torch.device("cpu"), _targets(tmp_path / "scrambled"),
+                 ascending=False)
+    for name in DIMS:
+        one = _set_files(tmp_path / "one" / name)
+        assert list(one) == ["features.npy", "index.json", "rows.npy"]
+        assert _set_files(tmp_path / "two" / name) == one == _set_files(tmp_path / "scrambled" / name), name
+        loaded = load_features(tmp_path / "one" / name)
+        np.testing.assert_array_equal(loaded.indices, np.arange(11))
+        np.testing.assert_allclose(np.linalg.norm(loaded.features, axis=1), 1.0, rtol=1e-5)
+    squares = _images()[0].flatten(1)[:, ::37].double() ** 2
+    np.testing.assert_allclose(load_features(tmp_path / "two" / "squares").features,
+                               (squares / squares.norm(dim=1, keepdim=True)).numpy(), rtol=1e-6)
+
+
+def test_one_rank_out_of_order_sets_are_merged_not_refused(tmp_path):
+    """Batches that do not follow the dataset's order (ascending=False) go through a part and the merge."""
+    scrambled = torch.tensor([10, 3, 4, 0, 8, 1, 2, 9, 5, 7, 6])
+    extract_sets(_encoders(), _batches(scrambled), torch.device("cpu"), _targets(tmp_path), ascending=False)
+    loaded = load_features(tmp_path / "raw_pixels")
+    np.testing.assert_array_equal(loaded.indices, np.arange(11))
+    assert sorted(p.name for p in (tmp_path / "raw_pixels").iterdir()) == ["features.npy", "index.json", "rows.npy"]
+    with pytest.raises(ValueError, match="ascending and distinct"):
+        extract_sets(_encoders(), _batches(scrambled), torch.device("cpu"), _targets(tmp_path / "x"), ascending=True)
+    assert not (tmp_path / "x" / "raw_pixels" / "index.json").exists()
 
 
 def test_a_few_rows_of_a_large_set_are_read_without_checksumming_all_of_it(tmp_path, monkeypatch):
