@@ -1,5 +1,6 @@
-"""What the steps after `features` cost as a screen grows: its feature set written, `export`'s AnnData
-and Parquet files, the per-well medians and their normalisation, and the retrieval mAP.
+"""What the `features` step's writing and the steps after it cost as a screen grows: its feature set
+written, `export`'s AnnData and Parquet files, the per-well medians and their normalisation, and the
+retrieval mAP.
 
     python -m training bench profile-scale [--sizes 100000,1000000,10000000] [--plates 40] [--out FILE]
 
@@ -25,14 +26,15 @@ first (IMPORTS: not timed), and is measured:
     load_before             the machine's load average as the step began (others' work shares its cores)
     bytes                   what the step wrote
 
-The steps: `features` (features.npy, rows.npy and index.json, written as the features step writes
-them but ROWS_PER_WRITE rows at a time: the step itself holds every row, see `save_features`),
-`h5ad` and `parquet` (export's cells.h5ad and cells.parquet, training/eval/profiles/export.py),
+The steps: `extract` (the `features` step's writing path, training/eval/extract.py's extract_sets on
+one rank: batches of eval.batch_size cells L2-normalised and written as they come, each batch's rows
+the synthetic rows of its cells in place of a model's), `extract_merged` (the same through the path
+of several ranks: the rank's part beside the set, then rank 0's merge), `features` (features/final
+for the later steps, written by training/rundir/features.py's FeatureSetWriter ROWS_PER_WRITE rows at a
+time), `h5ad` and `parquet` (export's cells.h5ad and cells.parquet, training/eval/profiles/export.py),
 `wells` (export's per-well medians and wells.parquet, then eval.profile_normalization's per-plate
 mad_robustize and sphering and wells_normalized.parquet), `map` (knn's phenotypic-activity mAP,
-training/eval/retrieval.py, on the per-well profiles of every cell). Up to SAVE_FEATURES_LIMIT cells,
-`save_features` measures training/rundir/features.py's writer as the `features` step calls it, with
-every row in memory.
+training/eval/retrieval.py, on the per-well profiles of every cell).
 """
 
 from __future__ import annotations
@@ -74,11 +76,9 @@ ROWS_PER_WRITE = 1 << 16
 NOISE_ROWS = 65521
 """Rows of the bank of noise the cells' features draw from (a prime: neighbouring cells differ)."""
 SAMPLE_S = 0.01
-SAVE_FEATURES_LIMIT = 1_000_000
-"""Above it save_features would hold N x DIM float32 (15 GB at 10^7) in this machine's memory."""
-STEPS = ("features", "h5ad", "parquet", "wells", "map")
-IMPORTS = ("training.data.dataset", "training.models", "training.eval.profiles.export", "training.eval.retrieval", "h5py",
-           "anndata", "pandas", "pyarrow.parquet", "pycytominer", "copairs.map")
+STEPS = ("extract", "extract_merged", "features", "h5ad", "parquet", "wells", "map")
+IMPORTS = ("training.data.dataset", "training.models", "training.eval.extract", "training.eval.profiles.export",
+           "training.eval.retrieval", "h5py", "anndata", "pandas", "pyarrow.parquet", "pycytominer", "copairs.map")
 """What the steps import, imported before the clock starts (training.data.dataset imports torch: ~4 s)."""
 
 
@@ -201,25 +201,14 @@ def feature_meta(config) -> dict[str, Any]:
 
 
 def write_features(directory: Path, screen: Screen, meta: dict[str, Any]) -> None:
-    """features.npy, rows.npy and index.json with save_features' bytes, ROWS_PER_WRITE rows at a time."""
-    from training.rundir.features import FEATURES_FILE, INDEX_FILE, ROWS_FILE
-    from training.rundir.integrity import Crc32Writer, crc32_hex
-    from training.writes.atomic import atomic_path, write_json_atomic
+    """The screen's feature set through the product's writer, ROWS_PER_WRITE rows at a time."""
+    from training.rundir.features import FeatureSetWriter
 
-    directory.mkdir(parents=True, exist_ok=True)
-    n, written, synthetic = screen.n, {}, SyntheticFeatures(screen)
-    for name, shape, dtype, rows_of in ((FEATURES_FILE, (n, DIM), "<f4", synthetic.rows),
-                                        (ROWS_FILE, (n,), "<i8", lambda a, b: np.arange(a, b, dtype=np.int64))):
-        with atomic_path(directory / name) as tmp, open(tmp, "wb") as handle:
-            out = Crc32Writer(handle)
-            np.lib.format.write_array_header_1_0(out, {"descr": dtype, "fortran_order": False, "shape": shape})
-            for start in range(0, n, ROWS_PER_WRITE):
-                out.write(np.ascontiguousarray(rows_of(start, min(n, start + ROWS_PER_WRITE))))
-        written[name] = out
-    features, rows = written[FEATURES_FILE], written[ROWS_FILE]
-    write_json_atomic(directory / INDEX_FILE, {
-        **meta, "n_images": n, "dim": DIM, "features_bytes": features.size, "features_crc32": crc32_hex(features.crc),
-        "rows_bytes": rows.size, "rows_crc32": crc32_hex(rows.crc)}, indent=None)
+    n, synthetic = screen.n, SyntheticFeatures(screen)
+    with FeatureSetWriter(directory, DIM, meta) as writer:
+        for start in range(0, n, ROWS_PER_WRITE):
+            stop = min(n, start + ROWS_PER_WRITE)
+            writer.append(np.arange(start, stop, dtype=np.int64), synthetic.rows(start, stop))
 
 
 def status_mb(key: str, pid: int | str = "self") -> float:
@@ -247,17 +236,44 @@ def run_features(config, screen: Screen) -> dict[str, Any]:
     return {"bytes": folder_bytes(directory)}
 
 
-def run_save_features(config, screen: Screen) -> dict[str, Any]:
-    """training/rundir/features.py's save_features, every row in memory as the features step holds them."""
-    from training.rundir import RunLayout
-    from training.rundir.features import FeatureSet, save_features
+def extract_features(directory: Path, config, screen: Screen, *, ascending: bool = True) -> None:
+    """The screen's feature set through the `features` step's writing path (training/eval/extract.py)
+    on one rank. The model and the loader are stood in for by each batch's synthetic rows: the pixel
+    files are sparse, and a forward pass costs GPU time, not the writer's memory, which is what this
+    measures. `ascending=False` takes the path of several ranks: the rank's part, then the merge."""
+    import torch
 
-    directory = RunLayout.from_config(config).root / "save-features"
-    rows = np.arange(screen.n, dtype=np.int64)
-    save_features(directory, FeatureSet(SyntheticFeatures(screen).all_rows(), rows, feature_meta(config)))
+    from training.eval.extract import SetTarget, extract_sets
+    from training.rundir import tags
+
+    synthetic, batch = SyntheticFeatures(screen), config.eval.batch_size
+
+    def batches():
+        for start in range(0, screen.n, batch):
+            cells = torch.arange(start, min(screen.n, start + batch))
+            yield cells, torch.zeros_like(cells), cells
+
+    def encode(cells: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(synthetic.rows(int(cells[0]), int(cells[-1]) + 1))
+
+    extract_sets({tags.FINAL: encode}, batches(), torch.device("cpu"),
+                 {tags.FINAL: SetTarget(directory, DIM, feature_meta(config))}, ascending=ascending)
+
+
+def run_extract(config, screen: Screen, *, ascending: bool = True) -> dict[str, Any]:
+    """extract_features into a scratch set, deleted once measured (features/final stays the later
+    steps' input)."""
+    from training.rundir import RunLayout
+
+    directory = RunLayout.from_config(config).root / "extract"
+    extract_features(directory, config, screen, ascending=ascending)
     size = folder_bytes(directory)
     shutil.rmtree(directory)
     return {"bytes": size}
+
+
+def run_extract_merged(config, screen: Screen) -> dict[str, Any]:
+    return run_extract(config, screen, ascending=False)
 
 
 def run_h5ad(config, screen: Screen) -> dict[str, Any]:
@@ -314,7 +330,8 @@ def run_map(config, screen: Screen) -> dict[str, Any]:
 
 
 CHILD_STEPS: dict[str, Callable[[Any, Screen], dict[str, Any]]] = {
-    "features": run_features, "save_features": run_save_features, "h5ad": run_h5ad, "parquet": run_parquet,
+    "extract": run_extract, "extract_merged": run_extract_merged, "features": run_features, "h5ad": run_h5ad,
+    "parquet": run_parquet,
     "wells": run_wells, "map": run_map}
 
 
@@ -396,7 +413,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
             write_screen(root, screen)
             row: dict[str, Any] = {"n_cells": n, "generate_s": round(time.perf_counter() - start, 2),
                                    "table_bytes": folder_bytes(run_layout(root).packed / CELLS_FILE)}
-            for step in (["save_features"] if n <= SAVE_FEATURES_LIMIT else []) + list(STEPS):
+            for step in STEPS:
                 row[step] = measure(step, root, screen)
                 log.info("bench profile-scale: %d cells, %s: %s", n, step, row[step])
                 drop_outputs(root)

@@ -1,5 +1,6 @@
 """bench profile-scale at 10^3 cells: the synthetic screen is laid out as a screen is, its feature set
-is the bytes save_features writes, each step runs through the product's own functions and gives what
+is the bytes save_features writes, the features step's writing path gives the same set on both its
+paths, each step runs through the product's own functions and gives what
 they give, and a step measured in its own process reports its memory, time and bytes."""
 
 from __future__ import annotations
@@ -61,6 +62,21 @@ def test_the_feature_set_is_what_save_features_writes_and_reads_back_checked(scr
     np.testing.assert_array_equal(chunked, expected)  # the same rows whatever the chunks
 
 
+@pytest.mark.parametrize("ascending", [True, False])
+def test_the_features_step_s_path_writes_the_normalised_rows_as_save_features_would(screen, tmp_path, ascending):
+    """extract: one rank's rows written as they come; extract_merged: a rank's part, then the merge."""
+    config = bench.screen_config(screen)
+    rows = bench.SyntheticFeatures(SMALL).all_rows()
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    save_features(tmp_path / "expected", FeatureSet(rows, np.arange(SMALL.n), bench.feature_meta(config)))
+    bench.extract_features(tmp_path / "extracted", config, SMALL, ascending=ascending)
+    assert sorted(p.name for p in (tmp_path / "extracted").iterdir()) == ["features.npy", "index.json", "rows.npy"]
+    extracted = load_features(tmp_path / "extracted")  # every row read: its CRC-32s are checked
+    np.testing.assert_allclose(extracted.features, rows, rtol=1e-6, atol=1e-7)  # torch's norm against numpy's
+    assert extracted.meta["n_images"] == SMALL.n and extracted.meta["checkpoint"] == "synthetic: bench profile-scale"
+    assert (tmp_path / "extracted" / "rows.npy").read_bytes() == (tmp_path / "expected" / "rows.npy").read_bytes()
+
+
 def test_export_s_files_come_from_the_product_s_writers(screen):
     config = bench.screen_config(screen)
     layout = RunLayout.from_config(config)
@@ -90,14 +106,13 @@ def test_each_step_is_measured_in_its_own_process_and_the_scratch_is_removed(tmp
     result = bench.run_profile_scale_benchmark([2000], plates=1, scratch=tmp_path)
     (row,) = result["rows"]
     assert result["wells"] == 384 and row["n_cells"] == 2000 and row["table_bytes"] > 0
-    for step in ("save_features", *bench.STEPS):
+    for step in bench.STEPS:
         figures = row[step]
         assert figures["peak_rss_mb"] >= figures["peak_anon_mb"] >= figures["base_anon_mb"] > 0, step
         assert figures["process_cpu_s"] >= figures["cpu_s"] > 0 and figures["process_s"] > figures["seconds"], step
         assert figures["s_per_million"] == pytest.approx(figures["seconds"] / 2000 * 1e6, rel=1e-3)
-    assert row["features"]["bytes"] == row["save_features"]["bytes"] > 2000 * bench.DIM * 4
+    assert row["features"]["bytes"] == row["extract"]["bytes"] == row["extract_merged"]["bytes"] > 2000 * bench.DIM * 4
     assert row["h5ad"]["bytes"] > row["features"]["bytes"] and row["map"]["bytes"] == 0
-    assert row["save_features"]["peak_anon_mb"] > row["save_features"]["base_anon_mb"]
     assert list(tmp_path.iterdir()) == []
     json.dumps(result)
 
