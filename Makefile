@@ -10,6 +10,9 @@ VENV := .venv
 PCLUSTER_VENV := .venv-pcluster
 CHECKOV_VENV := .venv-checkov
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: the Slurm tests in one, the rest beside them, a file at a time (tests/conftest.py
+# says why); 0 runs them all in one process, one after another, as before.
+TEST_WORKERS ?= 2
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
@@ -48,7 +51,7 @@ screen: install
 	scripts/screen.sh
 
 test: install lint
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-quick: install
 	$(VENV)/bin/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)

@@ -1,5 +1,6 @@
-"""Suite-wide settings: small thread pools on the 2-core CI machine, the GPU marker, moto's server, and
-ParallelCluster's own limits (tests/infra and tests/bootstrap both hold our settings to them)."""
+"""Suite-wide settings: small thread pools on the 2-core CI machine, which of make test's two workers runs
+what, the GPU marker, moto's server, and ParallelCluster's own limits (tests/infra and tests/bootstrap both
+hold our settings to them)."""
 
 import os
 import shutil
@@ -22,7 +23,31 @@ def pytest_report_header(config):
     return f"free disk in {where}: {free:.1f} GiB (the suite took at most 9.2 GiB at its peak, measured 2026-11-25)"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):
+        group_for_workers(items)
+    skip_gpu_tests_without_cuda(items)
+
+
+def group_for_workers(items):
+    """Under pytest-xdist (make test: `-n 2 --dist loadgroup --no-loadscope-reorder`), which worker runs what.
+
+    Every test that uses the local Slurm cluster runs in one group, on one worker, in file order: they share
+    its two nodes and the session's pipeline chain, and some stop a node, reconfigure the controller or
+    restart the cluster in another shape. That group goes first, being the longest (22 min alone on the loaded
+    2-core machine, its own process mostly waiting on jobs); the other worker meanwhile takes the other tests
+    a file at a time, so that a module's fixtures are built once. Most tests keep torch to one thread, so
+    one after another they left the second core idle."""
+    slurm, others = [], []
+    for item in items:
+        uses_slurm = item.get_closest_marker("slurm") is not None or "cluster" in item.fixturenames
+        item.add_marker(pytest.mark.xdist_group("slurm" if uses_slurm else item.nodeid.split("::")[0]))
+        (slurm if uses_slurm else others).append(item)
+    items[:] = slurm + others
+
+
+def skip_gpu_tests_without_cuda(items):
     """Tests marked `gpu` run only where CUDA is present; elsewhere they say why they did not."""
     if not any(item.get_closest_marker("gpu") for item in items):
         return
