@@ -42,6 +42,11 @@ class EvalConfig:
     """What of the backbone's output a cell's feature is: "cls", the class token after the final norm
     (scDINO's compute_cls_features); "cls_patch_mean", that token and the mean of the patch tokens
     side by side, as DINO's linear evaluation pools them (twice the width; plain ViTs only)."""
+    tta: Literal["none", "dihedral"] = "none"
+    """Test-time augmentation of the model's features: "dihedral" encodes each cell in its 8
+    orientations (4 quarter turns, each mirrored) and averages the features, as a cell has no
+    orientation and its profile should not have one either (8 forward passes a cell). Applies to
+    the checkpoints and the random-init baseline; raw pixels and CellProfiler are read once."""
     checkpoint_key: Literal["teacher", "student"] = "teacher"
     """Which network of a DINO/scDINO checkpoint the features (and plots) use."""
     checkpoints_dir: str = ""
@@ -124,6 +129,16 @@ class EvalConfig:
     mad_robustize: "controls" (pycytominer's samples="<control query>"), or "all" of the plate's wells
     (samples="all"), steadier on plates with few control wells: on the synthetic screen's 8 DMSO wells a
     plate, the trained model's activity mAP was 0.774 with "controls" and 0.926 with "all"."""
+    spherize_shrinkage: float = 0.0
+    """How gently spherize whitens: each direction of the control wells' spread, of standard deviation s,
+    is divided by s + this x the controls' root-mean-square standard deviation per feature, not by s
+    (pycytominer's Spherize epsilon, set to match: training/eval/profiles/normalization.py
+    `sphere_epsilon`). 0: plain ZCA. A screen has tens of control wells and a model hundreds of
+    features, so plain ZCA stretches the controls' weakest directions, noise among them, as much as it
+    shrinks their strongest; at 10 the strongest (the batch and plate effects) are still tamed and the
+    weak ones keep their relative scale. On the synthetic screens that raised the trained model's
+    consistency mAP at the same activity, while CellProfiler's and raw pixels' did best near 0
+    (docs/performance.md, "Sphering, gently"); bench screen counts them at their better."""
     perturbation_column: str = ""
     """The column naming each well's perturbation (compound, gene, treatment), whose replicate wells
     phenotypic-activity mAP retrieves against the control wells. Empty: data.label_column (the kNN
@@ -153,6 +168,8 @@ class EvalConfig:
             raise ConfigError(f"eval.max_cells must be >= 0 (0: every held-out cell) and eval.umap_max_points "
                               f">= 1, got {self.max_cells} and {self.umap_max_points}")
         self._check_finetune()
+        if not self.spherize_shrinkage >= 0:
+            raise ConfigError(f"eval.spherize_shrinkage must be >= 0 (0: plain ZCA), got {self.spherize_shrinkage}")
         if self.profile_cells == "all" and not self.embed_all_cells:
             raise ConfigError("eval.profile_cells: all scores the well profiles of every cell, and "
                               "eval.embed_all_cells is false, so the final features hold the evaluated cells only: "

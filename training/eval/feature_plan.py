@@ -95,7 +95,7 @@ def checkpoint_epoch(path: Path) -> int | None:
     return int(epoch) if isinstance(epoch, int) else None
 
 
-LEGACY_META = {"normalization": "dataset", "feature": "cls"}
+LEGACY_META = {"normalization": "dataset", "feature": "cls", "tta": "none"}
 """What features written before a key existed were computed with, so that they stay up to date."""
 
 
@@ -105,6 +105,7 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
         **bag,
         "normalization": config.data.normalization,
         "feature": config.eval.feature,
+        "tta": config.eval.tta,
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
@@ -284,6 +285,22 @@ class ClsAndPatchMean(torch.nn.Module):
         return torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=1)
 
 
+class DihedralMean(torch.nn.Module):
+    """The mean of an encoder's features over the 8 orientations of the image (eval.tta: dihedral)."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        total = None
+        for mirrored in (images, images.flip(-1)):
+            for turns in range(4):
+                rows = self.encoder(torch.rot90(mirrored, turns, dims=(-2, -1))).float()
+                total = rows if total is None else total + rows
+        return total / 8
+
+
 def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.device) -> Encoder:
     """The function images -> features for one tag, in eval mode on `device`."""
     if plan.kind == tags.RAW_PIXELS:
@@ -302,4 +319,6 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
                               channels=config.data.channel_indices, normalization=config.data.normalization)
     if config.eval.feature == "cls_patch_mean":
         model = ClsAndPatchMean(model)
+    if config.eval.tta == "dihedral":
+        model = DihedralMean(model)
     return model.to(device).eval()

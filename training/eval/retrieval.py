@@ -192,6 +192,8 @@ class MapSetup:
     """Activity's negatives: the control wells of the query's plate (else every control well)."""
     mad_samples: str = "controls"
     """The wells each plate's mad_robustize is fitted on (eval.mad_robustize_samples)."""
+    sphere_shrinkage: float = 0.0
+    """Spherize's shrinkage (eval.spherize_shrinkage)."""
     cells: str = "evaluated"
     """Whose cells the wells hold: "evaluated" (labels.json's) or "all" (eval.profile_cells)."""
 
@@ -238,7 +240,7 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
     settings = activity_settings(name, columns, steps, config, controls)
     return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
                     same_plate=config.eval.activity_negatives == "same_plate",
-                    mad_samples=config.eval.mad_robustize_samples)
+                    mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage)
 
 
 def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | None = None) -> MapSetup | None:
@@ -306,6 +308,7 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
     common = {"perturbation_column": name, "plate_column": columns[0], "well_column": columns[1],
               "profiles": PROFILES["evaluated"],
               "normalization": list(steps) or ["none"], "mad_robustize_samples": config.eval.mad_robustize_samples,
+              **({"spherize_shrinkage": config.eval.spherize_shrinkage} if "spherize" in steps else {}),
               "distance": "cosine", "null_size": NULL_SIZE,
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
@@ -328,7 +331,8 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
 
 def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
     """One feature set's per-well profiles: medians, normalised as configured."""
-    context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples)
+    context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples,
+                          setup.sphere_shrinkage)
     profiles, _ = normalize_profiles(well_medians(features, setup.wells), setup.normalization, context)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)

@@ -112,6 +112,8 @@ class ModelCard:
     local_crop_size: int = 96
     eval_image_size: int = 224
     eval_resize: str = "square_bicubic"
+    eval_tta: str = "none"
+    """eval.tta: "dihedral" averages each cell's features over its 8 orientations (none on older cards)."""
     feature: str = "cls"
     provenance: Provenance = field(default_factory=Provenance)
     recipe: Recipe = field(default_factory=Recipe)
@@ -218,7 +220,7 @@ def build_card(config: Config, *, epoch: int = 0, global_step: int = 0) -> Model
         eval_normalize=config.eval.normalize, crop_size=_crop_size(config, images),
         patch_size=config.model.patch_size, global_crop_size=config.dino.global_crop_size,
         local_crop_size=config.dino.local_crop_size, eval_image_size=config.eval.image_size,
-        eval_resize=config.eval.resize, feature=config.eval.feature,
+        eval_resize=config.eval.resize, eval_tta=config.eval.tta, feature=config.eval.feature,
         provenance=_provenance(config, images, notes),
         recipe=Recipe(run=config.run.name, arch=config.model.arch, kind=config.model.kind, seed=config.run.seed,
                       epochs=config.optim.epochs, config_sha256=config_sha256(config.to_dict())),

@@ -220,3 +220,38 @@ def test_cls_and_patch_mean_needs_a_plain_vit():
 
     with pytest.raises(ConfigError, match="eval.feature=cls_patch_mean pools a plain ViT's patch tokens"):
         Config().replace({"eval.feature": "cls_patch_mean", "model.kind": "bag_of_channels"})
+
+
+def test_dihedral_tta_is_the_mean_over_the_eight_orientations_computed_with_numpy():
+    """eval.tta=dihedral: a cell's feature is the mean of the encoder's features of its 4 quarter turns
+    and their mirror images. The orientations are made here with numpy's rot90 and flip, apart from
+    the wrapper's torch ops, and the encoder is the random-init ViT, which is not itself invariant."""
+    from training.config import Config
+    from training.eval.feature_plan import TagPlan, build_encoder, encoder_dim
+    from training.rundir import tags
+
+    base = {"model.arch": "vit_tiny", "model.patch_size": 8, "eval.image_size": 32, "data.channels": "012"}
+    plain_config, tta_config = Config().replace(base), Config().replace({**base, "eval.tta": "dihedral"})
+    plan = TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, encoder_dim(plain_config))
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    plain = build_encoder(plain_config, plan, 3, torch.device("cpu"))
+    tta = build_encoder(tta_config, plan, 3, torch.device("cpu"))
+    pixels = images.numpy()
+    views = [np.rot90(p, k, axes=(-2, -1)) for p in (pixels, pixels[..., ::-1]) for k in range(4)]
+    with torch.no_grad():
+        expected = np.mean([plain(torch.from_numpy(np.ascontiguousarray(v))).numpy() for v in views], axis=0)
+        averaged = tta(images).numpy()
+        turned = tta(torch.from_numpy(np.ascontiguousarray(np.rot90(pixels, 1, axes=(-2, -1))[..., ::-1]))).numpy()
+        single = plain(images).numpy()
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(averaged, expected, atol=1e-4 * scale)
+    np.testing.assert_allclose(turned, averaged, atol=1e-4 * scale)  # a turned, mirrored cell: the same feature
+    assert np.abs(single - averaged).max() > 1e-2 * scale  # the encoder alone is not invariant
+
+
+def test_tta_is_part_of_a_feature_sets_fingerprint_and_older_sets_read_as_without_it():
+    from training.config import Config
+    from training.eval.feature_plan import LEGACY_META, _common_meta
+
+    assert _common_meta(Config(), "d")["tta"] == "none" == LEGACY_META["tta"]
+    assert _common_meta(Config().replace({"eval.tta": "dihedral"}), "d")["tta"] == "dihedral"

@@ -113,7 +113,9 @@ def test_another_channel_order_gives_the_features_of_the_models_order_and_the_ex
     root, config = trained
     model = Path(config.run.output_dir)
     assert profile(screen_config(root, "in_model_order", MODEL_ORDER), model, last="features")[-1] == "features"
-    assert profile(screen_config(root, "in_other_order", OTHER_ORDER), model) == [
+    # the screen's config asks for another reading; the model's card decides it (training/eval/profiles/new_plates.py)
+    asks = {"eval.tta": "dihedral"}
+    assert profile(screen_config(root, "in_other_order", OTHER_ORDER, **asks), model) == [
         "profile-setup", "ingest", "mean-std", "profile-check", "features", "labels", "knn", "export"]
     same, other = RunLayout(root / "in_model_order"), RunLayout(root / "in_other_order")
     # the two packs hold the channels in different orders (DNA first in the other), so the map did the work
@@ -121,6 +123,7 @@ def test_another_channel_order_gives_the_features_of_the_models_order_and_the_ex
     np.testing.assert_array_equal(first[1][0], first[0][2])
     assert not np.array_equal(first[0], first[1])
     assert load_config(other.profile_config).data.channels == "24013"
+    assert load_config(other.profile_config).eval.tta == "none"  # the card's, not the screen config's dihedral
     expected, got = load_features(same.features("final")), load_features(other.features("final"))
     np.testing.assert_array_equal(got.indices, expected.indices)
     np.testing.assert_array_equal(got.features, expected.features)

@@ -33,7 +33,7 @@ RECIPE_SECTIONS = ("model", "dino", "optim", "train")
 run, data (but for the channels, scaling and statistics), ingest (but for the crop size) and eval (but
 for EVALUATION_SETTINGS)."""
 EVALUATION_SETTINGS = {"image_size": "eval_image_size", "resize": "eval_resize", "normalize": "eval_normalize",
-                       "feature": "feature"}
+                       "tta": "eval_tta", "feature": "feature"}
 """eval settings -> the card's fields: what the encoder is fed and what it gives, the model's."""
 
 

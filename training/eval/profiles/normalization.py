@@ -61,6 +61,8 @@ class WellContext:
     seed: int = 0
     mad_samples: str = "controls"
     """The wells each plate's median and MAD come from: "controls", or "all" of the plate's wells."""
+    sphere_shrinkage: float = 0.0
+    """How much Spherize is regularised: sphere_epsilon (eval.spherize_shrinkage)."""
 
     @property
     def mad_reference(self) -> np.ndarray:
@@ -102,7 +104,7 @@ def normalize_profiles(profiles: np.ndarray, steps: tuple[str, ...],
         inside = within_outlier_cutoff(x)
         x, kept = x[:, inside], kept[inside]
     if "spherize" in steps:
-        x = spherize(x, context.controls)
+        x = spherize(x, context.controls, context.sphere_shrinkage)
     if "harmony" in steps:
         x = harmony(x, context.batches, context.seed)
     return x.astype(np.float32), kept
@@ -195,8 +197,9 @@ def check_sphere_controls(count: int) -> None:
                         "cells, or leave spherize out of eval.profile_normalization")
 
 
-def spherize(x: np.ndarray, controls: np.ndarray) -> np.ndarray:
-    """Every profile through pycytominer's ZCA Spherize fitted on the control rows."""
+def spherize(x: np.ndarray, controls: np.ndarray, shrinkage: float = 0.0) -> np.ndarray:
+    """Every profile through pycytominer's ZCA Spherize fitted on the control rows, its epsilon set by
+    `shrinkage` (sphere_epsilon)."""
     import pandas as pd
     from pycytominer.operations.transform import Spherize
 
@@ -212,9 +215,23 @@ def spherize(x: np.ndarray, controls: np.ndarray) -> np.ndarray:
                         f"(rank {rank}, {spanned} expected from {len(fit_rows)} wells in {x.shape[1]} features); leave "
                         "spherize out of eval.profile_normalization")
     columns = _names(x.shape[1])
-    sphere = Spherize(epsilon=SPHERE_EPSILON, center=True, method="ZCA", return_numpy=True)
+    sphere = Spherize(epsilon=sphere_epsilon(fit_rows, shrinkage), center=True, method="ZCA", return_numpy=True)
     sphere.fit(pd.DataFrame(fit_rows, columns=columns))
     return np.asarray(sphere.transform(pd.DataFrame(x, columns=columns)), np.float64)
+
+
+def sphere_epsilon(controls: np.ndarray, shrinkage: float) -> float:
+    """Spherize's epsilon for eval.spherize_shrinkage, SPHERE_EPSILON at 0.
+
+    Spherize adds epsilon to the singular values S of the centred controls and divides each direction
+    by (S + epsilon) / sqrt(n - 1), that is by its standard deviation s plus epsilon / sqrt(n - 1). So that
+    a direction is divided by s + shrinkage x s_rms, where s_rms is the controls' root-mean-square
+    standard deviation per feature (a scale of the profiles, whatever their units), epsilon is
+    shrinkage x s_rms x sqrt(n - 1)."""
+    if shrinkage == 0:
+        return SPHERE_EPSILON
+    rms_std = float(np.sqrt(np.var(controls, axis=0, ddof=1).mean()))
+    return shrinkage * rms_std * float(np.sqrt(len(controls) - 1)) + SPHERE_EPSILON
 
 
 def harmony(x: np.ndarray, batches: np.ndarray, seed: int) -> np.ndarray:

@@ -216,7 +216,8 @@ class ProfiledWells:
         found = [name for name in self.metadata if name in (batch, f"{METADATA_PREFIX}{batch}")] if batch else []
         batches = np.asarray(self.metadata[found[0]].to_pylist(), dtype=object) if found else None
         plates = np.asarray(self.metadata[self.columns[0]].to_pylist(), dtype=object)
-        return WellContext(plates, self.controls, batches, config.run.seed, config.eval.mad_robustize_samples)
+        return WellContext(plates, self.controls, batches, config.run.seed, config.eval.mad_robustize_samples,
+                           config.eval.spherize_shrinkage)
 
 
 def profiled_wells(config: Config, table: CellTable, features: np.ndarray, rows: np.ndarray) -> ProfiledWells | None:

@@ -5,6 +5,8 @@ on L2-normalised features like ours, Harmony oriented as harmonypy expects; bad 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import harmonypy
 import numpy as np
 import pytest
@@ -132,3 +134,32 @@ def test_a_feature_blown_up_by_a_tiny_control_spread_is_dropped_as_pycytominer_d
     normalised, kept = normalize_profiles(x, ("mad_robustize", "spherize"), WellContext(plates, controls))
     assert kept.tolist() == [0, 1, 3, 4, 5]
     assert np.abs(normalised).max() < 500
+
+
+def test_shrunk_sphering_divides_each_direction_by_its_spread_plus_a_share_of_the_controls_rms_spread():
+    """eval.spherize_shrinkage k: each principal direction of the controls, of standard deviation s_i,
+    is divided by s_i + k * s_rms (s_rms: the controls' root-mean-square standard deviation per feature),
+    the ZCA transform V diag(1 / (s_i + k s_rms)) V^T computed here from that definition with numpy's
+    eigh. Its strong directions are still sphered; its weak ones, which plain ZCA divides by almost
+    nothing, keep their scale relative to each other. (More controls than features here: with fewer,
+    pycytominer divides the directions the controls do not span by their weakest spread.)"""
+    rng = np.random.default_rng(3)
+    wells, dim = 90, 30
+    profiles = rng.standard_normal((wells, dim)) * np.logspace(-2, 0, dim)  # spreads from 0.01 to 1
+    controls = np.arange(wells) < 60
+    context = WellContext(plates=np.array(["P1"] * wells, dtype=object), controls=controls, sphere_shrinkage=10.0)
+    shrunk, _ = normalize_profiles(profiles, ("spherize",), context)
+    reference = profiles[controls]
+    covariance = np.cov(reference, rowvar=False)
+    rms_std = np.sqrt(np.trace(covariance) / dim)
+    variances, vectors = np.linalg.eigh(covariance)
+    divisor = np.sqrt(np.clip(variances, 0, None)) + 10.0 * rms_std
+    expected = (profiles - reference.mean(axis=0)) @ (vectors / divisor) @ vectors.T
+    np.testing.assert_allclose(shrunk, expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
+    plain, _ = normalize_profiles(profiles, ("spherize",), replace(context, sphere_shrinkage=0.0))
+    assert np.abs(plain - shrunk).max() > 0.5 * np.abs(shrunk).max()  # not plain ZCA
+
+
+def test_a_negative_shrinkage_is_refused():
+    with pytest.raises(ConfigError, match="eval.spherize_shrinkage must be >= 0"):
+        Config().replace({"eval.spherize_shrinkage": -1.0})
