@@ -105,7 +105,7 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
         **bag,
         "normalization": config.data.normalization,
         "feature": config.eval.feature,
-        "tta": config.eval.tta,
+        "tta": "none",
         "arch": config.model.arch,
         "patch_size": config.model.patch_size,
         "image_size": config.eval.image_size,
@@ -119,6 +119,7 @@ def _common_meta(config: Config, digest: str) -> dict[str, Any]:
 def _checkpoint_plan(config: Config, tag: str, path: Path, epoch: int | None, digest: str) -> TagPlan:
     stat = path.stat()
     meta = {**_common_meta(config, digest), "tag": tag, "kind": "checkpoint", "epoch": epoch,
+            "tta": config.eval.tta if tag == tags.FINAL else "none",
             "checkpoint_key": config.eval.checkpoint_key,
             "checkpoint": str(path), "checkpoint_bytes": stat.st_size, "checkpoint_mtime_ns": stat.st_mtime_ns}
     return TagPlan(tag, "checkpoint", encoder_dim(config), path, meta)
@@ -319,6 +320,6 @@ def build_encoder(config: Config, plan: TagPlan, in_chans: int, device: torch.de
                               channels=config.data.channel_indices, normalization=config.data.normalization)
     if config.eval.feature == "cls_patch_mean":
         model = ClsAndPatchMean(model)
-    if config.eval.tta == "dihedral":
+    if plan.meta.get("tta") == "dihedral":  # the plan says how its tag is read (_checkpoint_plan)
         model = DihedralMean(model)
     return model.to(device).eval()

@@ -230,12 +230,12 @@ def test_dihedral_tta_is_the_mean_over_the_eight_orientations_computed_with_nump
     from training.eval.feature_plan import TagPlan, build_encoder, encoder_dim
     from training.rundir import tags
 
-    base = {"model.arch": "vit_tiny", "model.patch_size": 8, "eval.image_size": 32, "data.channels": "012"}
-    plain_config, tta_config = Config().replace(base), Config().replace({**base, "eval.tta": "dihedral"})
-    plan = TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, encoder_dim(plain_config))
+    config = Config().replace({"model.arch": "vit_tiny", "model.patch_size": 8, "eval.image_size": 32,
+                               "data.channels": "012"})
+    plan = TagPlan(tags.RANDOM_INIT, tags.RANDOM_INIT, encoder_dim(config))
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    plain = build_encoder(plain_config, plan, 3, torch.device("cpu"))
-    tta = build_encoder(tta_config, plan, 3, torch.device("cpu"))
+    plain = build_encoder(config, plan, 3, torch.device("cpu"))
+    tta = build_encoder(config, TagPlan(plan.tag, plan.kind, plan.dim, meta={"tta": "dihedral"}), 3, torch.device("cpu"))
     pixels = images.numpy()
     views = [np.rot90(p, k, axes=(-2, -1)) for p in (pixels, pixels[..., ::-1]) for k in range(4)]
     with torch.no_grad():
@@ -249,9 +249,17 @@ def test_dihedral_tta_is_the_mean_over_the_eight_orientations_computed_with_nump
     assert np.abs(single - averaged).max() > 1e-2 * scale  # the encoder alone is not invariant
 
 
-def test_tta_is_part_of_a_feature_sets_fingerprint_and_older_sets_read_as_without_it():
+def test_tta_reads_the_final_checkpoint_only_and_is_part_of_its_fingerprint(tmp_path):
+    """8 forward passes a cell are spent on the features a lab profiles (features/final), not on the
+    numbered epochs' curves or the baselines; older sets, written before the key, read as without it."""
     from training.config import Config
-    from training.eval.feature_plan import LEGACY_META, _common_meta
+    from training.eval.feature_plan import LEGACY_META, _baseline_plans, _checkpoint_plan
+    from training.rundir import tags
 
-    assert _common_meta(Config(), "d")["tta"] == "none" == LEGACY_META["tta"]
-    assert _common_meta(Config().replace({"eval.tta": "dihedral"}), "d")["tta"] == "dihedral"
+    weights = tmp_path / "checkpoint.pth"
+    weights.write_bytes(b"weights")
+    config = Config().replace({"eval.tta": "dihedral"})
+    assert _checkpoint_plan(config, tags.FINAL, weights, None, "d").meta["tta"] == "dihedral"
+    assert _checkpoint_plan(config, "epoch_0030", weights, 30, "d").meta["tta"] == "none"
+    assert {plan.meta["tta"] for plan in _baseline_plans(config, "d")} == {"none"}
+    assert _checkpoint_plan(Config(), tags.FINAL, weights, None, "d").meta["tta"] == "none" == LEGACY_META["tta"]
