@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.support.local_slurm import log_of
+from tests.support.model_card import card_only_checkpoint
 from training.config import Config, dump_config, load_config
-from training.models.card import ModelCard, Recipe
 from training.rundir import RunLayout
 
 pytestmark = [pytest.mark.slurm]
@@ -29,15 +28,7 @@ def screen(tmp_path: Path, name: str, **overrides) -> Path:
 
 
 def test_the_setup_stage_runs_as_a_job_and_refuses_another_crop_size_in_one_line(cluster, tmp_path):
-    model = Config().replace({"run.output_dir": str(tmp_path / "model"), "data.channels": "012",
-                              "data.channel_names": ["a", "b", "c"], "ingest.crop_size": 40})
-    card = ModelCard(channels=("a", "b", "c"), channel_ids=(0, 1, 2), mean=(0.1, 0.2, 0.3), std=(0.2, 0.2, 0.2),
-                     crop_size=40, recipe=Recipe(arch="vit_small", epochs=1, epochs_done=1))
-    checkpoint = RunLayout.from_config(model).latest_checkpoint
-    checkpoint.parent.mkdir(parents=True)
-    # The stage reads only a checkpoint's config and card, not its weights: a checkpoint of those alone
-    # stands in for a trained one, which would take a pretraining to make.
-    torch.save({"config": model.to_dict(), "model_card": card.to_dict(), "epoch": 1, "global_step": 5}, checkpoint)
+    checkpoint = card_only_checkpoint(tmp_path / "model")  # the stage reads its config and card, not weights
     (tmp_path / "logs").mkdir()
     jobs = {name: cluster.sbatch("profile.slurm", str(screen(tmp_path, name, **overrides)), "--model",
                                  str(tmp_path / "model"), "--stage", "setup", cwd=tmp_path)
@@ -46,7 +37,7 @@ def test_the_setup_stage_runs_as_a_job_and_refuses_another_crop_size_in_one_line
     assert fits["JobState"] == "COMPLETED", log_of(tmp_path, fits)
     profile = load_config(RunLayout(tmp_path / "fits").profile_config)
     assert profile.data.channels == "120" and profile.data.channel_names == ("a", "b", "c")
-    assert profile.ingest.crop_size == 40 and profile.model.arch == model.model.arch
+    assert profile.ingest.crop_size == 40 and profile.model.arch == Config().model.arch
     assert larger["JobState"] == "FAILED"
     errors = [line for line in log_of(tmp_path, larger).splitlines() if line.startswith("error: ")]
     assert errors == [f"error: ingest.crop_size=48, but {checkpoint} learnt from 40 px crops: set ingest.crop_size=40 "

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from tests.support.local_slurm import REPO, TINY_PIPELINE
+from tests.support.model_card import card_only_checkpoint
 from training.cli import main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -187,23 +188,12 @@ def test_the_profile_chain_through_slurmrestd_runs_its_setup_with_the_model_and_
     job reads the model's card and writes the profile's config with the model's channels mapped by name. The
     screen's load table is missing, so ingest fails with its one line and Slurm cancels every job after it: the
     rest of the chain (features of the model, knn, export) is tests/training/steps/test_profile.py's, in-process."""
-    import torch
-
     from training.chain import PROFILE_STEPS
     from training.config import Config, dump_config, load_config
-    from training.models.card import ModelCard, Recipe
     from training.rundir import RunLayout
 
     fsx_data = tmp_path / "fsx" / "data"
-    model = Config().replace({"run.output_dir": str(fsx_data / "runs" / "model"), "data.channels": "012",
-                              "data.channel_names": ["a", "b", "c"], "ingest.crop_size": 40})
-    card = ModelCard(channels=("a", "b", "c"), channel_ids=(0, 1, 2), mean=(0.1, 0.2, 0.3), std=(0.2, 0.2, 0.2),
-                     crop_size=40, recipe=Recipe(arch="vit_small", epochs=1, epochs_done=1))
-    checkpoint = RunLayout.from_config(model).latest_checkpoint
-    checkpoint.parent.mkdir(parents=True)
-    # The setup reads only a checkpoint's config and card, not its weights: a checkpoint of those alone stands
-    # in for a trained one, which would take a pretraining to make (tests/slurm/test_profile.py does the same).
-    torch.save({"config": model.to_dict(), "model_card": card.to_dict(), "epoch": 1, "global_step": 5}, checkpoint)
+    card_only_checkpoint(fsx_data / "runs" / "model")  # the setup reads a checkpoint's config and card, not weights
     assert export(fsx_data / "runs" / "model", aws["s3"], "data/runs/model") == 1
     screen = Config().replace({"run.output_dir": str(fsx_data / "runs" / "new-plates"), "data.channels": "012",
                                "data.channel_names": ["c", "a", "b"],
