@@ -15,14 +15,13 @@ is no measure of a prediction made now. All figures are printed (pytest -s)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.local_slurm import REPO, log_of
+from tests.support.local_slurm import REPO, copy_prepared, log_of
 
 pytestmark = pytest.mark.slurm
 
@@ -56,11 +55,7 @@ def _allreduce(cluster, workdir: Path) -> Path:
 def _pretrain_again(cluster, workdir: Path) -> float:
     """Pretraining's wall time (its timings.json) in a fresh run directory holding the pipeline run's
     prepared inputs, trained by the sbatch script the pipeline uses."""
-    run = workdir / "plan_pretrain"
-    run.mkdir()
-    for item in ("packed", "split.json", "split.npy", "mean_std.json"):
-        source = workdir / "run" / item
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
+    run = copy_prepared(workdir, "plan_pretrain")
     job = cluster.sbatch("pretrain.slurm", "run.yaml", "--set", f"run.output_dir={run}", cwd=workdir)
     info = cluster.wait(job, timeout=240)
     assert info["JobState"] == "COMPLETED", log_of(workdir, info)

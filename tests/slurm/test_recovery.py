@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from tests.support.fake_imds import FakeMetadata
-from tests.support.local_slurm import LOCAL_SLURM, Cluster, log_of
+from tests.support.local_slurm import LOCAL_SLURM, Cluster, copy_prepared, log_of
 from training.recovery.failures import read_records
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_metrics
@@ -34,17 +33,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def workdir(pipeline, pipeline_workdir: Path) -> Path:
     """The pipeline's folder, once its chain finished (its run/ holds the prepared inputs)."""
     return pipeline_workdir
-
-
-def copy_prepared(workdir: Path, name: str) -> Path:
-    """A fresh run directory `name` holding the pipeline run's prepared inputs (packed images, split,
-    mean/std), so that pretraining can start there at once."""
-    run = workdir / name
-    run.mkdir()
-    for item in ("packed", "split.json", "split.npy", "mean_std.json"):
-        source = workdir / "run" / item
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
-    return run
 
 
 def metric_records(run: Path, kind: str) -> list[dict]:

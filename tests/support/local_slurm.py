@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -102,3 +103,14 @@ def start_cluster() -> tuple[Cluster, bool]:
         raise RuntimeError(f"scripts/local-slurm.sh start failed: {result.stderr.strip()}")
     base = Path(os.environ.get("SLURM_LOCAL_BASE", REPO / ".local-slurm"))
     return Cluster(env=job_env(base), base=base), was_up
+
+
+def copy_prepared(workdir: Path, name: str) -> Path:
+    """A fresh run directory `name` in `workdir` holding the finished pipeline run's prepared inputs
+    (packed images, split, mean/std: workdir/run), so that pretraining can start there at once."""
+    run = workdir / name
+    run.mkdir()
+    for item in ("packed", "split.json", "split.npy", "mean_std.json"):
+        source = workdir / "run" / item
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, run / item)
+    return run

@@ -172,41 +172,42 @@ def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict
     return entry
 
 
-def other_protocol(config: Config, layout: RunLayout, held: HeldOut) -> dict[str, dict[str, Any]]:
-    """kNN and not-same-batch kNN of the trained model and the baselines with eval.knn_whiten flipped,
-    so that each feature set can be read at the protocol that suits it best."""
-    import dataclasses
-
-    from training.eval.knn import evaluate_tag
+def scored_sets(config: Config, layout: RunLayout, held: HeldOut) -> dict[str, Any]:
+    """The run's feature sets of the evaluated cells, the hybrid among them where the run scores it:
+    read once for both of the benchmark's other protocols."""
     from training.eval.profiles.hybrid import with_hybrid
     from training.rundir.artifacts import load_tagged_features
 
-    settings = dataclasses.replace(config.eval, knn_whiten=not config.eval.knn_whiten)
     sets = load_tagged_features(layout, held.labels)
-    if config.eval.hybrid_cellprofiler:
-        sets = with_hybrid(sets)
+    return with_hybrid(sets) if config.eval.hybrid_cellprofiler else sets
+
+
+def other_protocol(config: Config, held: HeldOut, sets: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """kNN and not-same-batch kNN of the trained model and the baselines (`sets`, scored_sets') with
+    eval.knn_whiten flipped, so that each feature set can be read at the protocol that suits it best."""
+    import dataclasses
+
+    from training.eval.knn import evaluate_tag
+
+    settings = dataclasses.replace(config.eval, knn_whiten=not config.eval.knn_whiten)
     classes = len(held.labels["class_names"])
     return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], held.y, (held.ref, held.query),
                                                                            settings, classes, held.batches))
             for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in sets}
 
 
-def other_sphering(config: Config, layout: RunLayout, held: HeldOut) -> dict[str, dict[str, Any]]:
-    """Activity and consistency mAP of the trained model and the baselines under plain ZCA sphering, where
-    the run shrinks it (eval.spherize_shrinkage > 0), so that each baseline is read at the sphering
-    that suits it best; {} otherwise."""
+def other_sphering(config: Config, layout: RunLayout, held: HeldOut,
+                   sets: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Activity and consistency mAP of the trained model and the baselines (`sets`, scored_sets') under
+    plain ZCA sphering, where the run shrinks it (eval.spherize_shrinkage > 0), so that each baseline is
+    read at the sphering that suits it best; {} otherwise."""
     import dataclasses
 
-    from training.eval.profiles.hybrid import with_hybrid
     from training.eval.retrieval import profiled_features, tag_map
-    from training.rundir.artifacts import load_tagged_features
 
     if "spherize" not in config.eval.profile_normalization or config.eval.spherize_shrinkage == 0:
         return {}
     plain = dataclasses.replace(config, eval=dataclasses.replace(config.eval, spherize_shrinkage=0.0))
-    sets = load_tagged_features(layout, held.labels)
-    if config.eval.hybrid_cellprofiler:
-        sets = with_hybrid(sets)
     _, scored = profiled_features(plain, layout, held.labels, sets)
     out = {}
     for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID):
@@ -311,8 +312,9 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
     entries[ORACLE] = oracle_entry(config, held, truth)
     chance = 1.0 / len(knn["class_names"])
     rows = {("trained" if tag == tags.FINAL else tag): row_of(entry) for tag, entry in entries.items()}
-    other = other_protocol(config, layout, held)
-    sphered = other_sphering(config, layout, held)
+    sets = scored_sets(config, layout, held)
+    other = other_protocol(config, held, sets)
+    sphered = other_sphering(config, layout, held, sets)
     screen_json = Path(config.ingest.table).parent / "screen.json"
     screen = json.loads(screen_json.read_text()) if screen_json.is_file() else {}
     return {

@@ -173,15 +173,16 @@ def test_the_plain_sphering_figures_are_those_the_knn_step_writes_without_shrink
     the `knn` step itself writes for the same features configured with plain ZCA; a run that does not
     shrink gets none."""
     from tests.support.screen_run import screen_run as profiled_run
-    from training.benchmarks.quality.screen import other_sphering
+    from training.benchmarks.quality.screen import other_sphering, scored_sets
 
     plain = profiled_run(tmp_path, **{"eval.profile_normalization": ["spherize"], "eval.activity_negatives": "all"})
     assert run_cli(plain, "knn") == 0
     written = json.loads(RunLayout.from_config(plain).knn_json.read_text())["tags"]
     shrunk = plain.replace({"eval.spherize_shrinkage": 10.0})
     layout = RunLayout.from_config(shrunk)
-    figures = other_sphering(shrunk, layout, held_out(shrunk, layout))
+    held = held_out(shrunk, layout)
+    figures = other_sphering(shrunk, layout, held, scored_sets(shrunk, layout, held))
     assert set(figures) == {"trained", "raw_pixels", "random_init"}
     for name, tag in (("trained", "final"), ("raw_pixels", "raw_pixels"), ("random_init", "random_init")):
         assert figures[name]["map_activity"] == pytest.approx(written[tag]["map"]["mean_map"], abs=1e-9), name
-    assert other_sphering(plain, layout, held_out(plain, layout)) == {}
+    assert other_sphering(plain, layout, held, scored_sets(plain, layout, held)) == {}
