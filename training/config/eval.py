@@ -16,6 +16,13 @@ class EvalConfig:
     """Temperature T of the weighted vote exp(sim / T)."""
     knn_train_fraction: float = 0.8
     """Seeded split of the held-out set into kNN reference and query images."""
+    knn_folds: int = 1
+    """Which held-out images the kNN queries. 1: scDINO's one seeded split (knn_train_fraction of them
+    references, the rest queries). n > 1: n stratified folds, each fold's images queried against the
+    other folds' (a reference share of (n - 1) / n), the votes pooled, so every held-out image is a
+    query once. On a screen of 865 held-out cells the one split scores 172 queries, whose accuracy has
+    a standard error near 4 points; 5 folds score all 865 (about 1.7). The linear probe and
+    fine-tuning keep the one split."""
     knn_whiten: bool = False
     """Whiten the features before the kNN (training/eval/knn.py `whiten`: the reference rows'
     Ledoit-Wolf covariance, no labels). Off: scDINO's kNN. On, every feature tag of the run is
@@ -164,6 +171,9 @@ class EvalConfig:
         if not self.knn_k or min(self.knn_k) < 1:
             raise ConfigError(f"eval.knn_k must be a non-empty list of positive ints, got {self.knn_k}")
         check_fraction("eval.knn_train_fraction", self.knn_train_fraction, allow_zero=False)
+        if isinstance(self.knn_folds, bool) or not isinstance(self.knn_folds, int) or self.knn_folds < 1:
+            raise ConfigError(f"eval.knn_folds must be 1 (one reference/query split) or a number of folds >= 2, "
+                              f"got {self.knn_folds!r}")
         if self.raw_pixels_size < 1:
             raise ConfigError(f"eval.raw_pixels_size must be >= 1, got {self.raw_pixels_size}")
         if self.max_cells < 0 or self.umap_max_points < 1:

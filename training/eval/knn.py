@@ -2,7 +2,9 @@
 
 Each query image votes with its k most similar reference images (cosine similarity of L2-normalised
 features); a neighbour with similarity s adds exp(s / T) to its class. With eval.knn_whiten the
-features are whitened first (`whiten`), a rule of our own that scDINO does not apply. "Not same
+features are whitened first (`whiten`), a rule of our own that scDINO does not apply. The queries
+are scDINO's one seeded split of the held-out images, or with eval.knn_folds every held-out image in
+turn (`knn_splits`: stratified folds, each scored against the others, the votes pooled). "Not same
 batch" (eval.knn_exclude_same_batch with data.batch_column): the same vote with every reference of
 the query's own imaging batch masked out of its similarity block before the top k, so the memory
 bound below holds unchanged; each feature set's retrieval mAP (training/eval/retrieval.py:
@@ -43,6 +45,8 @@ class KnnResult:
     top2: dict[int, float] = field(default_factory=dict)
     effective_k: dict[int, int] = field(default_factory=dict)
     predictions: dict[int, np.ndarray] = field(default_factory=dict)
+    top2_hits: dict[int, np.ndarray] = field(default_factory=dict)
+    """Per k, whether each query's true class is among its two best-voted classes."""
     counted: np.ndarray | None = None
     """Which queries the accuracies count (None: all)."""
 
@@ -171,7 +175,7 @@ def _result(effective: dict[int, int], predictions: dict[int, np.ndarray], top2_
             truth: np.ndarray, counted: np.ndarray | None) -> KnnResult:
     """Accuracies over the counted queries; the others' predictions set to -1."""
     keep = np.ones(len(truth), bool) if counted is None else counted
-    result = KnnResult(effective_k=effective, predictions=predictions, counted=counted)
+    result = KnnResult(effective_k=effective, predictions=predictions, top2_hits=top2_hits, counted=counted)
     for k in effective:
         predictions[k][~keep] = -1
         hits = predictions[k][keep] == truth[keep]
@@ -187,6 +191,60 @@ def per_class_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: in
         mask = truth == cls
         out.append(float(np.mean(predicted[mask] == cls)) if mask.any() else None)
     return out
+
+
+def fold_of(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Each row's fold, 0 to folds - 1, stratified as `split_reference_query` splits: the rows of a
+    class, in the same seeded order, are dealt to the folds in turn, so every fold holds each class's
+    share of the rows (give or take one)."""
+    labels = np.asarray(labels)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    fold = np.empty(len(labels), np.int64)
+    for cls in np.unique(labels):
+        members = order[labels[order] == cls]
+        fold[members] = np.arange(len(members)) % folds
+    return fold
+
+
+def knn_splits(labels: np.ndarray, settings: EvalConfig, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The kNN's (reference rows, query rows) splits of the held-out images. eval.knn_folds 1: scDINO's
+    one seeded split, eval.knn_train_fraction of them references. n > 1: n stratified folds, each
+    fold the queries of one split and the other folds its references, so that every held-out image is
+    a query exactly once and the accuracy counts n / (1 - knn_train_fraction) times as many queries."""
+    if settings.knn_folds == 1:
+        return [split_reference_query(labels, settings.knn_train_fraction, seed)]
+    fold = fold_of(labels, settings.knn_folds, seed)
+    splits = [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(settings.knn_folds)]
+    if any(len(query) == 0 or len(reference) == 0 for reference, query in splits):
+        raise UserError(f"eval.knn_folds={settings.knn_folds} folds of {len(labels)} held-out images leave a fold "
+                        "empty: use fewer folds or hold out more images (data.holdout_fraction)")
+    return splits
+
+
+def split_views(features: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
+                settings: EvalConfig) -> list[np.ndarray]:
+    """The features each split's kNN reads: whitened on that split's references alone (eval.knn_whiten),
+    so no query takes part in its own whitening; else the features as they are."""
+    return [whiten(features, reference) if settings.knn_whiten else features for reference, _ in splits]
+
+
+def pooled_classify(views: Sequence[np.ndarray], labels: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
+                    settings: EvalConfig, num_classes: int, batches: np.ndarray | None = None,
+                    progress: bool = False) -> tuple[np.ndarray, KnnResult]:
+    """The kNN of every split's queries against its references (in `views`, split_views'), the votes
+    pooled: (the query rows in split order, one result over all of them)."""
+    parts = [knn_classify(x[reference], labels[reference], x[query], labels[query], ks=settings.knn_k,
+                          temperature=settings.knn_temperature, num_classes=num_classes, progress=progress,
+                          batches=None if batches is None else (batches[reference], batches[query]))
+             for x, (reference, query) in zip(views, splits)]
+    queries = np.concatenate([query for _, query in splits])
+    if len(parts) == 1:
+        return queries, parts[0]
+    effective = {k: min(part.effective_k[k] for part in parts) for k in parts[0].effective_k}
+    counted = None if batches is None else np.concatenate([part.counted for part in parts])
+    return queries, _result(effective, {k: np.concatenate([part.predictions[k] for part in parts]) for k in effective},
+                            {k: np.concatenate([part.top2_hits[k] for part in parts]) for k in effective},
+                            labels[queries], counted)
 
 
 def confusion_matrix(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
@@ -267,38 +325,40 @@ def accuracy_entry(result: KnnResult, truth: np.ndarray, num_classes: int) -> di
     }
 
 
-def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, rows: tuple[np.ndarray, np.ndarray],
+def evaluate_tag(feature_set: FeatureSet, labels: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
                  settings: EvalConfig, num_classes: int, batches: np.ndarray | None = None) -> dict[str, Any]:
-    """The knn.json entry of one feature set: accuracy per k, and per class at the best k; with
-    `batches` (each held-out cell's batch code), the same "not_same_batch" as well."""
-    ref, query = rows
-    x = whiten(feature_set.features, ref) if settings.knn_whiten else feature_set.features
-    run = partial(knn_classify, x[ref], labels[ref], x[query], labels[query], ks=settings.knn_k,
-                  temperature=settings.knn_temperature, num_classes=num_classes, progress=True)
+    """The knn.json entry of one feature set over the (reference, query) `splits` (knn_splits'):
+    accuracy per k, and per class at the best k; with `batches` (each held-out cell's batch code), the
+    same "not_same_batch" as well."""
+    run = partial(pooled_classify, split_views(feature_set.features, splits, settings), labels, splits, settings,
+                  num_classes, progress=True)
+    queries, result = run()
     entry = {"epoch": feature_set.meta.get("epoch"), "kind": feature_set.meta.get("kind"),
              "checkpoint": feature_set.meta.get("checkpoint"), "dim": feature_set.dim,
-             **accuracy_entry(run(), labels[query], num_classes)}
+             **accuracy_entry(result, labels[queries], num_classes)}
     if batches is not None:
-        result = run(batches=(batches[ref], batches[query]))
+        queries, result = run(batches=batches)
         counted = int(result.counted.sum())
-        entry["not_same_batch"] = {**accuracy_entry(result, labels[query], num_classes), "n_query": counted,
-                                   "n_query_left_out": int(len(query) - counted)}
+        entry["not_same_batch"] = {**accuracy_entry(result, labels[queries], num_classes), "n_query": counted,
+                                   "n_query_left_out": int(len(queries) - counted)}
     return entry
 
 
 def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], settings: EvalConfig, seed: int,
                           *, batches: np.ndarray | None = None, retrieval: MapSetup | None = None,
                           profiles: dict[str, tuple[np.ndarray, MapSetup]] | None = None) -> dict[str, Any]:
-    """The knn.json payload: every feature set evaluated on one shared reference/query split; with
+    """The knn.json payload: every feature set evaluated on the same reference/query splits; with
     `batches`, also not same batch; with `retrieval`, each set's mAP of per-well profiles, read from
     `profiles`' features and wells for the tags it names (retrieval.profiled_features), else from the
     set's own features on `retrieval`'s wells."""
-    y, ref, query = reference_query(labels, settings.knn_train_fraction, seed)
+    y = np.asarray(labels["labels"], np.int64)
+    splits = knn_splits(y, settings, seed)
     num_classes = len(labels["class_names"])
     payload = {
         "seed": seed, "temperature": settings.knn_temperature, "whitened": settings.knn_whiten,
-        "train_fraction": settings.knn_train_fraction, "ks": list(settings.knn_k),
-        "n_reference": int(len(ref)), "n_query": int(len(query)), "class_names": labels["class_names"],
+        "train_fraction": settings.knn_train_fraction, "folds": settings.knn_folds, "ks": list(settings.knn_k),
+        "n_reference": int(min(len(reference) for reference, _ in splits)),
+        "n_query": int(sum(len(query) for _, query in splits)), "class_names": labels["class_names"],
     }
     if batches is not None:
         payload["not_same_batch"] = {"batch_column": labels.get("batch_column"),
@@ -309,7 +369,7 @@ def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], s
             payload["map_consistency"] = retrieval.consistency_settings
     payload["tags"] = {}
     for tag, feature_set in sets.items():
-        entry = evaluate_tag(feature_set, y, (ref, query), settings, num_classes, batches)
+        entry = evaluate_tag(feature_set, y, splits, settings, num_classes, batches)
         if retrieval is not None:
             features, setup = (profiles or {}).get(tag, (feature_set.features, retrieval))
             entry.update(tag_map(features, setup, seed))

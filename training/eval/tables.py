@@ -19,8 +19,12 @@ def knn_setup(knn: dict[str, Any]) -> str:
     """One sentence saying how a knn.json was measured: the split, seed, temperature, and whether the
     features were whitened (eval.knn_whiten); knn.md and the report both open their table with it."""
     whitened = ", features whitened (eval.knn_whiten)" if knn.get("whitened") else ""
-    return (f"{knn['n_reference']} reference and {knn['n_query']} query images (seed {knn['seed']}), "
-            f"T={knn['temperature']}{whitened}.")
+    if knn.get("folds", 1) > 1:
+        split = (f"every one of {knn['n_query']} held-out images a query once, in {knn['folds']} folds each against "
+                 f"the others' {knn['n_reference']} or more references (seed {knn['seed']})")
+    else:
+        split = f"{knn['n_reference']} reference and {knn['n_query']} query images (seed {knn['seed']})"
+    return f"{split}, T={knn['temperature']}{whitened}."
 
 
 def knn_rows(knn: dict[str, Any], part: str | None = None) -> tuple[list[str], list[list[str]]]:

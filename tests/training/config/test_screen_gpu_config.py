@@ -26,7 +26,7 @@ GPU_SCREEN = CONFIGS / "screen-gpu.yaml"
 PROFILING = ("data.label_column", "data.batch_column", "data.control_column", "data.control_value",
              "eval.perturbation_column", "eval.consistency_column", "eval.profile_normalization",
              "eval.mad_robustize_samples", "eval.spherize_shrinkage", "eval.activity_negatives", "eval.knn_whiten",
-             "eval.feature", "eval.tta",
+             "eval.knn_folds", "eval.feature", "eval.tta",
              "ingest.edge", "ingest.min_area", "ingest.cellprofiler")
 """The screen recipe's reading of a screen (configs/screen.yaml), which the GPU config keeps."""
 

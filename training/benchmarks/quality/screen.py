@@ -17,8 +17,9 @@ not-same-batch top-1, phenotypic-activity mAP and the treatments retrieved, cons
 groups retrieved, each also as its share of the oracle's (kNN above chance over the oracle's above
 chance; mAP over the oracle's), the seconds of every step and the machine. The kNN figures are also
 given with eval.knn_whiten flipped, and the trained model's lead over each baseline is counted
-against that baseline's better protocol, so that whitening, which helps the model and hurts raw
-pixels and CellProfiler's features, never makes the lead. Likewise, where the run shrinks its sphering
+against that baseline's better protocol, so that whitening, which helps some feature sets and hurts
+others, never makes the lead. Every kNN figure, the oracle's too, counts the queries of the config's
+splits (eval.knn_folds: with folds, every held-out cell once). Likewise, where the run shrinks its sphering
 (eval.spherize_shrinkage), the mAPs are also given under plain ZCA, and the goals hold CellProfiler's
 activity and consistency at the better of the two.
 """
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from training.config import Config
+from training.config import Config, EvalConfig
 from training.data.store.format import INDEX_FILE
 from training.errors import UserError
 from training.rundir import RunLayout, tags
@@ -53,12 +54,19 @@ JITTER = 1e-6
 TRUTH_KEYS = ("Metadata_Plate", "Metadata_Well", "Metadata_Site")
 
 
-def step_done(layout: RunLayout, step: str) -> bool:
-    """Whether `step`'s main file exists (for --reuse)."""
+def step_done(layout: RunLayout, step: str, settings: EvalConfig | None = None) -> bool:
+    """Whether `step`'s main file exists (for --reuse); a knn.json scored with another kNN protocol
+    (whitening, folds) than `settings` is not done, since the benchmark's figures would not be the
+    config's."""
     done = {"ingest": layout.packed / INDEX_FILE, "mean-std": layout.mean_std,
             "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / FEATURE_SET_INDEX,
             "labels": layout.labels, "knn": layout.knn_json}
-    return done[step].exists()
+    if not done[step].exists():
+        return False
+    if step == "knn" and settings is not None:
+        knn = json.loads(layout.knn_json.read_text())
+        return (knn.get("whitened"), knn.get("folds", 1)) == (settings.knn_whiten, settings.knn_folds)
+    return True
 
 
 def step_command(step: str, config_path: Path | None, overrides: list[str], ranks: int) -> list[str]:
@@ -84,7 +92,7 @@ def run_chain(config: Config, config_path: Path | None, overrides: list[str], *,
         _run(command, "synth-data")
         seconds["synth-data"] = round(time.perf_counter() - start, 1)
     for step in STEPS:
-        if reuse and step_done(layout, step):
+        if reuse and step_done(layout, step, config.eval):
             log.info("bench screen: %s already done (--reuse)", step)
             continue
         start = time.perf_counter()
@@ -124,23 +132,23 @@ def cell_phenotypes(config: Config, rows: np.ndarray, truth_path: Path | None = 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The evaluated cells as `knn` split them, read once for every feature set the benchmark scores."""
+    """The evaluated cells as `knn` splits them (eval.knn_folds), read once for every feature set the
+    benchmark scores."""
 
     labels: dict[str, Any]
     y: np.ndarray
-    ref: np.ndarray
-    query: np.ndarray
+    splits: list[tuple[np.ndarray, np.ndarray]]
     batches: np.ndarray | None
 
 
 def held_out(config: Config, layout: RunLayout) -> HeldOut:
     """labels.json, the seeded reference/query split and each cell's batch for not-same-batch kNN."""
-    from training.eval.knn import evaluation_batches, reference_query
+    from training.eval.knn import evaluation_batches, knn_splits
     from training.rundir.artifacts import load_labels
 
     labels = load_labels(layout)
-    y, ref, query = reference_query(labels, config.eval.knn_train_fraction, config.run.seed)
-    return HeldOut(labels, y, ref, query, evaluation_batches(config, labels, layout))
+    y = np.asarray(labels["labels"], np.int64)
+    return HeldOut(labels, y, knn_splits(y, config.eval, config.run.seed), evaluation_batches(config, labels, layout))
 
 
 def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict[str, Any]:
@@ -157,7 +165,7 @@ def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict
         (len(rows), len(names)))
     onehot /= np.linalg.norm(onehot, axis=1, keepdims=True)
     entry = evaluate_tag(FeatureSet(onehot.astype(np.float32), rows, {"kind": ORACLE}), held.y,
-                         (held.ref, held.query), config.eval, len(labels["class_names"]), held.batches)
+                         held.splits, config.eval, len(labels["class_names"]), held.batches)
     setup = evaluation_wells(config, labels)
     if setup is not None:
         if setup.cells != "evaluated":  # eval.profile_cells: all: the wells hold every cell
@@ -191,7 +199,7 @@ def other_protocol(config: Config, held: HeldOut, sets: dict[str, Any]) -> dict[
 
     settings = dataclasses.replace(config.eval, knn_whiten=not config.eval.knn_whiten)
     classes = len(held.labels["class_names"])
-    return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], held.y, (held.ref, held.query),
+    return {("trained" if tag == tags.FINAL else tag): row_of(evaluate_tag(sets[tag], held.y, held.splits,
                                                                            settings, classes, held.batches))
             for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in sets}
 
@@ -321,7 +329,8 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
         "benchmark": "screen", "date": date.today().isoformat(), "machine": machine(),
         "config": str(config_path) if config_path else None, "overrides": overrides, "ranks": ranks,
         "screen": {"seed": screen.get("seed"), "cells": screen.get("cells"), **screen.get("sizes", {})},
-        "n_reference": knn["n_reference"], "n_query": knn["n_query"], "classes": knn["class_names"],
+        "n_reference": knn["n_reference"], "n_query": knn["n_query"], "knn_folds": knn.get("folds", 1),
+        "classes": knn["class_names"],
         "chance": round(chance, 4), "oracle_phenotypes": entries[ORACLE]["phenotypes"],
         "seconds": seconds, "seconds_total": round(time.perf_counter() - start, 1),
         "knn_whitened": config.eval.knn_whiten, "figures": rows,
