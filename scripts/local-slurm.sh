@@ -294,13 +294,18 @@ install_conf() {
 
 # The overrides of slurm/env.sh for jobs on this cluster: `source .local-slurm/scdino-env.sh`
 # before sbatch (sbatch passes the environment into the job). The venv is the repository's own.
+# This machine's cores, whatever OMP_NUM_THREADS the caller runs with (nproc would follow it).
+cores() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
+
 write_job_env() {
   cat >"$BASE/scdino-env.sh.tmp" <<EOF
 # Written by scripts/local-slurm.sh: slurm/env.sh overrides for the local cluster.
 export SCDINO_HOME=$REPO
 export SCDINO_VENV=$REPO/.venv
 export SCDINO_SCRATCH=$BASE/scratch
-# All nodes share this machine's $(nproc) cores: one thread per process.
+# All nodes share this machine's $(cores) cores: slurm/lib.sh's share_cores divides them among a
+# job's processes; anything else runs one thread.
+export SCDINO_SHARED_CORES=$(cores)
 export OMP_NUM_THREADS=1
 EOF
   # The site file this cluster's partitions come from, for the jobs and the submitter alike.

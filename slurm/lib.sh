@@ -60,12 +60,29 @@ gpus_per_node() {
 
 head_node() { scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1; }
 
+# Threads of a step's processes (OMP_NUM_THREADS, which torch follows), for PROCS processes a node.
+# On the local cluster every node is this one machine (SCDINO_SHARED_CORES, from
+# scripts/local-slurm.sh), so a job's processes divide its cores: a one-node step takes them all,
+# each of pretraining's two nodes half, each task of an array its share. A step that wants a fixed
+# count (ingest: one) sets SCDINO_STEP_THREADS. Elsewhere OMP_NUM_THREADS is left as it is.
+share_cores() {
+  local procs=${1:-1} threads
+  if [ -n "${SCDINO_STEP_THREADS:-}" ]; then
+    export OMP_NUM_THREADS=$SCDINO_STEP_THREADS
+    return 0
+  fi
+  [ -n "${SCDINO_SHARED_CORES:-}" ] || return 0
+  threads=$((SCDINO_SHARED_CORES / (${SLURM_JOB_NUM_NODES:-1} * procs * ${SLURM_ARRAY_TASK_COUNT:-1})))
+  export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
+}
+
 # Runs one single-process pipeline step in the batch shell: python -m training STEP --config ...
 run_step() {
   local step=$1
   shift
   require_python
-  log "step $step on $(hostname): $SCDINO_PYTHON -m training $step --config $*"
+  share_cores 1
+  log "step $step on $(hostname), ${OMP_NUM_THREADS:-default} thread(s): $SCDINO_PYTHON -m training $step --config $*"
   "$SCDINO_PYTHON" -m training "$step" --config "$@"
 }
 
@@ -77,6 +94,7 @@ torchrun_all_nodes() {
   require_python
   nproc=$(gpus_per_node)
   ((nproc > 0)) || nproc=$SCDINO_CPU_PROCS_PER_NODE
+  share_cores "$nproc"
   head=$(head_node)
   local launcher=(
     "$SCDINO_PYTHON" -m torch.distributed.run

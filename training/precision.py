@@ -6,11 +6,14 @@ Shared by DINO pretraining, fine-tuning and the step benchmark; `train.precision
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from training.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,22 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), where bf16 autocast is
+    faster than fp32; elsewhere oneDNN converts to fp32 and bf16 only costs time."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
 def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """auto: bf16 on GPUs that have it, fp16 on those that do not (T4), fp32 on CPU."""
+    """auto: bf16 on GPUs that have it, fp16 on those that do not (T4), fp32 on CPU. bf16 on a CPU
+    without native bf16 runs, with a warning that fp32 is faster there."""
     if device.type != "cuda":
         if requested == "fp16":
             raise ConfigError("train.precision=fp16 needs a CUDA GPU; use auto, fp32 or bf16 on CPU")
+        if requested == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+            log.warning("train.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 is "
+                        "emulated and slower than fp32 here; set train.precision=fp32 for speed")
         return Precision("bf16" if requested == "bf16" else "fp32", device.type)
     has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     if requested == "auto":
