@@ -210,7 +210,7 @@ def knn_splits(labels: np.ndarray, settings: EvalConfig, seed: int) -> list[tupl
     """The kNN's (reference rows, query rows) splits of the held-out images. eval.knn_folds 1: scDINO's
     one seeded split, eval.knn_train_fraction of them references. n > 1: n stratified folds, each
     fold the queries of one split and the other folds its references, so that every held-out image is
-    a query exactly once and the accuracy counts n / (1 - knn_train_fraction) times as many queries."""
+    a query exactly once: 1 / (1 - knn_train_fraction) times the one split's queries."""
     if settings.knn_folds == 1:
         return [split_reference_query(labels, settings.knn_train_fraction, seed)]
     fold = fold_of(labels, settings.knn_folds, seed)
