@@ -92,32 +92,17 @@ def run_steps(config_path: Path | None, overrides: Sequence[str], run_dir: Path)
             raise UserError(f"{run_dir.name}: `python -m training {step}` failed ({done.returncode}):\n{tail}")
 
 
-def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """The fold (0..folds-1) of each row: every class dealt round-robin over the folds in a seeded order."""
-    order = np.random.default_rng(seed).permutation(len(labels))
-    fold = np.empty(len(labels), np.int64)
-    for cls in np.unique(labels):
-        members = order[labels[order] == cls]
-        fold[members] = np.arange(len(members)) % folds
-    return fold
-
-
 def kfold_knn_top1(features: np.ndarray, labels: np.ndarray, config: Config) -> tuple[float, int]:
-    """Top-1 of the weighted kNN with every row a query once (stratified folds, the other folds as
-    references), at the best k of eval.knn_k; returns (top-1, k)."""
-    from training.eval.knn import knn_classify
+    """Top-1 of the weighted kNN with every row a query once (FOLDS stratified folds, the other folds
+    as references: the knn step's eval.knn_folds), at the best k of eval.knn_k; returns (top-1, k)."""
+    import dataclasses
 
-    fold = stratified_folds(labels, FOLDS, config.run.seed)
-    hits = {k: 0 for k in config.eval.knn_k}
-    for f in range(FOLDS):
-        query, reference = fold == f, fold != f
-        result = knn_classify(features[reference], labels[reference], features[query], labels[query],
-                              ks=config.eval.knn_k, temperature=config.eval.knn_temperature,
-                              num_classes=int(labels.max()) + 1)
-        for k in hits:
-            hits[k] += int(np.sum(result.predictions[k] == labels[query]))
-    best = max(sorted(hits), key=lambda k: (hits[k], -k))
-    return hits[best] / len(labels), best
+    from training.eval.knn import knn_splits, pooled_classify
+
+    settings = dataclasses.replace(config.eval, knn_folds=FOLDS, knn_whiten=False)
+    splits = knn_splits(labels, settings, config.run.seed)
+    _, result = pooled_classify([features] * FOLDS, labels, splits, settings, int(labels.max()) + 1)
+    return result.top1[result.best_k], result.best_k
 
 
 def collect(config: Config) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The recipe comparison's arms and its 5-fold kNN (the long runs themselves are docs/performance.md's)."""
+"""The recipe comparison's arms and its 5-fold kNN (the long runs themselves are docs/performance.md's;
+the folds themselves are tested in tests/training/eval/test_knn_folds.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from training.benchmarks.quality.recipes import (
     REFERENCE,
     kfold_knn_top1,
     parse_args,
-    stratified_folds,
 )
 from training.config import Config, load_config
 from training.costs.flops import train_flops_per_image
+from training.eval.knn import fold_of
 
 
 def test_the_reference_arm_is_scdinos_recipe_and_the_others_cost_at_most_a_quarter_or_say_so():
@@ -32,16 +33,6 @@ def test_the_reference_arm_is_scdinos_recipe_and_the_others_cost_at_most_a_quart
         assert config.eval.image_size == config.dino.global_crop_size, name
         ratio = train_flops_per_image(config, 5) / scdino
         assert (ratio <= 0.25) or name == REFERENCE, (name, ratio)
-
-
-def test_folds_deal_every_class_evenly_and_every_row_once():
-    labels = np.repeat(np.arange(3), [10, 7, 5])
-    fold = stratified_folds(labels, FOLDS, seed=4)
-    assert fold.shape == labels.shape and set(fold) == set(range(FOLDS))
-    for cls in range(3):
-        counts = np.bincount(fold[labels == cls], minlength=FOLDS)
-        assert counts.max() - counts.min() <= 1, (cls, counts)
-    assert not np.array_equal(fold, stratified_folds(labels, FOLDS, seed=5))
 
 
 def weighted_vote_reference(features, labels, fold, k, temperature):
@@ -67,7 +58,7 @@ def test_kfold_knn_is_the_weighted_vote_with_every_row_a_query_once():
     features /= np.linalg.norm(features, axis=1, keepdims=True)
     config = tiny_config({"eval.knn_k": [3, 9], "eval.knn_temperature": 0.1, "run.seed": 2})
     top1, best_k = kfold_knn_top1(features.astype(np.float32), labels, config)
-    fold = stratified_folds(labels, FOLDS, seed=2)
+    fold = fold_of(labels, FOLDS, seed=2)
     expected = {k: weighted_vote_reference(features, labels, fold, k, 0.1) for k in (3, 9)}
     assert top1 == pytest.approx(max(expected.values()), abs=1e-9)
     assert expected[best_k] == pytest.approx(top1)
