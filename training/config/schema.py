@@ -146,9 +146,33 @@ class DinoConfig:
     photometric_augment: bool = True
     """scDINO's per-channel brightness, Gaussian blur and solarisation on top of the crops and flips.
     false: crops and flips only, as CHAMMI-75's DINO ChannelViT trains (a stain's intensity is
-    information there, not nuisance)."""
+    information there, not nuisance), and no imaging step (dino.black_level_p, dino.noise_p) either."""
+    black_level_p: float = 0.0
+    """Probability that a crop gets a random black level after the blur, before dino.noise_p's noise
+    (not in scDINO: 0 keeps its augmentations exactly): each channel x -> max(x - t, 0) / (1 - t),
+    t ~ U(0, black_level_max), as a camera's offset or a higher background cuts the dim floor away.
+    Imaging batches differ in background and noise floor, which per-image min-max scaling does not
+    remove and DINO otherwise learns to tell cells apart by (docs/performance.md, "Imaging noise")."""
+    black_level_max: float = 0.1
+    """The largest black level of dino.black_level_p, as a fraction of the min-max scaled [0, 1] range."""
+    noise_p: float = 0.0
+    """Probability that a crop gets Gaussian imaging noise after the blur and any black level (not in
+    scDINO: 0 keeps its augmentations exactly). Each channel of such a crop draws its own sigma,
+    U(0, noise_std), and the crop is then clamped to [0, 1]. With dino.black_level_p, the screen
+    recipe's cure for batches told apart by their noise floor (docs/performance.md, "Imaging noise")."""
+    noise_std: float = 0.1
+    """The largest noise sigma of dino.noise_p, as a fraction of the min-max scaled [0, 1] range."""
 
     def __post_init__(self) -> None:
+        for key in ("black_level_p", "noise_p"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"dino.{key} must be a probability between 0 and 1, got {getattr(self, key)}")
+        if not 0 <= self.black_level_max < 1:
+            raise ConfigError(f"dino.black_level_max must be in [0, 1) (a fraction of the [0, 1] pixel range), "
+                              f"got {self.black_level_max}")
+        if not 0 <= self.noise_std <= 1:
+            raise ConfigError(f"dino.noise_std must be between 0 and 1 (a fraction of the [0, 1] pixel range), "
+                              f"got {self.noise_std}")
         for key in ("global_crops_scale", "local_crops_scale"):
             low, high = getattr(self, key)
             if not 0 < low <= high <= 1:
@@ -297,6 +321,11 @@ class Config:
             raise ConfigError("eval.normalize=false evaluates on unnormalised images, but data.normalization="
                               "per_image trains on per-image z-scored ones: set eval.normalize=true, or "
                               "data.normalization=dataset to evaluate scDINO weights as scDINO does")
+        imaging = [k for k in ("black_level_p", "noise_p") if getattr(self.dino, k) > 0]
+        if imaging and self.data.loader == "dali":
+            raise ConfigError(f"{', '.join('dino.' + k for k in imaging)} (the imaging step) is not supported by "
+                              "data.loader=dali: use data.loader=packed (with data.gpu_augment=true on a GPU), or set "
+                              "them to 0")
         if self.eval.feature == "cls_patch_mean" and self.model.kind != "vit":
             raise ConfigError(f"eval.feature=cls_patch_mean pools a plain ViT's patch tokens, and model.kind="
                               f"{self.model.kind} combines channels' features instead: set eval.feature=cls")

@@ -4,6 +4,10 @@ Per view, as scDINO: RandomResizedCrop (bicubic) -> horizontal and vertical flip
 per-channel brightness (p=0.8, factor U(0.5, 1.25) per channel, clamped to [0, 1]) -> Gaussian
 blur (kernel 5, sigma U(0.1, 1.5), reflect borders; p=1.0 global 1, 0.1 global 2, 0.5 local) ->
 solarisation (global 2 only, p=0.2, x > 0.5 becomes 1 - x) -> normalisation with the mean/std.
+Beyond scDINO, and off unless dino.black_level_p or dino.noise_p is set, an imaging step after the
+blur and before the solarisation: a random black level (each channel of a chosen crop x ->
+max(x - t, 0) / (1 - t), t ~ U(0, dino.black_level_max)), then Gaussian noise (each channel of a
+chosen crop its own sigma, U(0, dino.noise_std)), the crop then clamped to [0, 1].
 
 Why batched: a per-sample torchvision pipeline spends most of its time in Python and in small
 kernels. Here crop, resize, flip and blur are all linear maps along rows and columns, so for each
@@ -48,6 +52,15 @@ class ViewSpec:
     blur_p: float
     solarize_p: float
     brightness_p: float = BRIGHTNESS_P
+    black_level_p: float = 0.0
+    black_level_max: float = 0.0
+    noise_p: float = 0.0
+    noise_std: float = 0.0
+
+    @property
+    def imaging(self) -> bool:
+        """Whether the view draws the imaging step (black level, noise)."""
+        return self.black_level_p > 0 or self.noise_p > 0
 
 
 
@@ -66,9 +79,11 @@ def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
 
     The one definition of the views' probabilities: the CPU, device and DALI paths all read it.
     """
-    globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0),
-                ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2)]
-    local = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0)
+    imaging = {"black_level_p": dino.black_level_p, "black_level_max": dino.black_level_max,
+               "noise_p": dino.noise_p, "noise_std": dino.noise_std}
+    globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0, **imaging),
+                ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2, **imaging)]
+    local = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0, **imaging)
     if not dino.photometric_augment:
         globals_ = [ViewSpec(v.size, v.scale, 0.0, 0.0, 0.0) for v in globals_]
         local = ViewSpec(local.size, local.scale, 0.0, 0.0, 0.0)
@@ -308,7 +323,8 @@ def crop_rows(batch: torch.Tensor, source: torch.Tensor, top: torch.Tensor, heig
 @dataclass(frozen=True)
 class ChunkPlan:
     """One chunk of a group's crops, crops lo..hi: the source rows they read (y0, kh), their row
-    matrices over those rows, each row tile's band of them (relative to y0), and which are solarised."""
+    matrices over those rows, each row tile's band of them (relative to y0), which are solarised,
+    and which go through the imaging step (relative to lo) with each one's noise seed."""
 
     lo: int
     hi: int
@@ -318,12 +334,16 @@ class ChunkPlan:
     first: torch.Tensor
     last: torch.Tensor
     solarized: torch.Tensor
+    imaged: torch.Tensor
+    noise_seeds: torch.Tensor
 
 
 @dataclass(frozen=True)
 class ViewPlan:
     """A group of crops of one size, every choice made (`BatchMultiCrop.plan`), CPU tensors: the
-    image of each crop, its brightness draw and factors, its column matrix, and its chunks."""
+    image of each crop, its brightness draw and factors, its column matrix, its chunks, and each
+    crop's black level and noise sigma per channel (zero where it draws none; None where the group
+    has no imaging step)."""
 
     size: int
     source: torch.Tensor
@@ -331,6 +351,8 @@ class ViewPlan:
     brightness: torch.Tensor
     cols: torch.Tensor
     chunks: list[ChunkPlan]
+    black_level: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
 
 
 class BatchMultiCrop:
@@ -389,17 +411,19 @@ class BatchMultiCrop:
         With data.gpu_augment a loader thread makes the plan, so that the training process only
         copies it to the GPU and launches the products.
         """
-        plans = [self._plan_views(heights, widths, self.global_views, generator, chunked)]
-        if self.local_number:
-            plans.append(self._plan_views(heights, widths, [self.local_view] * self.local_number, generator, chunked))
-        return plans
+        groups = [self.global_views] + ([[self.local_view] * self.local_number] if self.local_number else [])
+        b = heights.shape[0]
+        source = [torch.arange(b).repeat(len(views)) for views in groups]
+        draws = [_draw_view_params(heights[s], widths[s], views, b, self.channels, generator)
+                 for s, views in zip(source, groups)]
+        for views, group_draws in zip(groups, draws):  # after every other draw: without it, all as before
+            group_draws.update(_draw_imaging(views, b, self.channels, generator))
+        return [self._plan_views(heights, widths, views, s, d, chunked) for views, s, d in zip(groups, source, draws)]
 
-    def _plan_views(self, heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec],
-                    generator: torch.Generator, chunked: bool) -> ViewPlan:
+    def _plan_views(self, heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec], source: torch.Tensor,
+                    draws: dict[str, torch.Tensor], chunked: bool) -> ViewPlan:
         b, n, size, c = heights.shape[0], len(views), views[0].size, self.channels
         height, width = int(heights.max()), int(widths.max())
-        source = torch.arange(b).repeat(n)
-        draws = _draw_view_params(heights[source], widths[source], views, b, c, generator)
         row_taps = self._matrices(draws, draws["boxes"][:, 0], draws["boxes"][:, 2], size, height, "vflip")
         col_taps = self._matrices(draws, draws["boxes"][:, 1], draws["boxes"][:, 3], size, width, "hflip")
         first, last = row_bands(*row_taps)
@@ -411,9 +435,12 @@ class BatchMultiCrop:
             kh = int(boxes[lo:hi, 2].max())
             y0 = torch.minimum(boxes[lo:hi, 0], torch.tensor(height - kh))
             window = (y0[:, None, None] + torch.arange(kh)).expand(-1, size, -1)
+            imaged = torch.nonzero(draws["imaged"][lo:hi])[:, 0]
             chunks.append(ChunkPlan(lo, hi, y0, kh, rows[lo:hi].gather(2, window), first[lo:hi] - y0[:, None],
-                                    last[lo:hi] - y0[:, None], torch.nonzero(draws["solarize"][lo:hi])[:, 0]))
-        return ViewPlan(size, source, draws["bright"], draws["brightness"], as_matrices(*col_taps, width), chunks)
+                                    last[lo:hi] - y0[:, None], torch.nonzero(draws["solarize"][lo:hi])[:, 0],
+                                    imaged, draws["noise_seed"][lo:hi][imaged]))
+        return ViewPlan(size, source, draws["bright"], draws["brightness"], as_matrices(*col_taps, width), chunks,
+                        draws.get("black_level"), draws.get("noise_sigma"))
 
     def _apply(self, batch: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None, plan: ViewPlan,
                out: torch.Tensor | None) -> torch.Tensor:
@@ -435,6 +462,9 @@ class BatchMultiCrop:
                  "scale": to_device(plan.brightness[:, :, None, None], device) / std, "shift": low,
                  "low": torch.where(bright, low, -math.inf), "high": torch.where(bright, high, math.inf),
                  "flip_sum": flip_sum, "threshold": threshold}
+        if plan.noise is not None:
+            group.update({"black_level": to_device(plan.black_level[:, :, None, None], device),
+                          "noise": to_device(plan.noise[:, :, None, None], device), "mean": mean, "std": std})
         shape = (count, batch.shape[1], plan.size, plan.size)
         if out is None:
             out = empty_output(shape) if device.type == "cpu" else torch.empty(shape, device=device)
@@ -472,6 +502,8 @@ class BatchMultiCrop:
         banded_row_product(rows, across, out, (chunk.first, chunk.last))
         torch.maximum(out, group["low"], out=out)  # a clamp with tensor bounds is not vectorised: 10x slower
         torch.minimum(out, group["high"], out=out)
+        if chunk.imaged.numel():
+            imaging_step(out, chunk, group)
         if chunk.solarized.numel():
             solarized = to_device(chunk.solarized, device)
             crops = out[solarized]
@@ -479,9 +511,26 @@ class BatchMultiCrop:
                                          crops)
 
 
+def imaging_step(out: torch.Tensor, chunk: ChunkPlan, group: dict[str, torch.Tensor]) -> None:
+    """The imaging step on the chunk's chosen crops of `out` (normalised units), in [0, 1] pixel units:
+    each channel's black level t (x -> max(x - t, 0) / (1 - t); t = 0 where none was drawn), then
+    Gaussian noise of its sigma, then the crop clamped to [0, 1]. Every crop's noise comes from its own
+    seed, so that how a group is cut into chunks (CPU) or not (GPU) leaves it unchanged."""
+    index = to_device(chunk.imaged, out.device)
+    mean, std = group["mean"][index], group["std"][index]
+    level, sigma = group["black_level"][index], group["noise"][index]
+    pixels = (out[index] * std + mean - level).clamp_(min=0).div_(1 - level)
+    generator = torch.Generator(device=out.device)
+    for crop, seed in zip(range(len(chunk.imaged)), chunk.noise_seeds.tolist()):
+        generator.manual_seed(seed)
+        noise = torch.randn(pixels.shape[1:], generator=generator, device=out.device)
+        pixels[crop].add_(noise.mul_(sigma[crop]))
+    out[index] = pixels.clamp_(0, 1).sub_(mean).div_(std)
+
+
 def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[ViewSpec], b: int,
                       channels: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Every random choice for a group of crops, drawn up front on the CPU in a fixed order."""
+    """Every random choice for a group of crops but the imaging step's, drawn up front on the CPU in a fixed order."""
     count = heights.shape[0]
     boxes = sample_crop_boxes(heights, widths, views[0].scale, generator)
     flips = torch.rand(count, 2, generator=generator) < 0.5
@@ -494,6 +543,26 @@ def _draw_view_params(heights: torch.Tensor, widths: torch.Tensor, views: list[V
     return {"boxes": boxes, "hflip": flips[:, 0], "vflip": flips[:, 1], "bright": bright,
             "brightness": torch.where(bright[:, None], factor, torch.ones_like(factor)),
             "sigma": sigma, "blur": blur, "solarize": solarize}
+
+
+def _draw_imaging(views: list[ViewSpec], b: int, channels: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A group's imaging-step draws: which crops get a black level and each channel's, which get noise
+    and each channel's sigma, each crop's noise seed. Nothing is drawn where no view has the step, so
+    that the generator then gives every other draw as before."""
+    count = len(views) * b
+    if not any(v.imaging for v in views):
+        return {"imaged": torch.zeros(count, dtype=torch.bool), "noise_seed": torch.zeros(count, dtype=torch.int64)}
+
+    def per_view(key: str) -> torch.Tensor:
+        return torch.tensor([getattr(v, key) for v in views]).repeat_interleave(b)
+
+    darkened = torch.rand(count, generator=generator) < per_view("black_level_p")
+    level = per_view("black_level_max")[:, None] * torch.rand(count, channels, generator=generator)
+    noisy = torch.rand(count, generator=generator) < per_view("noise_p")
+    sigma = per_view("noise_std")[:, None] * torch.rand(count, channels, generator=generator)
+    return {"imaged": darkened | noisy, "black_level": torch.where(darkened[:, None], level, 0.0),
+            "noise_sigma": torch.where(noisy[:, None], sigma, 0.0),
+            "noise_seed": torch.randint(2**62, (count,), generator=generator)}
 
 
 def image_sizes(images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

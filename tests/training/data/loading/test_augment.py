@@ -2,6 +2,7 @@
 seeded determinism, and output statistics matching a per-sample scDINO-style pipeline."""
 
 import random
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -165,3 +166,122 @@ def test_a_plan_made_ahead_in_one_chunk_gives_the_crops_made_in_chunks():
     assert len(ahead) == len(at_once) == 5
     for a, b in zip(ahead, at_once):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def _noise_pair(noise_p: float, noise_std: float, images: torch.Tensor, seed: int, black_level_p: float = 0.0,
+                black_level_max: float = 0.0, **view_changes):
+    """The crops of `images` (in [0, 1] pixel units) without and with the imaging step, every other
+    draw the same."""
+    mean, std = [0.4, 0.6], [0.2, 0.25]
+    plain_config = DinoConfig(global_crop_size=32, local_crop_size=12, local_crops_number=2)
+    noisy_config = replace(plain_config, noise_p=noise_p, noise_std=noise_std, black_level_p=black_level_p,
+                           black_level_max=black_level_max)
+    plain, noisy = BatchMultiCrop(plain_config, mean, std), BatchMultiCrop(noisy_config, mean, std)
+    for augment in (plain, noisy):
+        augment.global_views = [replace(v, **view_changes) for v in augment.global_views]
+        augment.local_view = replace(augment.local_view, **view_changes)
+    m, s = torch.tensor(mean)[None, :, None, None], torch.tensor(std)[None, :, None, None]
+    to_pixels = lambda crops: [c * s + m for c in crops]  # noqa: E731
+    return (to_pixels(plain(images, torch.Generator().manual_seed(seed))),
+            to_pixels(noisy(images, torch.Generator().manual_seed(seed))))
+
+
+def test_imaging_noise_is_gaussian_with_a_uniform_sigma_per_channel():
+    """dino.noise_p / noise_std: each chosen crop's channel gets N(0, sigma^2) with sigma ~ U(0, noise_std)
+    in [0, 1] pixel units. Against that law, computed here from the definition: with brightness and
+    solarisation off and pixels far from the clamp, noisy minus plain crop (same seed) has mean ~0 per
+    crop, a per-channel spread whose distribution over crops is U(0, noise_std) (Kolmogorov-Smirnov),
+    Gaussian tails (kurtosis ~3); with noise_p 1 every crop is noisy."""
+    from scipy import stats
+
+    images = 0.35 + 0.3 * torch.rand(64, 2, 40, 40)  # within 0.35..0.65: 3.5 sigma from either bound
+    plain, noisy = _noise_pair(1.0, 0.08, images, seed=11, brightness_p=0.0, solarize_p=0.0)
+    residual = (noisy[0] - plain[0]).double()  # global crops of 32 x 32: 1,024 pixels a channel
+    spread = residual.std(dim=(-2, -1)).flatten().numpy()
+    means = residual.mean(dim=(-2, -1)).flatten().numpy()
+    assert (np.abs(means) < 5 * np.maximum(spread, 1e-9) / 32 + 1e-6).all()
+    assert stats.kstest(spread / 0.08, "uniform").pvalue > 1e-3
+    assert spread.max() < 0.08 * 1.1 and spread.min() >= 0
+    wide = residual[spread.reshape(residual.shape[:2]) > 0.04]
+    kurtosis = float(((wide / wide.std(dim=(-2, -1), keepdim=True)) ** 4).mean())
+    assert 2.8 < kurtosis < 3.2
+
+
+def test_imaging_noise_touches_its_share_of_crops_only_and_stays_in_range():
+    """With noise_p 0.5 about half the crops differ from the noiseless ones (binomial, 4 standard
+    errors) and the others are equal to the bit; a noisy crop is clamped to [0, 1] where the noise
+    would leave it (a plain one may overshoot a little: bicubic resizing);
+    noise_p 0 (the default, scDINO's) leaves every crop as it was."""
+    images = torch.rand(48, 2, 40, 40)
+    plain, noisy = _noise_pair(0.5, 0.2, images, seed=3)
+    changed = torch.cat([(a != b).flatten(1).any(1) for a, b in zip(plain, noisy)])
+    n = changed.numel()
+    assert abs(float(changed.float().mean()) - 0.5) < 4 * (0.25 / n) ** 0.5
+    for a, b in zip(plain, noisy):
+        same = ~(a != b).flatten(1).any(1)
+        assert torch.equal(a[same], b[same])
+        assert float(b[~same].min()) >= -1e-5 and float(b[~same].max()) <= 1 + 1e-5
+    assert any(float((b <= 1e-5).float().mean()) > float((a <= 1e-5).float().mean()) for a, b in zip(plain, noisy))
+    unchanged, again = _noise_pair(0.0, 0.2, images, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(unchanged, again))
+    assert all(torch.equal(a, b) for a, b in zip(unchanged, plain))
+
+
+def test_imaging_noise_does_not_depend_on_how_a_batch_is_cut_into_chunks():
+    """The CPU finishes a group in chunks, a GPU (and data.gpu_augment's plan) in one: each crop's noise
+    comes from its own seed, so both give the same crops."""
+    dino = DinoConfig(global_crop_size=96, local_crop_size=16, local_crops_number=3, noise_p=0.7, noise_std=0.1)
+    augment = BatchMultiCrop(dino, [0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
+    images = torch.rand(48, 3, 50, 50)
+    heights, widths = torch.full((48,), 50), torch.full((48,), 50)
+    plans = augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=False)
+    assert len(augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=True)[0].chunks) > 1
+    for a, b in zip(augment(images, plans=plans), augment(images, torch.Generator().manual_seed(5))):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_black_level_cuts_the_floor_and_stretches_the_rest():
+    """dino.black_level_p / black_level_max: each chosen crop's channel becomes max(x - t, 0) / (1 - t)
+    with t ~ U(0, black_level_max), every other draw the same. Against that map, computed here from
+    the definition: for every crop, the t that maps the plain crop's pixels above the floor onto the
+    dark one's is one value per channel, within [0, black_level_max), and the pixels under it are 0."""
+    images = 0.35 + 0.3 * torch.rand(32, 2, 40, 40)
+    dark_config = {"black_level_p": 1.0, "black_level_max": 0.5, "brightness_p": 0.0, "solarize_p": 0.0}
+    plain, dark = _noise_pair(0.0, 0.0, images, seed=7, **dark_config)
+    levels, floored = [], 0
+    for a, b in zip(plain, dark):
+        a, b = a.double(), b.double()
+        above = b > 1e-6
+        t = torch.where(above, (a - b) / (1 - b), torch.nan)  # x - t = y (1 - t)  =>  t = (x - y) / (1 - y)
+        per_channel = t.flatten(2).nanmedian(dim=2).values
+        spread = (t - per_channel[..., None, None]).abs().nan_to_num(0).flatten(2).amax(2)
+        assert float(spread.max()) < 1e-4
+        floor = a <= per_channel[..., None, None] - 1e-4
+        assert bool((b[floor].abs() < 1e-6).all())
+        floored += int(floor.sum())
+        levels.append(per_channel.flatten())
+    assert floored > 1000  # the floor was cut somewhere: the check above is not empty
+    levels = torch.cat(levels)
+    assert float(levels.min()) >= 0 and float(levels.max()) < 0.5
+    assert 0.2 < float(levels.mean()) < 0.3  # U(0, 0.5) over 384 crop channels: mean 0.25, s.e. 0.007
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("dino.noise_p", 1.5, "dino.noise_p must be a probability between 0 and 1, got 1.5"),
+    ("dino.black_level_p", -0.5, "dino.black_level_p must be a probability between 0 and 1, got -0.5"),
+    ("dino.noise_std", -0.1, "dino.noise_std must be between 0 and 1"),
+    ("dino.black_level_max", 1.0, "dino.black_level_max must be in [0, 1)"),
+])
+def test_imaging_settings_out_of_range_name_the_key(key, value, message):
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config().replace({key: value})
+
+
+def test_the_imaging_step_with_the_dali_loader_is_refused_with_the_way_out():
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="dino.black_level_p, dino.noise_p .* not supported by data.loader=dali: "
+                                          "use data.loader=packed"):
+        Config().replace({"dino.noise_p": 0.5, "dino.black_level_p": 0.5, "data.loader": "dali"})
