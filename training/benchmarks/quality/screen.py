@@ -21,7 +21,9 @@ against that baseline's better protocol, so that whitening, which helps some fea
 others, never makes the lead. Every kNN figure, the oracle's too, counts the queries of the config's
 splits (eval.knn_folds: with folds, every held-out cell once). Likewise, where the run shrinks its sphering
 (eval.spherize_shrinkage), the mAPs are also given under plain ZCA, and the goals hold CellProfiler's
-activity and consistency at the better of the two.
+activity and consistency at the better of the two. figures_phenotype reads each feature set against the
+true phenotypes instead of the mechanisms (kNN plainly and not same batch, and per phenotype): how
+much of a cell's phenotype survives a change of imaging batch.
 """
 
 from __future__ import annotations
@@ -180,6 +182,27 @@ def oracle_entry(config: Config, held: HeldOut, truth_path: Path | None) -> dict
     return entry
 
 
+def phenotype_figures(config: Config, held: HeldOut, sets: dict[str, Any],
+                      truth_path: Path | None) -> dict[str, dict[str, Any]]:
+    """How well each feature set (`sets`, scored_sets') tells the evaluated cells' true phenotypes
+    apart, by the run's kNN with the phenotypes as classes: top-1 plainly and not same batch, and the
+    not-same-batch top-1 of each phenotype. The gap between the two is what the imaging batches cost a
+    representation, and the MOA figures cannot show it: a cell's mechanism is only partly its phenotype."""
+    from training.eval.knn import evaluate_tag, knn_splits
+
+    phenotype, names = cell_phenotypes(config, np.asarray(held.labels["indices"], np.int64), truth_path)
+    splits = knn_splits(phenotype, config.eval, config.run.seed)
+    out = {}
+    for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID):
+        if tag in sets:
+            entry = evaluate_tag(sets[tag], phenotype, splits, config.eval, len(names), held.batches)
+            row, nsb = row_of(entry), entry.get("not_same_batch")
+            out["trained" if tag == tags.FINAL else tag] = {
+                "knn_top1": row["knn_top1"], "knn_not_same_batch_top1": row["knn_not_same_batch_top1"],
+                "per_phenotype_not_same_batch": None if not nsb else dict(zip(names, nsb["per_class_top1"]))}
+    return out
+
+
 def scored_sets(config: Config, layout: RunLayout, held: HeldOut) -> dict[str, Any]:
     """The run's feature sets of the evaluated cells, the hybrid among them where the run scores it:
     read once for both of the benchmark's other protocols."""
@@ -323,6 +346,7 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
     sets = scored_sets(config, layout, held)
     other = other_protocol(config, held, sets)
     sphered = other_sphering(config, layout, held, sets)
+    phenotypes = phenotype_figures(config, held, sets, truth)
     screen_json = Path(config.ingest.table).parent / "screen.json"
     screen = json.loads(screen_json.read_text()) if screen_json.is_file() else {}
     return {
@@ -338,6 +362,7 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
         "figures_knn_whitened" if not config.eval.knn_whiten else "figures_knn_plain": other,
         "lead_over_best_protocol": leads(rows, other),
         **({"figures_spherize_plain": sphered} if sphered else {}),
+        "figures_phenotype": phenotypes,
         "goals": {name: goals(rows, leads(rows, other, of=name), name, sphered) for name in ("trained", tags.HYBRID)
                   if name in rows},
     }

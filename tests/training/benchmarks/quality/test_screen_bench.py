@@ -186,3 +186,31 @@ def test_the_plain_sphering_figures_are_those_the_knn_step_writes_without_shrink
     for name, tag in (("trained", "final"), ("raw_pixels", "raw_pixels"), ("random_init", "random_init")):
         assert figures[name]["map_activity"] == pytest.approx(written[tag]["map"]["mean_map"], abs=1e-9), name
     assert other_sphering(plain, layout, held, scored_sets(plain, layout, held)) == {}
+
+
+def test_the_phenotype_readout_tells_a_batch_confounded_feature_from_a_faithful_one(screen_run):
+    """figures_phenotype: kNN with the true phenotypes as classes. A feature that is the cell's phenotype
+    is right plainly and across batches; one that codes each phenotype differently in each batch (the
+    codes of one batch a derangement of the other's) beside a coordinate of its batch, so that a cell's
+    own batch is nearer, is right within a batch and wrong across them: the not-same-batch figure is
+    what tells them apart."""
+    import training.benchmarks.quality.screen as bench
+    from training.rundir.features import FeatureSet
+
+    layout = RunLayout.from_config(screen_run)
+    held = bench.held_out(screen_run, layout)
+    rows = np.asarray(held.labels["indices"], np.int64)
+    codes, names = cell_phenotypes(screen_run, rows)
+    k = len(names)
+    batch = held.batches == held.batches.max()
+    confounded = np.where(batch, (codes + 1) % k, codes)
+    jitter = 1e-6 * np.random.default_rng(0).standard_normal((len(rows), k))
+    sets = {"final": FeatureSet((np.eye(k)[codes] + jitter).astype(np.float32), rows),
+            "raw_pixels": FeatureSet(np.hstack([np.eye(k)[confounded] + jitter, batch[:, None]]).astype(np.float32),
+                                     rows)}
+    figures = bench.phenotype_figures(screen_run, held, sets, None)
+    assert figures["trained"]["knn_top1"] == figures["trained"]["knn_not_same_batch_top1"] == 1.0
+    assert set(figures["trained"]["per_phenotype_not_same_batch"]) == set(names)
+    assert figures["raw_pixels"]["knn_top1"] > 0.8  # a few queries have no reference of their phenotype in their batch
+    assert figures["raw_pixels"]["knn_not_same_batch_top1"] == 0.0
+    assert all(v in (0.0, None) for v in figures["raw_pixels"]["per_phenotype_not_same_batch"].values())
