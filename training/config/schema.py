@@ -158,8 +158,9 @@ class DinoConfig:
     noise_p: float = 0.0
     """Probability that a crop gets Gaussian imaging noise after the blur and any black level (not in
     scDINO: 0 keeps its augmentations exactly). Each channel of such a crop draws its own sigma,
-    U(0, noise_std), and the crop is then clamped to [0, 1]. With dino.black_level_p, the screen
-    recipe's cure for batches told apart by their noise floor (docs/performance.md, "Imaging noise")."""
+    U(0, noise_std), and the crop is then clamped to [0, 1]. With dino.black_level_p, it taught the
+    model to read a cell's phenotype across batches told apart by their noise floor (docs/performance.md,
+    "Imaging noise", which also says why configs/screen.yaml does not use them yet)."""
     noise_std: float = 0.1
     """The largest noise sigma of dino.noise_p, as a fraction of the min-max scaled [0, 1] range."""
 
