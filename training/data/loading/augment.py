@@ -521,7 +521,7 @@ def imaging_step(out: torch.Tensor, chunk: ChunkPlan, group: dict[str, torch.Ten
     level, sigma = group["black_level"][index], group["noise"][index]
     pixels = (out[index] * std + mean - level).clamp_(min=0).div_(1 - level)
     generator = torch.Generator(device=out.device)
-    for crop, seed in zip(range(len(chunk.imaged)), chunk.noise_seeds.tolist()):
+    for crop, seed in enumerate(chunk.noise_seeds.tolist()):
         generator.manual_seed(seed)
         noise = torch.randn(pixels.shape[1:], generator=generator, device=out.device)
         pixels[crop].add_(noise.mul_(sigma[crop]))
