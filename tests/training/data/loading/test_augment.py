@@ -236,8 +236,12 @@ def test_imaging_noise_does_not_depend_on_how_a_batch_is_cut_into_chunks():
     heights, widths = torch.full((48,), 50), torch.full((48,), 50)
     plans = augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=False)
     assert len(augment.plan(heights, widths, torch.Generator().manual_seed(5), chunked=True)[0].chunks) > 1
-    for a, b in zip(augment(images, plans=plans), augment(images, torch.Generator().manual_seed(5))):
+    ahead = augment(images, plans=plans)
+    for a, b in zip(ahead, augment(images, torch.Generator().manual_seed(5))):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    plain = BatchMultiCrop(replace(dino, noise_p=0.0), [0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
+    noiseless = plain(images, plans=plain.plan(heights, widths, torch.Generator().manual_seed(5), chunked=False))
+    assert all(not torch.equal(a, b) for a, b in zip(ahead, noiseless))  # the noise was there to agree on
 
 
 def test_black_level_cuts_the_floor_and_stretches_the_rest():
