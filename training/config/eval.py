@@ -101,7 +101,7 @@ class EvalConfig:
     """Features of the final checkpoint for every cell of the dataset, training and held-out, which
     `export` writes as profiles; false: for the evaluated held-out cells only, as every epoch."""
     profile_cells: Literal["evaluated", "all"] = "evaluated"
-    """The cells whose per-well medians retrieval mAP (`knn`) scores: "evaluated", the held-out cells
+    """The cells whose per-well profiles retrieval mAP (`knn`) scores: "evaluated", the held-out cells
     the kNN reads; "all", every cell of the dataset, as `export`'s profiles and a lab's are (the model
     never sees a perturbation or a label, so profiling the cells it trained on leaks nothing). "all"
     needs eval.embed_all_cells, and `features` then computes the baselines on every cell too (a
@@ -109,6 +109,12 @@ class EvalConfig:
     evaluated cells only, so its mAP stays on those, and knn.json says which cells each tag's mAP read.
     On make screen's screen, all 1,727 cells instead of 865 lifted every feature set's mAP (the model's
     consistency 0.662 -> 0.770, CellProfiler's 0.734 -> 0.807)."""
+    profile_aggregation: Literal["median", "mean"] = "median"
+    """How a well's cells make its profile, for retrieval mAP (`knn`) and `export`'s per-well
+    profiles: "median", each feature's median over the well's cells (pycytominer's default), or
+    "mean" (pycytominer's aggregate operation "mean"). The median ignores a well's odd cells; the
+    mean keeps how many cells of a well show a phenotype, which is what a compound's phenotype is when
+    only some of its cells respond. bench screen counts each baseline at its better of the two."""
     hybrid_cellprofiler: bool = False
     """Also score the trained model's features beside CellProfiler's measurements, as labs combine
     them: each block standardised per feature over the scored cells and weighted by 1 / sqrt(its width),

@@ -1,7 +1,8 @@
 """Retrieval mean average precision (mAP) of per-well profiles in the two setups copairs documents
 (Kalinin et al., Nat Commun 2025), as JUMP Cell Painting scores a representation.
 
-Each well's profile is the median of its evaluated cells' features, normalised as
+Each well's profile is the median (or mean: eval.profile_aggregation) of its evaluated cells'
+features, normalised as
 eval.profile_normalization lists (training/eval/profiles/normalization.py: per-plate mad_robustize
 and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
 cosine similarity: the mean, over its positives, of the precision at each positive's rank.
@@ -51,15 +52,20 @@ from training.eval.profiles.wells import (
     control_wells,
     shared_in_every_well,
     well_columns,
-    well_medians,
+    well_aggregates,
 )
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, read_index
 
 log = logging.getLogger(__name__)
 
-PROFILES = {"evaluated": "median of each well's evaluated held-out cells", "all": "median of each well's cells"}
-"""How knn.json describes a well's profile under each eval.profile_cells."""
+PROFILES = {"evaluated": "each well's evaluated held-out cells", "all": "each well's cells"}
+"""Whose cells make a well's profile under each eval.profile_cells, as knn.json describes it."""
+
+
+def profiles_described(aggregation: str, cells: str) -> str:
+    """knn.json's "profiles": e.g. "median of each well's cells"."""
+    return f"{aggregation} of {PROFILES[cells]}"
 NULL_SIZE = 10000
 """Random rankings per (positives, total) pair of the permutation test: p-values down to 1e-4."""
 THRESHOLD = 0.05
@@ -196,6 +202,8 @@ class MapSetup:
     """Spherize's shrinkage (eval.spherize_shrinkage)."""
     cells: str = "evaluated"
     """Whose cells the wells hold: "evaluated" (labels.json's) or "all" (eval.profile_cells)."""
+    aggregation: str = "median"
+    """How a well's cells make its profile (eval.profile_aggregation)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -240,7 +248,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
     settings = activity_settings(name, columns, steps, config, controls)
     return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
                     same_plate=config.eval.activity_negatives == "same_plate",
-                    mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage)
+                    mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage,
+                    aggregation=config.eval.profile_aggregation)
 
 
 def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | None = None) -> MapSetup | None:
@@ -257,7 +266,8 @@ def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | Non
     if which == "all":
         labels = {**labels, "indices": np.arange(len(table), dtype=np.int64)}
     setup = map_setup(table, config, labels)
-    return None if setup is None else replace(setup, cells=which, settings={**setup.settings, "profiles": PROFILES[which]})
+    return None if setup is None else replace(
+        setup, cells=which, settings={**setup.settings, "profiles": profiles_described(setup.aggregation, which)})
 
 
 def profiled_features(config: Config, layout: RunLayout, labels: dict[str, Any],
@@ -306,7 +316,8 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
                       controls: np.ndarray | None) -> dict[str, Any]:
     """How the phenotypic-activity mAP in knn.json was measured, recorded beside it."""
     common = {"perturbation_column": name, "plate_column": columns[0], "well_column": columns[1],
-              "profiles": PROFILES["evaluated"],
+              "profiles": profiles_described(config.eval.profile_aggregation, "evaluated"),
+              "aggregation": config.eval.profile_aggregation,
               "normalization": list(steps) or ["none"], "mad_robustize_samples": config.eval.mad_robustize_samples,
               **({"spherize_shrinkage": config.eval.spherize_shrinkage} if "spherize" in steps else {}),
               "distance": "cosine", "null_size": NULL_SIZE,
@@ -330,10 +341,12 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
 
 
 def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
-    """One feature set's per-well profiles: medians, normalised as configured."""
+    """One feature set's per-well profiles: medians or means (eval.profile_aggregation), normalised as
+    configured."""
     context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples,
                           setup.sphere_shrinkage)
-    profiles, _ = normalize_profiles(well_medians(features, setup.wells), setup.normalization, context)
+    profiles, _ = normalize_profiles(well_aggregates(features, setup.wells, setup.aggregation), setup.normalization,
+                                     context)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
 

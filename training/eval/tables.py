@@ -118,8 +118,9 @@ def screen_setup(knn: dict[str, Any]) -> str:
             parts.append(f"mAP: {m['skipped']}.")
         else:
             cells = ("every cell of the well, a numbered epoch's of its evaluated cells"
-                     if m.get("profiles") == "median of each well's cells" else "the evaluated cells")
-            parts.append(f"Phenotypic activity (copairs): per-well profiles (median of {cells}{normalised}) "
+                     if m.get("profiles", "").endswith("of each well's cells") else "the evaluated cells")
+            parts.append(f"Phenotypic activity (copairs): per-well profiles ({m.get('aggregation', 'median')} of "
+                         f"{cells}{normalised}) "
                          f"of each treatment ({m['perturbation_column']}) retrieve its other wells against "
                          f"{m['negatives']} ({m['controls']}), "
                          f"by cosine; mAP is the mean over treatments, "

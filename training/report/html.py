@@ -65,7 +65,7 @@ ARTEFACTS = (
     ("linear_json", "linear-probe accuracy per epoch"),
     ("profiles_h5ad", "per-cell AnnData for scanpy: obsm['X_scdino'], metadata and split in obs (`export`)"),
     ("profiles_cells", "per-cell profiles, Parquet, Metadata_ columns then features (`export`)"),
-    ("profiles_wells", "per-well median profiles, Parquet, for pycytominer (`export`)"),
+    ("profiles_wells", "per-well profiles (median or mean of the cells), Parquet, for pycytominer (`export`)"),
     ("profiles_manifest", "what `export` wrote and where the features came from"),
     ("finetune_json", "fine-tuning accuracy per epoch (optional `linear --finetune`)"),
     ("finetune_weights", "fine-tuned backbone and head"),

@@ -187,7 +187,7 @@ class RunLayout:
     profiles_cells = property(lambda self: self.profiles / "cells.parquet",
                               doc="`export`: per-cell profiles, Metadata_ columns then the features.")
     profiles_wells = property(lambda self: self.profiles / "wells.parquet",
-                              doc="`export`: per-well profiles (median of each well's cells).")
+                              doc="`export`: per-well profiles (median or mean of each well's cells).")
     profiles_wells_normalized = property(lambda self: self.profiles / "wells_normalized.parquet",
                                          doc="`export`: the same, normalised (eval.profile_normalization).")
     profiles_manifest = property(lambda self: self.profiles / "export.json",

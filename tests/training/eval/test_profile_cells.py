@@ -2,7 +2,8 @@
 step: the well profiles of final, CellProfiler's set and their hybrid are the medians of every cell
 of a well, a set that covers the evaluated cells only (a numbered epoch, the fixture's raw pixels) is
 scored on those, knn.json says which, and the mAP equals the average precision computed here from
-its definition (tests/training/eval/test_retrieval.py) on medians and hybrids computed here."""
+its definition (tests/training/eval/test_retrieval.py) on medians and hybrids computed here; with
+eval.profile_aggregation: mean, on means computed here."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from training.rundir.features import FeatureSet, load_features, save_features
 CELLS_PER_WELL = 8
 
 
-def well_activity(features: np.ndarray, columns: dict[str, list], rows: np.ndarray) -> dict[str, float]:
-    """Activity mAP per treatment of the medians of `rows`' cells (`features` indexed by table row),
-    well by well, from the definition."""
+def well_activity(features: np.ndarray, columns: dict[str, list], rows: np.ndarray,
+                  aggregate=np.median) -> dict[str, float]:
+    """Activity mAP per treatment of the medians (or `aggregate`s) of `rows`' cells (`features` indexed
+    by table row), well by well, from the definition."""
     plates = np.asarray(columns["Metadata_Plate"], dtype=object)[rows]
     wells = np.asarray(columns["Metadata_Well"], dtype=object)[rows]
     treatments = np.asarray(columns["Metadata_Treatment"], dtype=object)[rows]
@@ -33,7 +35,7 @@ def well_activity(features: np.ndarray, columns: dict[str, list], rows: np.ndarr
     medians, well_plates, well_treatments = [], [], []
     for plate, well in keys:
         mine = (plates == plate) & (wells == well)
-        medians.append(np.median(features[mine], axis=0))
+        medians.append(aggregate(np.asarray(features[mine], np.float64), axis=0))
         well_plates.append(plate)
         well_treatments.append(treatments[mine][0])
     perturbations = np.asarray(well_treatments, dtype=object)
@@ -88,3 +90,23 @@ def _spread(features: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
 def test_profiling_every_cell_needs_every_cell_embedded(tmp_path):
     with pytest.raises(ConfigError, match="eval.embed_all_cells"):
         screen_run(tmp_path, **{"eval.profile_cells": "all", "eval.embed_all_cells": False})
+
+
+def test_mean_profiles_are_each_wells_mean_and_knn_json_says_so(tmp_path):
+    """eval.profile_aggregation: mean through the real `knn` step: each tag's activity mAP is the one
+    of the wells' means computed here, which differs from the medians' on these wells."""
+    config = screen_run(tmp_path, cells_per_well=CELLS_PER_WELL,
+                        **{"eval.profile_cells": "all", "eval.profile_aggregation": "mean"})
+    layout = RunLayout.from_config(config)
+    columns = plate_map(CELLS_PER_WELL)
+    every = np.arange(len(columns["Metadata_Plate"]))
+    assert run_cli(config, "knn") == 0
+    knn = json.loads(layout.knn_json.read_text())
+    assert knn["map"]["profiles"] == "mean of each well's cells" and knn["map"]["aggregation"] == "mean"
+    final = np.asarray(load_features(layout.features(tags.FINAL)).features)
+    expected = well_activity(final, columns, every, np.mean)
+    scored = knn["tags"][tags.FINAL]["map"]["per_treatment"]
+    for name, value in expected.items():
+        assert scored[name]["map"] == pytest.approx(value, abs=1e-6), name
+    assert expected != pytest.approx(well_activity(final, columns, every), abs=1e-6)  # the means are not the medians
+    assert "mean of every cell of the well" in layout.knn_md.read_text()

@@ -19,9 +19,10 @@ chance; mAP over the oracle's), the seconds of every step and the machine. The k
 given with eval.knn_whiten flipped, and the trained model's lead over each baseline is counted
 against that baseline's better protocol, so that whitening, which helps some feature sets and hurts
 others, never makes the lead. Every kNN figure, the oracle's too, counts the queries of the config's
-splits (eval.knn_folds: with folds, every held-out cell once). Likewise, where the run shrinks its sphering
-(eval.spherize_shrinkage), the mAPs are also given under plain ZCA, and the goals hold CellProfiler's
-activity and consistency at the better of the two. figures_phenotype reads each feature set against the
+splits (eval.knn_folds: with folds, every held-out cell once). Likewise the mAPs are also given with the
+wells profiled by the other aggregation (eval.profile_aggregation: median or mean) and, where the run
+shrinks its sphering (eval.spherize_shrinkage), under plain ZCA with each, and the goals hold
+CellProfiler's activity and consistency at the best of them. figures_phenotype reads each feature set against the
 true phenotypes instead of the mechanisms (kNN plainly and not same batch, and per phenotype): how
 much of a cell's phenotype survives a change of imaging batch.
 """
@@ -58,8 +59,8 @@ TRUTH_KEYS = ("Metadata_Plate", "Metadata_Well", "Metadata_Site")
 
 def step_done(layout: RunLayout, step: str, settings: EvalConfig | None = None) -> bool:
     """Whether `step`'s main file exists (for --reuse); a knn.json scored with another kNN protocol
-    (whitening, folds) than `settings` is not done, since the benchmark's figures would not be the
-    config's."""
+    (whitening, folds) or well profile (eval.profile_aggregation) than `settings` is not done, since
+    the benchmark's figures would not be the config's."""
     done = {"ingest": layout.packed / INDEX_FILE, "mean-std": layout.mean_std,
             "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / FEATURE_SET_INDEX,
             "labels": layout.labels, "knn": layout.knn_json}
@@ -67,7 +68,9 @@ def step_done(layout: RunLayout, step: str, settings: EvalConfig | None = None) 
         return False
     if step == "knn" and settings is not None:
         knn = json.loads(layout.knn_json.read_text())
-        return (knn.get("whitened"), knn.get("folds", 1)) == (settings.knn_whiten, settings.knn_folds)
+        aggregation = knn["map"].get("aggregation", "median") if "map" in knn else settings.profile_aggregation
+        return (knn.get("whitened"), knn.get("folds", 1), aggregation) == (
+            settings.knn_whiten, settings.knn_folds, settings.profile_aggregation)
     return True
 
 
@@ -227,23 +230,32 @@ def other_protocol(config: Config, held: HeldOut, sets: dict[str, Any]) -> dict[
             for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in sets}
 
 
-def other_sphering(config: Config, layout: RunLayout, held: HeldOut,
-                   sets: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def other_profiles(config: Config, layout: RunLayout, held: HeldOut,
+                   sets: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """Activity and consistency mAP of the trained model and the baselines (`sets`, scored_sets') under
-    plain ZCA sphering, where the run shrinks it (eval.spherize_shrinkage > 0), so that each baseline is
-    read at the sphering that suits it best; {} otherwise."""
+    each well-profile protocol the run does not use, so that each baseline is read at the one that
+    suits it best: plain ZCA where the run shrinks its sphering (eval.spherize_shrinkage > 0),
+    "spherize_plain"; the other aggregation (eval.profile_aggregation), e.g. "mean_profiles"; and both,
+    e.g. "mean_profiles_spherize_plain". Keyed by protocol, then by feature set."""
     import dataclasses
 
+    from training.eval.profiles.wells import AGGREGATIONS
     from training.eval.retrieval import profiled_features, tag_map
 
-    if "spherize" not in config.eval.profile_normalization or config.eval.spherize_shrinkage == 0:
-        return {}
-    plain = dataclasses.replace(config, eval=dataclasses.replace(config.eval, spherize_shrinkage=0.0))
-    _, scored = profiled_features(plain, layout, held.labels, sets)
-    out = {}
-    for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID):
-        if tag in scored:
-            out["trained" if tag == tags.FINAL else tag] = map_row(tag_map(*scored[tag], plain.run.seed))
+    shrinks = "spherize" in config.eval.profile_normalization and config.eval.spherize_shrinkage > 0
+    other = next(a for a in AGGREGATIONS if a != config.eval.profile_aggregation)
+    protocols = {**({"spherize_plain": {"spherize_shrinkage": 0.0}} if shrinks else {}),
+                 f"{other}_profiles": {"profile_aggregation": other},
+                 **({f"{other}_profiles_spherize_plain": {"profile_aggregation": other, "spherize_shrinkage": 0.0}}
+                    if shrinks else {})}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, changes in protocols.items():
+        changed = dataclasses.replace(config, eval=dataclasses.replace(config.eval, **changes))
+        setup, scored = profiled_features(changed, layout, held.labels, sets)
+        if setup is None:
+            return {}
+        out[name] = {("trained" if tag == tags.FINAL else tag): map_row(tag_map(*scored[tag], changed.run.seed))
+                     for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in scored}
     return out
 
 
@@ -268,16 +280,18 @@ CellProfiler's."""
 
 
 def goals(rows: dict[str, Any], lead: dict[str, float | None], of: str,
-          sphered: dict[str, dict[str, Any]] | None = None) -> dict[str, bool | None]:
+          protocols: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, bool | None]:
     """Whether `of` (trained or hybrid) meets each of GOALS' bars; None where a figure is missing.
-    CellProfiler's mAP is its better of the run's sphering and plain ZCA (`sphered`, other_sphering's)."""
+    CellProfiler's mAP is its best over the run's well profiles and every other protocol (`protocols`,
+    other_profiles'), each measure on its own."""
     def at_least(value: float | None, bar: float | None) -> bool | None:
         return None if value is None or bar is None else bool(value >= bar - 1e-12)
 
     mine, oracle = rows[of], rows.get(ORACLE, {})
     cellprofiler = dict(rows.get(tags.CELLPROFILER, {}))
     for key in ("map_activity", "map_consistency"):
-        values = [v for v in (cellprofiler.get(key), (sphered or {}).get(tags.CELLPROFILER, {}).get(key))
+        values = [v for v in (cellprofiler.get(key), *(figures.get(tags.CELLPROFILER, {}).get(key)
+                                                        for figures in (protocols or {}).values()))
                   if v is not None]
         cellprofiler[key] = max(values) if values else None
     nsb = "knn_not_same_batch_top1"
@@ -345,7 +359,7 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
     rows = {("trained" if tag == tags.FINAL else tag): row_of(entry) for tag, entry in entries.items()}
     sets = scored_sets(config, layout, held)
     other = other_protocol(config, held, sets)
-    sphered = other_sphering(config, layout, held, sets)
+    protocols = other_profiles(config, layout, held, sets)
     phenotypes = phenotype_figures(config, held, sets, truth)
     screen_json = Path(config.ingest.table).parent / "screen.json"
     screen = json.loads(screen_json.read_text()) if screen_json.is_file() else {}
@@ -361,9 +375,9 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
         "share_of_oracle": {name: shares(row, rows[ORACLE], chance) for name, row in rows.items()},
         "figures_knn_whitened" if not config.eval.knn_whiten else "figures_knn_plain": other,
         "lead_over_best_protocol": leads(rows, other),
-        **({"figures_spherize_plain": sphered} if sphered else {}),
+        **{f"figures_{name}": figures for name, figures in protocols.items()},
         "figures_phenotype": phenotypes,
-        "goals": {name: goals(rows, leads(rows, other, of=name), name, sphered) for name in ("trained", tags.HYBRID)
+        "goals": {name: goals(rows, leads(rows, other, of=name), name, protocols) for name in ("trained", tags.HYBRID)
                   if name in rows},
     }
 

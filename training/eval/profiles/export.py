@@ -15,9 +15,10 @@
                                     compartment prefix lets pycytominer's features="infer" find them)
     <run>/profiles/wells.parquet    one row per well (plate and well columns: eval.plate_column and
                                     eval.well_column, Metadata_Plate and Metadata_Well by default):
-                                    the median of its cells' features, every Metadata_ column all its
-                                    cells share, Metadata_Object_Count; skipped with one log line for
-                                    a dataset without wells (class folders)
+                                    the median (or mean: eval.profile_aggregation) of its cells'
+                                    features, every Metadata_ column all its cells share,
+                                    Metadata_Object_Count; skipped with one log line for a
+                                    dataset without wells (class folders)
     <run>/profiles/wells_normalized.parquet   with eval.profile_normalization: the per-well
                                     profiles after its steps (per-plate mad_robustize and sphering
                                     on the control wells, Harmony: training/eval/profiles/normalization.py)
@@ -26,7 +27,7 @@
 Memory stays bounded at any number of cells: features are read from their memory map and the
 per-cell table from its own, ROW_GROUP cells at a time for the Parquet row groups and the AnnData
 embedding; obs is written one column at a time (a column of 10^7 codes is 40 MB); the per-well
-medians go a block of wells at a time (training/eval/profiles/wells.py).
+profiles go a block of wells at a time (training/eval/profiles/wells.py).
 """
 
 from __future__ import annotations
@@ -339,6 +340,7 @@ def export_record(config: Config, layout: RunLayout, source: ExportSource, wells
     else:
         record["wells"] = {"plate_column": wells.columns[0], "well_column": wells.columns[1],
                            "n_wells": int(len(wells.profiles)), "cells_without_well": wells.cells_without_well,
+                           "aggregation": config.eval.profile_aggregation,
                            "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
                            "normalization": list(config.eval.profile_normalization) or ["none"]}
     return record

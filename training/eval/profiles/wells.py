@@ -1,11 +1,11 @@
-"""Per-well profiles: each well's cells grouped without a Python object per cell, the median of
-their features, the metadata every cell of a well shares, and which wells are controls, gathered
-for a set of cells in ProfiledWells (their normalisation on the controls:
-training/eval/profiles/normalization.py).
+"""Per-well profiles: each well's cells grouped without a Python object per cell, the median (or
+mean: eval.profile_aggregation) of their features, the metadata every cell of a well shares, and
+which wells are controls, gathered for a set of cells in ProfiledWells (their normalisation on the
+controls: training/eval/profiles/normalization.py).
 
 Grouping sorts one integer key per cell (plate code x wells + well code): 10^7 cells cost an 80 MB
-index, not 10^7 tuples. Medians are taken a block of wells at a time (at most MEDIAN_BLOCK_CELLS
-cells gathered from the memory-mapped features at once), so memory stays bounded at any size.
+index, not 10^7 tuples. Profiles are taken a block of wells at a time (at most BLOCK_CELLS cells
+gathered from the memory-mapped features at once), so memory stays bounded at any size.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 DEFAULT_PLATE, DEFAULT_WELL = "Metadata_Plate", "Metadata_Well"
 OBJECT_COUNT = "Metadata_Object_Count"
 """How many cells a per-well profile aggregates (pycytominer's aggregate names it so)."""
-MEDIAN_BLOCK_CELLS = 1 << 16
-"""Cells gathered at a time for the medians: 2^16 x 384 float32 features are 100 MB."""
+BLOCK_CELLS = 1 << 16
+"""Cells gathered at a time for the profiles: 2^16 x 384 float32 features are 100 MB."""
+AGGREGATIONS = ("median", "mean")
+"""eval.profile_aggregation's choices: how a well's cells make its profile."""
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,13 @@ def group_wells(plates: np.ndarray, wells: np.ndarray) -> Wells:
     return Wells(order=order, starts=starts.astype(np.int64), left_out=len(plates) - len(order))
 
 
-def well_medians(features: np.ndarray, wells: Wells, block_cells: int = MEDIAN_BLOCK_CELLS) -> np.ndarray:
-    """(wells, D) float32: the median of each well's feature rows (`features` may be a memory map:
-    at most `block_cells` rows, or one well's, are read at once, in ascending row order)."""
+def well_aggregates(features: np.ndarray, wells: Wells, how: str = "median",
+                    block_cells: int = BLOCK_CELLS) -> np.ndarray:
+    """(wells, D) float32: the median or mean (`how`) of each well's feature rows (`features` may be a
+    memory map: at most `block_cells` rows, or one well's, are read at once, in ascending row order)."""
+    if how not in AGGREGATIONS:
+        raise ValueError(f"unknown well aggregation {how!r}: one of {AGGREGATIONS}")
+    reduce = _block_medians if how == "median" else _block_means
     out = np.empty((wells.count, features.shape[1]), np.float32)
     first = 0
     while first < wells.count:
@@ -94,9 +100,16 @@ def well_medians(features: np.ndarray, wells: Wells, block_cells: int = MEDIAN_B
             ascending = np.argsort(rows, kind="stable")
             block = np.empty((len(rows), features.shape[1]), np.float32)
             block[ascending] = features[rows[ascending]]
-        out[first:last] = _block_medians(block, wells.starts[first:last + 1] - begin)
+        out[first:last] = reduce(block, wells.starts[first:last + 1] - begin)
         first = last
     return out
+
+
+def _block_means(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Means of the row segments `starts[i]:starts[i + 1]` of `block` (every segment non-empty), summed
+    in float64 so that a well of 10^4 cells loses no digit a float32 profile keeps."""
+    sums = np.add.reduceat(block, starts[:-1], axis=0, dtype=np.float64)
+    return (sums / np.diff(starts)[:, None]).astype(np.float32)
 
 
 def _block_medians(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -202,7 +215,8 @@ def well_metadata(table: CellTable, wells: Wells, rows: np.ndarray | None = None
 
 @dataclass
 class ProfiledWells:
-    """Per-well profiles of a set of cells (the exported ones): the medians and the metadata their cells share."""
+    """Per-well profiles of a set of cells (the exported ones): their medians or means
+    (eval.profile_aggregation) and the metadata their cells share."""
 
     columns: tuple[str, str]
     profiles: np.ndarray
@@ -232,8 +246,9 @@ def profiled_wells(config: Config, table: CellTable, features: np.ndarray, rows:
     if wells.left_out:
         log.warning("%d cells have no %s or %s value and are in no per-well profile", wells.left_out, *columns)
     start = time.perf_counter()
-    profiles = well_medians(features, wells)
-    log.info("medians of %d wells (%d cells) in %.1f s", wells.count, len(wells.order), time.perf_counter() - start)
+    how = config.eval.profile_aggregation
+    profiles = well_aggregates(features, wells, how)
+    log.info("%ss of %d wells (%d cells) in %.1f s", how, wells.count, len(wells.order), time.perf_counter() - start)
     metadata = well_metadata(table, wells, rows)
     controls = control_wells(table, config, wells, rows) if config.data.control_column else None
     return ProfiledWells(columns, profiles, metadata, controls, wells.left_out)

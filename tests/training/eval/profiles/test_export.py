@@ -1,6 +1,7 @@
 """`export`: the profiles read back by the libraries their users open them with. AnnData through
 anndata, then scanpy's neighbours and UMAP on obsm["X_scdino"]; Parquet through pyarrow and
-pycytominer, whose own aggregate (median per well) is the reference for wells.parquet; every value
+pycytominer, whose own aggregate (median per well, or mean with eval.profile_aggregation: mean) is the
+reference for wells.parquet; every value
 checked against the feature set and the per-cell table it came from. Class-folder data: per-cell
 files only, the per-well ones skipped with one log line."""
 
@@ -94,6 +95,21 @@ def test_per_well_parquet_equals_pycytominers_own_median_aggregate(exported):
     assert {"Metadata_Treatment", "Metadata_Batch"} <= set(wells.columns)
     assert "Metadata_Site" not in wells.columns and "Metadata_Split" not in wells.columns  # differ within a well
     assert infer_cp_features(wells) == features
+
+
+def test_mean_well_profiles_equal_pycytominers_own_mean_aggregate(tmp_path):
+    config = screen_run(tmp_path, dim=3, **{"eval.profile_aggregation": "mean"})
+    layout = RunLayout.from_config(config)
+    assert run_cli(config, "export") == 0
+    cells = pd.read_parquet(layout.profiles_cells)
+    features = infer_cp_features(cells)
+    strata = ["Metadata_Plate", "Metadata_Well"]
+    reference = aggregate(cells, strata=strata, features=features, operation="mean").sort_values(strata)
+    wells = pd.read_parquet(layout.profiles_wells)
+    np.testing.assert_allclose(wells[features].to_numpy(), reference[features].to_numpy(), rtol=1e-5, atol=1e-7)
+    medians = aggregate(cells, strata=strata, features=features, operation="median").sort_values(strata)
+    assert np.abs(wells[features].to_numpy() - medians[features].to_numpy()).max() > 1e-3  # not the medians
+    assert json.loads(layout.profiles_manifest.read_text())["wells"]["aggregation"] == "mean"
 
 
 def test_normalised_wells_are_white_on_the_controls(exported):

@@ -1,5 +1,5 @@
-"""Per-well profiles (training/eval/profiles/wells.py): medians against pandas' groupby, block by block from
-a memory map; the metadata a well keeps; control settings that match nothing named. Their
+"""Per-well profiles (training/eval/profiles/wells.py): medians and means against pandas' groupby, block by
+block from a memory map, in any storage order; the metadata a well keeps; control settings that match nothing named. Their
 normalisation: test_profile_normalization.py."""
 
 from __future__ import annotations
@@ -16,27 +16,52 @@ from training.eval.profiles.wells import (
     cell_wells,
     control_wells,
     group_wells,
-    well_medians,
+    well_aggregates,
     well_metadata,
 )
 
 
-def test_medians_per_well_match_pandas_groupby_across_blocks(tmp_path):
+@pytest.mark.parametrize("how", ["median", "mean"])
+def test_profiles_per_well_match_pandas_groupby_across_blocks(tmp_path, how):
     rng = np.random.default_rng(0)
     n = 500
-    plates, wells = rng.integers(0, 3, n), rng.integers(0, 7, n)
+    plates, wells = rng.integers(0, 3, n), rng.integers(0, 7, n)  # cells in no well order: gathered, not sliced
     plates[:5] = -1  # no plate value: in no well
-    features = rng.standard_normal((n, 6)).astype(np.float32)
+    features = (rng.standard_normal((n, 6)) * 100 + 1000).astype(np.float32)  # large offset: float32 sums drift
     stored = np.lib.format.open_memmap(tmp_path / "f.npy", mode="w+", dtype=np.float32, shape=features.shape)
     stored[:] = features
     grouped = group_wells(plates, wells)
-    frame = pd.DataFrame(features).assign(plate=plates, well=wells)[plates >= 0]
-    expected = frame.groupby(["plate", "well"]).median()
+    frame = pd.DataFrame(features.astype(np.float64)).assign(plate=plates, well=wells)[plates >= 0]
+    expected = getattr(frame.groupby(["plate", "well"]), how)()
     for block in (1, 17, 10_000):
-        medians = well_medians(stored, grouped, block_cells=block)
-        np.testing.assert_allclose(medians, expected.to_numpy(), rtol=1e-6)
+        profiles = well_aggregates(stored, grouped, how, block_cells=block)
+        assert profiles.dtype == np.float32
+        np.testing.assert_allclose(profiles, expected.to_numpy(), rtol=1e-6)
     assert grouped.left_out == 5
     np.testing.assert_array_equal(grouped.sizes, frame.groupby(["plate", "well"]).size().to_numpy())
+
+
+def test_a_well_stored_in_order_is_profiled_from_one_slice_alike():
+    """Cells stored well by well (a screen's table) take the one-slice path; the mean is the same as
+    numpy's of each well's rows, and an odd cell moves the mean but not the median."""
+    rng = np.random.default_rng(1)
+    sizes = [3, 5, 4]
+    wells = np.repeat(np.arange(3), sizes)
+    features = rng.standard_normal((len(wells), 4)).astype(np.float32)
+    features[0] = 1e3  # one odd cell in well 0
+    grouped = group_wells(np.zeros(len(wells), np.int64), wells)
+    means = well_aggregates(features, grouped, "mean", block_cells=4)
+    bounds = np.cumsum([0, *sizes])
+    for w, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        np.testing.assert_allclose(means[w], features[a:b].astype(np.float64).mean(axis=0), rtol=1e-6)
+    medians = well_aggregates(features, grouped, "median")
+    assert means[0].min() > 300 and np.abs(medians[0]).max() < 10
+
+
+def test_an_unknown_aggregation_is_refused():
+    with pytest.raises(ValueError, match="mode"):
+        well_aggregates(np.zeros((2, 1), np.float32), group_wells(np.zeros(2, np.int64), np.zeros(2, np.int64)),
+                        "mode")
 
 
 def table(**columns) -> CellTable:
