@@ -54,6 +54,18 @@ def test_it_keeps_the_screen_recipes_profiling(config):
     assert {key: value(config, key) for key in PROFILING} == {key: value(recipe, key) for key in PROFILING}
 
 
+@pytest.mark.parametrize("name", ["screen.yaml", "screen-gpu.yaml", "screen_new_plates.yaml"])
+def test_mean_well_profiles_go_with_the_imaging_step(name):
+    """Mean well profiles paid only with the imaging step (docs/performance.md, "Wells by their mean"):
+    without it they cost the model activity on all seven CPU screens. So a screen config trains with the
+    step exactly when it profiles by the mean; the new plates' config reads as the model it profiles with
+    (make screen's) was read."""
+    config = load_config(CONFIGS / name)
+    trained_by = load_config(CONFIGS / "screen.yaml") if name == "screen_new_plates.yaml" else config
+    stepped = trained_by.dino.noise_p > 0 and trained_by.dino.black_level_p > 0
+    assert (config.eval.profile_aggregation == "mean") == stepped, name
+
+
 def test_vit_s16_at_a_batch_every_presets_gpu_holds(config):
     assert (config.model.arch, config.model.patch_size) == ("vit_small", 16)
     needed = replicated_state_gb(params_estimate(config)) + (
