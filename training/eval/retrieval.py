@@ -51,8 +51,8 @@ from training.eval.profiles.wells import (
     comparable_values,
     control_wells,
     shared_in_every_well,
-    well_columns,
     well_aggregates,
+    well_columns,
 )
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, read_index

@@ -6,7 +6,8 @@ Reads features/final (every cell of the dataset under eval.embed_all_cells), the
 the split; writes <run>/profiles/: cells.h5ad (AnnData, the embedding in obsm["X_scdino"], the
 metadata and split in obs, provenance in uns), cells.parquet (Metadata_ columns, then the features),
 wells.parquet (per-well medians or means: eval.profile_aggregation, where the table has plate and well
-columns), wells_normalized.parquet (eval.profile_normalization: spherize) and export.json. Columns and memory: training/eval/profiles/export.py.
+columns), wells_normalized.parquet (eval.profile_normalization: spherize) and export.json. Columns
+and memory: training/eval/profiles/export.py.
 """
 
 from __future__ import annotations
