@@ -2,9 +2,8 @@
 (Kalinin et al., Nat Commun 2025), as JUMP Cell Painting scores a representation.
 
 Each well's profile is the median (or mean: eval.profile_aggregation) of its evaluated cells'
-features, normalised as
-eval.profile_normalization lists (training/eval/profiles/normalization.py: per-plate mad_robustize
-and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
+features, normalised as eval.profile_normalization lists (training/eval/profiles/normalization.py:
+per-plate mad_robustize and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
 cosine similarity: the mean, over its positives, of the precision at each positive's rank.
 
     phenotypic activity     can a perturbation's wells be told from the negative controls? Each

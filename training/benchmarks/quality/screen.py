@@ -19,11 +19,11 @@ chance; mAP over the oracle's), the seconds of every step and the machine. The k
 given with eval.knn_whiten flipped, and the trained model's lead over each baseline is counted
 against that baseline's better protocol, so that whitening, which helps some feature sets and hurts
 others, never makes the lead. Every kNN figure, the oracle's too, counts the queries of the config's
-splits (eval.knn_folds: with folds, every held-out cell once). Likewise the mAPs are also given with the
-wells profiled by the other aggregation (eval.profile_aggregation: median or mean) and, where the run
-shrinks its sphering (eval.spherize_shrinkage), under plain ZCA with each, and the goals hold
-CellProfiler's activity and consistency at the best of them. figures_phenotype reads each feature set against the
-true phenotypes instead of the mechanisms (kNN plainly and not same batch, and per phenotype): how
+splits (eval.knn_folds: with folds, every held-out cell once). Likewise the mAPs are also given with
+the wells profiled by the other aggregation (eval.profile_aggregation: median or mean) and, where the
+run shrinks its sphering (eval.spherize_shrinkage), under plain ZCA with each, and the goals hold
+CellProfiler's activity and consistency at the best of them. figures_phenotype reads each feature
+set against the true phenotypes instead of the mechanisms (kNN plainly and not same batch, and per phenotype): how
 much of a cell's phenotype survives a change of imaging batch.
 """
 
