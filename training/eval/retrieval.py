@@ -3,8 +3,9 @@
 
 Each well's profile is the median (or mean: eval.profile_aggregation) of its evaluated cells'
 features, normalised as eval.profile_normalization lists (training/eval/profiles/normalization.py:
-per-plate mad_robustize and sphering on the controls, Harmony). A query's average precision (AP) ranks its candidates by
-cosine similarity: the mean, over its positives, of the precision at each positive's rank.
+per-plate mad_robustize and sphering on the controls, Harmony). A query's average precision (AP)
+ranks its candidates by cosine similarity: the mean, over its positives, of the precision at each
+positive's rank.
 
     phenotypic activity     can a perturbation's wells be told from the negative controls? Each
                             perturbation well queries its replicate wells (positives: same
