@@ -159,8 +159,8 @@ class DinoConfig:
     """Probability that a crop gets Gaussian imaging noise after the blur and any black level (not in
     scDINO: 0 keeps its augmentations exactly). Each channel of such a crop draws its own sigma,
     U(0, noise_std), and the crop is then clamped to [0, 1]. With dino.black_level_p, it taught the
-    model to read a cell's phenotype across batches told apart by their noise floor (docs/performance.md,
-    "Imaging noise", which also says why configs/screen.yaml does not use them yet)."""
+    model to read a cell's phenotype across batches told apart by their noise floor; configs/screen.yaml
+    uses both, with mean well profiles (docs/performance.md, "Imaging noise", "Wells by their mean")."""
     noise_std: float = 0.1
     """The largest noise sigma of dino.noise_p, as a fraction of the min-max scaled [0, 1] range."""
 

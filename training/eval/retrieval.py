@@ -61,11 +61,6 @@ log = logging.getLogger(__name__)
 
 PROFILES = {"evaluated": "each well's evaluated held-out cells", "all": "each well's cells"}
 """Whose cells make a well's profile under each eval.profile_cells, as knn.json describes it."""
-
-
-def profiles_described(aggregation: str, cells: str) -> str:
-    """knn.json's "profiles": e.g. "median of each well's cells"."""
-    return f"{aggregation} of {PROFILES[cells]}"
 NULL_SIZE = 10000
 """Random rankings per (positives, total) pair of the permutation test: p-values down to 1e-4."""
 THRESHOLD = 0.05
@@ -74,6 +69,11 @@ PERTURBATION, PLATE, WELL, REFERENCE, GROUP = "perturbation", "plate", "well", "
 """The copairs metadata columns (names of our own: the user's columns are mapped onto them)."""
 NO_CONTROLS = ("no phenotypic activity: the screen names no negative controls (set data.control_column and "
                "data.control_value, e.g. Metadata_Treatment and DMSO)")
+
+
+def profiles_described(aggregation: str, cells: str) -> str:
+    """knn.json's "profiles": e.g. "median of each well's cells"."""
+    return f"{aggregation} of {PROFILES[cells]}"
 
 
 @contextmanager

@@ -109,7 +109,8 @@ def test_bad_fold_counts_name_the_key():
 
 
 def test_bench_screen_rescores_a_knn_json_of_another_protocol(tmp_path):
-    """--reuse keeps knn.json only when it was scored as the config says (whitening and folds)."""
+    """--reuse keeps knn.json only when it was scored as the config says (whitening, folds and, where it
+    has an mAP, the well profiles' aggregation: a knn.json from before eval.profile_aggregation read medians)."""
     from training.benchmarks.quality.screen import step_done
     from training.rundir import RunLayout
 
@@ -121,3 +122,10 @@ def test_bench_screen_rescores_a_knn_json_of_another_protocol(tmp_path):
     assert not step_done(layout, "knn", EvalConfig(knn_whiten=False))
     layout.knn_json.write_text(json.dumps({"whitened": False, "folds": 5, "tags": {}}))
     assert step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5))
+    assert step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean"))  # no mAP
+    layout.knn_json.write_text(json.dumps({"whitened": False, "folds": 5, "map": {}, "tags": {}}))
+    assert step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5))
+    assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean"))
+    layout.knn_json.write_text(json.dumps({"whitened": False, "folds": 5, "map": {"aggregation": "mean"}, "tags": {}}))
+    assert step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean"))
+    assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5))

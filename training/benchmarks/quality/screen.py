@@ -236,7 +236,8 @@ def other_profiles(config: Config, layout: RunLayout, held: HeldOut,
     each well-profile protocol the run does not use, so that each baseline is read at the one that
     suits it best: plain ZCA where the run shrinks its sphering (eval.spherize_shrinkage > 0),
     "spherize_plain"; the other aggregation (eval.profile_aggregation), e.g. "mean_profiles"; and both,
-    e.g. "mean_profiles_spherize_plain". Keyed by protocol, then by feature set."""
+    e.g. "mean_profiles_spherize_plain". Keyed by protocol, then by feature set. The wells are found
+    once; each protocol only changes how their profiles are made and sphered (MapSetup's fields)."""
     import dataclasses
 
     from training.eval.profiles.wells import AGGREGATIONS
@@ -244,19 +245,18 @@ def other_profiles(config: Config, layout: RunLayout, held: HeldOut,
 
     shrinks = "spherize" in config.eval.profile_normalization and config.eval.spherize_shrinkage > 0
     other = next(a for a in AGGREGATIONS if a != config.eval.profile_aggregation)
-    protocols = {**({"spherize_plain": {"spherize_shrinkage": 0.0}} if shrinks else {}),
-                 f"{other}_profiles": {"profile_aggregation": other},
-                 **({f"{other}_profiles_spherize_plain": {"profile_aggregation": other, "spherize_shrinkage": 0.0}}
+    protocols = {**({"spherize_plain": {"sphere_shrinkage": 0.0}} if shrinks else {}),
+                 f"{other}_profiles": {"aggregation": other},
+                 **({f"{other}_profiles_spherize_plain": {"aggregation": other, "sphere_shrinkage": 0.0}}
                     if shrinks else {})}
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, changes in protocols.items():
-        changed = dataclasses.replace(config, eval=dataclasses.replace(config.eval, **changes))
-        setup, scored = profiled_features(changed, layout, held.labels, sets)
-        if setup is None:
-            return {}
-        out[name] = {("trained" if tag == tags.FINAL else tag): map_row(tag_map(*scored[tag], changed.run.seed))
-                     for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in scored}
-    return out
+    setup, scored = profiled_features(config, layout, held.labels, sets)
+    if setup is None:
+        return {}
+    chosen = [tag for tag in (tags.FINAL, *tags.BASELINES, tags.HYBRID) if tag in scored]
+    return {name: {("trained" if tag == tags.FINAL else tag):
+                   map_row(tag_map(scored[tag][0], dataclasses.replace(scored[tag][1], **changes), config.run.seed))
+                   for tag in chosen}
+            for name, changes in protocols.items()}
 
 
 def leads(rows: dict[str, Any], other: dict[str, Any], of: str = "trained") -> dict[str, float | None]:
@@ -289,10 +289,10 @@ def goals(rows: dict[str, Any], lead: dict[str, float | None], of: str,
 
     mine, oracle = rows[of], rows.get(ORACLE, {})
     cellprofiler = dict(rows.get(tags.CELLPROFILER, {}))
+    readings = [rows.get(tags.CELLPROFILER, {}), *(figures.get(tags.CELLPROFILER, {})
+                                                   for figures in (protocols or {}).values())]
     for key in ("map_activity", "map_consistency"):
-        values = [v for v in (cellprofiler.get(key), *(figures.get(tags.CELLPROFILER, {}).get(key)
-                                                        for figures in (protocols or {}).values()))
-                  if v is not None]
+        values = [reading[key] for reading in readings if reading.get(key) is not None]
         cellprofiler[key] = max(values) if values else None
     nsb = "knn_not_same_batch_top1"
     share = None if mine.get(nsb) is None or not oracle.get(nsb) else mine[nsb] / oracle[nsb]

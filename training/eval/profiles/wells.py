@@ -30,8 +30,6 @@ OBJECT_COUNT = "Metadata_Object_Count"
 """How many cells a per-well profile aggregates (pycytominer's aggregate names it so)."""
 BLOCK_CELLS = 1 << 16
 """Cells gathered at a time for the profiles: 2^16 x 384 float32 features are 100 MB."""
-AGGREGATIONS = ("median", "mean")
-"""eval.profile_aggregation's choices: how a well's cells make its profile."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +83,8 @@ def well_aggregates(features: np.ndarray, wells: Wells, how: str = "median",
     """(wells, D) float32: the median or mean (`how`) of each well's feature rows (`features` may be a
     memory map: at most `block_cells` rows, or one well's, are read at once, in ascending row order)."""
     if how not in AGGREGATIONS:
-        raise ValueError(f"unknown well aggregation {how!r}: one of {AGGREGATIONS}")
-    reduce = _block_medians if how == "median" else _block_means
+        raise ValueError(f"unknown well aggregation {how!r}: one of {tuple(AGGREGATIONS)}")
+    reduce = AGGREGATIONS[how]
     out = np.empty((wells.count, features.shape[1]), np.float32)
     first = 0
     while first < wells.count:
@@ -107,7 +105,7 @@ def well_aggregates(features: np.ndarray, wells: Wells, how: str = "median",
 
 def _block_means(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Means of the row segments `starts[i]:starts[i + 1]` of `block` (every segment non-empty), summed
-    in float64 so that a well of 10^4 cells loses no digit a float32 profile keeps."""
+    in float64."""
     sums = np.add.reduceat(block, starts[:-1], axis=0, dtype=np.float64)
     return (sums / np.diff(starts)[:, None]).astype(np.float32)
 
@@ -123,6 +121,11 @@ def _block_medians(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
         ordered = np.sort(block[starts[chosen, None] + np.arange(size)], axis=1)  # (wells, size, D)
         out[chosen] = (ordered[:, (size - 1) // 2] + ordered[:, size // 2]) / 2  # np.median's, 3x faster here
     return out
+
+
+AGGREGATIONS = {"median": _block_medians, "mean": _block_means}
+"""eval.profile_aggregation's choices (how a well's cells make its profile), each with its reduction of
+a block of wells."""
 
 
 def shared_in_every_well(codes: np.ndarray, wells: Wells) -> bool:

@@ -27,7 +27,7 @@ def test_profiles_per_well_match_pandas_groupby_across_blocks(tmp_path, how):
     n = 500
     plates, wells = rng.integers(0, 3, n), rng.integers(0, 7, n)  # cells in no well order: gathered, not sliced
     plates[:5] = -1  # no plate value: in no well
-    features = (rng.standard_normal((n, 6)) * 100 + 1000).astype(np.float32)  # large offset: float32 sums drift
+    features = (rng.standard_normal((n, 6)) * 100 + 1000).astype(np.float32)  # far from 0: rtol is meaningful
     stored = np.lib.format.open_memmap(tmp_path / "f.npy", mode="w+", dtype=np.float32, shape=features.shape)
     stored[:] = features
     grouped = group_wells(plates, wells)
@@ -56,6 +56,18 @@ def test_a_well_stored_in_order_is_profiled_from_one_slice_alike():
         np.testing.assert_allclose(means[w], features[a:b].astype(np.float64).mean(axis=0), rtol=1e-6)
     medians = well_aggregates(features, grouped, "median")
     assert means[0].min() > 300 and np.abs(medians[0]).max() < 10
+
+
+def test_every_aggregation_the_config_offers_is_one_wells_can_make():
+    """eval.profile_aggregation's choices are the keys of wells.AGGREGATIONS, so that neither can gain a
+    choice the other lacks (the config refuses any other in one line)."""
+    import typing
+
+    from training.config import EvalConfig
+    from training.eval.profiles.wells import AGGREGATIONS
+
+    offered = typing.get_args(typing.get_type_hints(EvalConfig)["profile_aggregation"])
+    assert set(offered) == set(AGGREGATIONS) and "median" == EvalConfig().profile_aggregation
 
 
 def test_an_unknown_aggregation_is_refused():
