@@ -155,6 +155,11 @@ class DinoConfig:
     remove and DINO otherwise learns to tell cells apart by (docs/performance.md, "Imaging noise")."""
     black_level_max: float = 0.1
     """The largest black level of dino.black_level_p, as a fraction of the min-max scaled [0, 1] range."""
+    black_level_min: float = 0.0
+    """The smallest black level of dino.black_level_p: t ~ U(black_level_min, black_level_max). Below 0
+    the level lifts the floor instead of cutting it, x -> (x + |t|) / (1 + |t|), a pedestal on which the
+    noise then stays whole, as a camera's offset set above a dim batch's background leaves it; 0 keeps
+    the cut only."""
     noise_p: float = 0.0
     """Probability that a crop gets Gaussian imaging noise after the blur and any black level (not in
     scDINO: 0 keeps its augmentations exactly). Each channel of such a crop draws its own sigma,
@@ -171,6 +176,9 @@ class DinoConfig:
         if not 0 <= self.black_level_max < 1:
             raise ConfigError(f"dino.black_level_max must be in [0, 1) (a fraction of the [0, 1] pixel range), "
                               f"got {self.black_level_max}")
+        if not -1 < self.black_level_min <= self.black_level_max:
+            raise ConfigError(f"dino.black_level_min must be in (-1, dino.black_level_max={self.black_level_max}] "
+                              f"(below 0 a pedestal, above it a cut), got {self.black_level_min}")
         if not 0 <= self.noise_std <= 1:
             raise ConfigError(f"dino.noise_std must be between 0 and 1 (a fraction of the [0, 1] pixel range), "
                               f"got {self.noise_std}")

@@ -6,8 +6,9 @@ blur (kernel 5, sigma U(0.1, 1.5), reflect borders; p=1.0 global 1, 0.1 global 2
 solarisation (global 2 only, p=0.2, x > 0.5 becomes 1 - x) -> normalisation with the mean/std.
 Beyond scDINO, and off unless dino.black_level_p or dino.noise_p is set, an imaging step after the
 blur and before the solarisation: a random black level (each channel of a chosen crop x ->
-max(x - t, 0) / (1 - t), t ~ U(0, dino.black_level_max)), then Gaussian noise (each channel of a
-chosen crop its own sigma, U(0, dino.noise_std)), the crop then clamped to [0, 1].
+max(x - t, 0) / (1 - t), t ~ U(dino.black_level_min, dino.black_level_max): a level below 0 lifts the
+floor onto a pedestal), then Gaussian noise (each channel of a chosen crop its own sigma, U(0,
+dino.noise_std)), the crop then clamped to [0, 1].
 
 Why batched: a per-sample torchvision pipeline spends most of its time in Python and in small
 kernels. Here crop, resize, flip and blur are all linear maps along rows and columns, so for each
@@ -54,6 +55,7 @@ class ViewSpec:
     brightness_p: float = BRIGHTNESS_P
     black_level_p: float = 0.0
     black_level_max: float = 0.0
+    black_level_min: float = 0.0
     noise_p: float = 0.0
     noise_std: float = 0.0
 
@@ -80,6 +82,7 @@ def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
     The one definition of the views' probabilities: the CPU, device and DALI paths all read it.
     """
     imaging = {"black_level_p": dino.black_level_p, "black_level_max": dino.black_level_max,
+               "black_level_min": dino.black_level_min,
                "noise_p": dino.noise_p, "noise_std": dino.noise_std}
     globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0, **imaging),
                 ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2, **imaging)]
@@ -513,9 +516,10 @@ class BatchMultiCrop:
 
 def imaging_step(out: torch.Tensor, chunk: ChunkPlan, group: dict[str, torch.Tensor]) -> None:
     """The imaging step on the chunk's chosen crops of `out` (normalised units), in [0, 1] pixel units:
-    each channel's black level t (x -> max(x - t, 0) / (1 - t); t = 0 where none was drawn), then
-    Gaussian noise of its sigma, then the crop clamped to [0, 1]. Every crop's noise comes from its own
-    seed, so that how a group is cut into chunks (CPU) or not (GPU) leaves it unchanged."""
+    each channel's black level t (x -> max(x - t, 0) / (1 - t); t = 0 where none was drawn, below 0 a
+    pedestal), then Gaussian noise of its sigma, then the crop clamped to [0, 1]. Every crop's noise
+    comes from its own seed, so that how a group is cut into chunks (CPU) or not (GPU) leaves it
+    unchanged."""
     index = to_device(chunk.imaged, out.device)
     mean, std = group["mean"][index], group["std"][index]
     level, sigma = group["black_level"][index], group["noise"][index]
@@ -557,7 +561,8 @@ def _draw_imaging(views: list[ViewSpec], b: int, channels: int, generator: torch
         return torch.tensor([getattr(v, key) for v in views]).repeat_interleave(b)
 
     darkened = torch.rand(count, generator=generator) < per_view("black_level_p")
-    level = per_view("black_level_max")[:, None] * torch.rand(count, channels, generator=generator)
+    low = per_view("black_level_min")[:, None]
+    level = low + (per_view("black_level_max")[:, None] - low) * torch.rand(count, channels, generator=generator)
     noisy = torch.rand(count, generator=generator) < per_view("noise_p")
     sigma = per_view("noise_std")[:, None] * torch.rand(count, channels, generator=generator)
     return {"imaged": darkened | noisy, "black_level": torch.where(darkened[:, None], level, 0.0),

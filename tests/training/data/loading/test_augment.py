@@ -169,13 +169,13 @@ def test_a_plan_made_ahead_in_one_chunk_gives_the_crops_made_in_chunks():
 
 
 def _noise_pair(noise_p: float, noise_std: float, images: torch.Tensor, seed: int, black_level_p: float = 0.0,
-                black_level_max: float = 0.0, **view_changes):
+                black_level_max: float = 0.0, black_level_min: float = 0.0, **view_changes):
     """The crops of `images` (in [0, 1] pixel units) without and with the imaging step, every other
     draw the same."""
     mean, std = [0.4, 0.6], [0.2, 0.25]
     plain_config = DinoConfig(global_crop_size=32, local_crop_size=12, local_crops_number=2)
     noisy_config = replace(plain_config, noise_p=noise_p, noise_std=noise_std, black_level_p=black_level_p,
-                           black_level_max=black_level_max)
+                           black_level_max=black_level_max, black_level_min=black_level_min)
     plain, noisy = BatchMultiCrop(plain_config, mean, std), BatchMultiCrop(noisy_config, mean, std)
     for augment in (plain, noisy):
         augment.global_views = [replace(v, **view_changes) for v in augment.global_views]
@@ -270,7 +270,37 @@ def test_black_level_cuts_the_floor_and_stretches_the_rest():
     assert 0.2 < float(levels.mean()) < 0.3  # U(0, 0.5) over 384 crop channels: mean 0.25, s.e. 0.007
 
 
+def test_a_black_level_below_zero_lifts_the_floor_onto_a_pedestal():
+    """dino.black_level_min < 0: a chosen crop's channel becomes (x + u) / (1 + u), u = -t ~ U(0,
+    -black_level_min) where black_level_max is 0. Against that map, computed here from the definition:
+    the u that maps each plain crop's pixels onto the lifted one's is one value per channel, in
+    [0, 0.5), every pixel at least u / (1 + u) (the pedestal), the levels' mean that of U(0, 0.5); with
+    the range across 0 (-0.2 to 0.2) about half the channels are lifted and half cut."""
+    images = 0.35 + 0.3 * torch.rand(32, 2, 40, 40)
+    lift = {"black_level_p": 1.0, "black_level_min": -0.5, "black_level_max": 0.0, "brightness_p": 0.0,
+            "solarize_p": 0.0}
+    plain, lifted = _noise_pair(0.0, 0.0, images, seed=7, **lift)
+    pedestals = []
+    for a, b in zip(plain, lifted):
+        a, b = a.double(), b.double()
+        u = (b - a) / (1 - b)  # (x + u) = y (1 + u)  =>  u = (y - x) / (1 - y)
+        per_channel = u.flatten(2).median(dim=2).values
+        assert float((u - per_channel[..., None, None]).abs().flatten(2).amax(2).max()) < 1e-4
+        floor = per_channel / (1 + per_channel)
+        assert bool((b >= floor[..., None, None] - 1e-6).all())
+        pedestals.append(per_channel.flatten())
+    pedestals = torch.cat(pedestals)
+    assert float(pedestals.min()) >= 0 and float(pedestals.max()) < 0.5
+    assert 0.2 < float(pedestals.mean()) < 0.3  # U(0, 0.5) over 384 crop channels: mean 0.25, s.e. 0.007
+    both = {**lift, "black_level_min": -0.2, "black_level_max": 0.2}
+    plain, changed = _noise_pair(0.0, 0.0, images, seed=8, **both)
+    lifted_share = torch.cat([((b - a).flatten(2).mean(2) > 0).flatten() for a, b in zip(plain, changed)]).double()
+    assert abs(float(lifted_share.mean()) - 0.5) < 4 * (0.25 / lifted_share.numel()) ** 0.5
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
+    ("dino.black_level_min", -1.0, "dino.black_level_min must be in (-1, dino.black_level_max=0.1]"),
+    ("dino.black_level_min", 0.2, "dino.black_level_min must be in (-1, dino.black_level_max=0.1]"),
     ("dino.noise_p", 1.5, "dino.noise_p must be a probability between 0 and 1, got 1.5"),
     ("dino.black_level_p", -0.5, "dino.black_level_p must be a probability between 0 and 1, got -0.5"),
     ("dino.noise_std", -0.1, "dino.noise_std must be between 0 and 1"),
