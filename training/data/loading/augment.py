@@ -66,6 +66,10 @@ class ViewSpec:
 
 
 
+IMAGING_SETTINGS = ("black_level_p", "black_level_max", "black_level_min", "noise_p", "noise_std")
+"""The imaging step's settings, named alike in DinoConfig and ViewSpec."""
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`tensor` on `device`. From the CPU to a GPU it goes through pinned memory without waiting: a
     copy from pageable memory first waits for all the work queued on the GPU, which would stall the
@@ -81,9 +85,7 @@ def scdino_views(dino: DinoConfig) -> tuple[list[ViewSpec], ViewSpec]:
 
     The one definition of the views' probabilities: the CPU, device and DALI paths all read it.
     """
-    imaging = {"black_level_p": dino.black_level_p, "black_level_max": dino.black_level_max,
-               "black_level_min": dino.black_level_min,
-               "noise_p": dino.noise_p, "noise_std": dino.noise_std}
+    imaging = {name: getattr(dino, name) for name in IMAGING_SETTINGS}
     globals_ = [ViewSpec(dino.global_crop_size, dino.global_crops_scale, 1.0, 0.0, **imaging),
                 ViewSpec(dino.global_crop_size, dino.global_crops_scale, 0.1, 0.2, **imaging)]
     local = ViewSpec(dino.local_crop_size, dino.local_crops_scale, 0.5, 0.0, **imaging)
