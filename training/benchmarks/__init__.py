@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 
 def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
     """Run the benchmark that answers `request` (importing it, and torch, only now); its JSON figures."""
+    if isinstance(request, ScreenBenchRequest) and request.seeds is not None:
+        from training.benchmarks.quality import screen_seeds
+
+        result = screen_seeds.run_seeds(request.config_path, list(request.overrides), request.seeds,
+                                        ranks=request.ranks, reuse=request.reuse, truth=request.truth)
+        log.info("bench screen --seeds:\n%s", screen_seeds.markdown(result))
+        return result
     if isinstance(request, ScreenBenchRequest):
         from training.benchmarks.quality.screen import markdown, run_screen_benchmark
 

@@ -157,6 +157,13 @@ class ScreenBenchRequest:
     """Keep the steps whose files exist."""
     truth: Path | None = None
     """The screen's truth.csv (None: beside ingest.table)."""
+    seeds: tuple[int, ...] | None = None
+    """run.seed of each run (training/benchmarks/quality/screen_seeds.py); None: one run at the config's."""
+
+    def __post_init__(self) -> None:
+        _at_least("--ranks", self.ranks, 1, "pretrain on at least one rank")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise UserError(f"--seeds {','.join(map(str, self.seeds))}: each seed once (a repeat is the same run)")
 
 
 BenchRequest = (LoaderBenchRequest | StepBenchRequest | PretrainBenchRequest | ScaleBenchRequest
@@ -218,11 +225,24 @@ def ingest_fields(text: str | None) -> list[int]:
     return counts
 
 
+def screen_seeds(text: str | None) -> tuple[int, ...] | None:
+    """--seeds as run.seed values, e.g. 0,1,2 (None: one run at the config's run.seed)."""
+    if text is None:
+        return None
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise UserError(f"--seeds {text!r}: give run.seed values of 0 or more, comma-separated, e.g. 0,1,2")
+    return seeds
+
+
 def check_flags(args: argparse.Namespace) -> None:
     """A UserError for a flag that only another benchmark takes."""
     if getattr(args, "dino_reference", False) and args.what != "step":
         raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
-    screen_only = [f"--{n}" for n in ("ranks", "truth") if getattr(args, n, None) is not None]
+    screen_only = [f"--{n}" for n in ("ranks", "truth", "seeds") if getattr(args, n, None) is not None]
     screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
     if getattr(args, "plates", None) is not None and args.what != "profile-scale":
         raise UserError(f"--plates: only `bench profile-scale` takes it, not `bench {args.what}`")
@@ -236,8 +256,8 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
     """`bench WHAT`'s flags as the typed request of benchmark WHAT, checked."""
     check_flags(args)
     if args.what == "screen":
-        return ScreenBenchRequest(args.config, tuple(args.overrides), ranks=args.ranks or 2, reuse=args.reuse,
-                                  truth=args.truth)
+        return ScreenBenchRequest(args.config, tuple(args.overrides), ranks=2 if args.ranks is None else args.ranks,
+                                  reuse=args.reuse, truth=args.truth, seeds=screen_seeds(args.seeds))
     if args.what == "ingest":
         return IngestBenchRequest(tuple(ingest_fields(args.fields)), cells=args.cells or 200, crop=args.crop or 64)
     if args.what == "scale":

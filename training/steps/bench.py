@@ -6,7 +6,8 @@
     python -m training bench scale [--sizes 100000,1000000,10000000] [--out scale.json]
     python -m training bench profile-scale [--sizes 100000,1000000,10000000 --plates 40] [--out profile_scale.json]
     python -m training bench ingest [--fields 16,64 --cells 200 --crop 64] [--out ingest.json]
-    python -m training bench screen --config configs/screen.yaml [--ranks 2 --reuse --truth truth.csv] [--out screen.json]
+    python -m training bench screen --config configs/screen.yaml [--ranks 2 --reuse --truth truth.csv]
+                                    [--seeds 0,1,2] [--out screen.json]
 
 `loader`: images/s of a straightforward scDINO-style loader (tifffile per image, float64, per-sample
 torchvision transforms) against the packed loader with batched multi-crop, same images, same worker
@@ -20,7 +21,8 @@ export's AnnData and Parquet, the per-well medians and their normalisation, and 
 (training/benchmarks/data/profile_scale.py). `ingest`: crops per CPU-second cut out of 1080 x 1080 x 5 uint16
 fields of view, and peak memory at two numbers of fields (training/benchmarks/data/ingest_rate.py). `screen`:
 the screen chain up to `knn` and its figures beside an oracle that knows each cell's phenotype
-(training/benchmarks/quality/screen.py). The flags become a typed request in training/benchmarks/request.py;
+(training/benchmarks/quality/screen.py); with `--seeds`, once per run.seed and summarised
+(training/benchmarks/quality/screen_seeds.py). The flags become a typed request in training/benchmarks/request.py;
 training/benchmarks/__init__.py imports the benchmark, and with it torch, only to run it.
 """
 
@@ -64,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "local Slurm cluster's two nodes)")
     parser.add_argument("--reuse", action="store_true", help="screen: keep the steps whose files exist")
     parser.add_argument("--truth", type=Path, help="screen: the screen's truth.csv (default: beside ingest.table)")
+    parser.add_argument("--seeds", help="screen: run once per run.seed, e.g. 0,1,2, each into run.output_dir-seed<s>, "
+                                        "and summarise the runs (mean, worst, the bars on each)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
 
