@@ -214,12 +214,17 @@ def scale_sizes(text: str | None) -> list[int]:
     return sizes
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """Comma-separated integers; () where one is not an integer, for the caller's message."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        return ()
+
+
 def ingest_fields(text: str | None) -> list[int]:
     """--fields as numbers of fields of view (16 and 64 by default)."""
-    try:
-        counts = [int(part) for part in (text or "16,64").split(",") if part.strip()]
-    except ValueError:
-        counts = []
+    counts = list(_ints(text or "16,64"))
     if not counts or min(counts) < 1:
         raise UserError(f"--fields {text!r}: give numbers of fields of view, e.g. 16,64")
     return counts
@@ -229,10 +234,7 @@ def screen_seeds(text: str | None) -> tuple[int, ...] | None:
     """--seeds as run.seed values, e.g. 0,1,2 (None: one run at the config's run.seed)."""
     if text is None:
         return None
-    try:
-        seeds = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        seeds = ()
+    seeds = _ints(text)
     if not seeds or min(seeds) < 0:
         raise UserError(f"--seeds {text!r}: give run.seed values of 0 or more, comma-separated, e.g. 0,1,2")
     return seeds

@@ -72,28 +72,20 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         per_run = {seed: run["goal_figures"][name] for seed, run in runs.items()}
         keys = next(iter(per_run.values()))
         figures = {key: [per_run[seed][key] for seed in runs] for key in keys}
-        mean = {key: _mean(values) for key, values in figures.items()}
-        worst = {key: (_extreme(values, max) if key in THEIRS else _extreme(values, min))
-                 for key, values in figures.items()}
+        mean = {key: _over_runs(values, lambda v: float(np.mean(v))) for key, values in figures.items()}
+        worst = {key: _over_runs(values, max if key in THEIRS else min) for key, values in figures.items()}
         met = {seed: bars_met(per_run[seed]) for seed in runs}
         out[name] = {"per_run": figures, "mean": mean, "worst": worst, "bars_on_the_mean": bars_met(mean),
-                     "bars_on_every_run": {bar: _every([met[seed][bar] for seed in runs])
+                     "bars_on_every_run": {bar: _over_runs([met[seed][bar] for seed in runs], all)
                                            for bar in next(iter(met.values()))},
                      "bars_met_per_run": {seed: sum(bool(v) for v in bars.values()) for seed, bars in met.items()},
                      "runs_meeting_every_bar": sum(all(bars.values()) for bars in met.values())}
     return out
 
 
-def _mean(values: list[float | None]) -> float | None:
-    return None if any(v is None for v in values) else float(np.mean(values))
-
-
-def _extreme(values: list[float | None], pick) -> float | None:
-    return None if any(v is None for v in values) else float(pick(values))
-
-
-def _every(met: list[bool | None]) -> bool | None:
-    return None if any(m is None for m in met) else all(met)
+def _over_runs(values: list, reduce):
+    """`reduce` of one figure's values over the runs; None if any run lacks it (never the other runs' alone)."""
+    return None if any(v is None for v in values) else reduce(values)
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -76,7 +76,10 @@ def test_each_seed_runs_into_its_own_folder_on_one_screen_made_once(tmp_path, mo
     assert all(overrides[:2] == base for _, _, overrides, _, _ in ran)  # the steps get the same --set lines
     assert result["seeds"] == [2, 0, 1] and set(result["runs"]) == {"0", "1", "2"}
     assert result["summary"]["trained"]["runs_meeting_every_bar"] == 2
-    assert "| mean |" in screen_seeds.markdown(result)
+    table = screen_seeds.markdown(result)
+    assert "| mean | 58.3 |" in table  # (54 + 60 + 61) / 3 points
+    assert "| 0 | 54.0 | 7.5 | 12.6 | 0.840 | 0.965 (0.980) | 0.789 (0.850) | 2 |" in table
+    assert "| worst | 54.0 |" in table and "2 of 3 runs meet all" in table
 
 
 def test_a_run_seed_given_beside_seeds_is_refused():
