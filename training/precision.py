@@ -40,11 +40,14 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """auto: bf16 on GPUs that have it, fp16 on those that do not (T4), fp32 on CPU. bf16 on a CPU
+    """auto: bf16 on GPUs that have it, fp16 on those that do not (T4); on CPU bf16 where it is native
+    (AVX512-BF16 or AMX), else fp32, so that one config is fast on either CPU. bf16 asked for on a CPU
     without native bf16 runs, with a warning that fp32 is faster there."""
     if device.type != "cuda":
         if requested == "fp16":
             raise ConfigError("train.precision=fp16 needs a CUDA GPU; use auto, fp32 or bf16 on CPU")
+        if requested == "auto":
+            return Precision("bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32", device.type)
         if requested == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
             log.warning("train.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 is "
                         "emulated and slower than fp32 here; set train.precision=fp32 for speed")

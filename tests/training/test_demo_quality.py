@@ -2,8 +2,11 @@
 learns a representation that clearly beats both baselines, the random-init backbone and the raw
 pixels, in scDINO's kNN on the held-out cells of the synthetic set, and is never flagged as collapsed.
 
-About 5 minutes on 2 cores: it runs the real steps through the command line, as the Slurm jobs do.
-The run is deterministic (one thread per rank, gloo), so the margins below are not luck of a seed.
+About 5 minutes on the 2-core AVX-512 machine and 14.7 minutes (880 s, beside the rest of the suite) on
+a 2-core AVX2-only one, whose fp32 step is 2.6x slower: it runs the real steps through the command
+line, as the Slurm jobs do, so its time follows the machine's speed and it gets its own timeout
+(TIMEOUT_S) instead of the suite's 900 s, which it came within 20 s of there. The run is
+deterministic (one thread per rank, gloo), so the margins below are not luck of a seed.
 """
 
 import json
@@ -16,7 +19,10 @@ import pytest
 
 from training.config import Config
 
-pytestmark = pytest.mark.slow
+TIMEOUT_S = 3600
+"""A hang's bound, not a speed bar: four times the slowest machine's measured 880 s."""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "demo.yaml"
