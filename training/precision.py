@@ -46,11 +46,12 @@ def resolve_precision(requested: str, device: torch.device) -> Precision:
     if device.type != "cuda":
         if requested == "fp16":
             raise ConfigError("train.precision=fp16 needs a CUDA GPU; use auto, fp32 or bf16 on CPU")
+        native = device.type == "cpu" and cpu_has_native_bf16()
         if requested == "auto":
-            return Precision("bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32", device.type)
-        if requested == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+            return Precision("bf16" if native else "fp32", device.type)
+        if requested == "bf16" and device.type == "cpu" and not native:
             log.warning("train.precision=bf16: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 is "
-                        "emulated and slower than fp32 here; set train.precision=fp32 for speed")
+                        "emulated and slower than fp32 here; set train.precision=fp32 (or auto) for speed")
         return Precision("bf16" if requested == "bf16" else "fp32", device.type)
     has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     if requested == "auto":
