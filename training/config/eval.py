@@ -115,6 +115,16 @@ class EvalConfig:
     "mean" (pycytominer's aggregate operation "mean"). The median ignores a well's odd cells; the
     mean keeps how many cells of a well show a phenotype, which is what a compound's phenotype is when
     only some of its cells respond. bench screen counts each baseline at its better of the two."""
+    profile_subpopulations: int = 0
+    """Also profile each well by the share of its cells in this many subpopulations of the profiled
+    cells (k-means on their L2-normalised features; Slack et al., PNAS 2008), set beside the
+    normalised mean or median profile for retrieval mAP (training/eval/profiles/subpopulations.py):
+    a compound that changes some of a well's cells moves its shares more than its mean. 0: the
+    profile alone. bench screen then also reads every feature set without the shares, and counts
+    each baseline at its better."""
+    profile_subpopulations_weight: float = 0.2
+    """The share of a well's squared norm (on average over the wells) that its subpopulation shares
+    hold beside the profile's 1 - this; in (0, 1)."""
     hybrid_cellprofiler: bool = False
     """Also score the trained model's features beside CellProfiler's measurements, as labs combine
     them: each block standardised per feature over the scored cells and weighted by 1 / sqrt(its width),
@@ -186,6 +196,13 @@ class EvalConfig:
             raise ConfigError(f"eval.max_cells must be >= 0 (0: every held-out cell) and eval.umap_max_points "
                               f">= 1, got {self.max_cells} and {self.umap_max_points}")
         self._check_finetune()
+        if isinstance(self.profile_subpopulations, bool) or not isinstance(self.profile_subpopulations, int) \
+                or self.profile_subpopulations < 0 or self.profile_subpopulations == 1:
+            raise ConfigError(f"eval.profile_subpopulations must be 0 (the profile alone) or a number of "
+                              f"subpopulations >= 2, got {self.profile_subpopulations!r}")
+        if not 0 < self.profile_subpopulations_weight < 1:
+            raise ConfigError(f"eval.profile_subpopulations_weight must be in (0, 1) (the shares' part of a "
+                              f"well's squared norm), got {self.profile_subpopulations_weight!r}")
         if not self.spherize_shrinkage >= 0:
             raise ConfigError(f"eval.spherize_shrinkage must be >= 0 (0: plain ZCA), got {self.spherize_shrinkage}")
         if self.profile_cells == "all" and not self.embed_all_cells:

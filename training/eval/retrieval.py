@@ -3,9 +3,10 @@
 
 Each well's profile is the median (or mean: eval.profile_aggregation) of its evaluated cells'
 features, normalised as eval.profile_normalization lists (training/eval/profiles/normalization.py:
-per-plate mad_robustize and sphering on the controls, Harmony). A query's average precision (AP)
-ranks its candidates by cosine similarity: the mean, over its positives, of the precision at each
-positive's rank.
+per-plate mad_robustize and sphering on the controls, Harmony), beside the shares of its cells in
+the screen's subpopulations where eval.profile_subpopulations asks (profiles/subpopulations.py). A
+query's average precision (AP) ranks its candidates by cosine similarity: the mean, over its
+positives, of the precision at each positive's rank.
 
     phenotypic activity     can a perturbation's wells be told from the negative controls? Each
                             perturbation well queries its replicate wells (positives: same
@@ -43,6 +44,7 @@ from training.data.store.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
 from training.eval.profiles.hybrid import hybrid_set
 from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
+from training.eval.profiles.subpopulations import beside_shares, well_shares
 from training.eval.profiles.wells import (
     DEFAULT_PLATE,
     DEFAULT_WELL,
@@ -204,6 +206,10 @@ class MapSetup:
     """Whose cells the wells hold: "evaluated" (labels.json's) or "all" (eval.profile_cells)."""
     aggregation: str = "median"
     """How a well's cells make its profile (eval.profile_aggregation)."""
+    subpopulations: int = 0
+    """Subpopulations whose shares stand beside each profile (eval.profile_subpopulations; 0: none)."""
+    subpopulations_weight: float = 0.2
+    """The shares' part of a well's squared norm (eval.profile_subpopulations_weight)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -249,7 +255,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
     return MapSetup(wells, perturbations, plates, keys, controls, groups, batches, steps, settings, consistency,
                     same_plate=config.eval.activity_negatives == "same_plate",
                     mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage,
-                    aggregation=config.eval.profile_aggregation)
+                    aggregation=config.eval.profile_aggregation, subpopulations=config.eval.profile_subpopulations,
+                    subpopulations_weight=config.eval.profile_subpopulations_weight)
 
 
 def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | None = None) -> MapSetup | None:
@@ -320,6 +327,11 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
               "aggregation": config.eval.profile_aggregation,
               "normalization": list(steps) or ["none"], "mad_robustize_samples": config.eval.mad_robustize_samples,
               **({"spherize_shrinkage": config.eval.spherize_shrinkage} if "spherize" in steps else {}),
+              **({"subpopulations": config.eval.profile_subpopulations,
+                  "subpopulations_weight": config.eval.profile_subpopulations_weight,
+                  "subpopulation_shares": "k-means on the L2-normalised cell features; shares less the control "
+                                          "wells' mean, beside the normalised profile"}
+                 if config.eval.profile_subpopulations else {}),
               "distance": "cosine", "null_size": NULL_SIZE,
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
@@ -342,11 +354,14 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
 
 def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
     """One feature set's per-well profiles: medians or means (eval.profile_aggregation), normalised as
-    configured."""
+    configured, beside their cells' subpopulation shares where eval.profile_subpopulations asks."""
     context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples,
                           setup.sphere_shrinkage)
     profiles, _ = normalize_profiles(well_aggregates(features, setup.wells, setup.aggregation), setup.normalization,
                                      context)
+    if setup.subpopulations:
+        shares = well_shares(features, setup.wells, setup.subpopulations, seed)
+        profiles = beside_shares(profiles, shares, setup.controls, setup.subpopulations_weight)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
 

@@ -200,6 +200,31 @@ def test_the_other_protocols_figures_are_those_the_knn_step_writes_when_configur
     assert set(other_profiles(plain, layout, held, scored_sets(plain, layout, held))) == {"mean_profiles"}
 
 
+def test_a_run_with_subpopulation_shares_is_also_read_without_them_as_the_knn_step_writes_it(tmp_path):
+    """With eval.profile_subpopulations set, other_profiles adds every protocol without the shares
+    ("no_subpopulations", "mean_profiles_no_subpopulations"), and the plain one's activity mAP is the
+    one the `knn` step writes with the shares off; the knn step's own, with them, differs."""
+    from tests.support.screen_run import screen_run as profiled_run
+    from training.benchmarks.quality.screen import other_profiles, scored_sets
+
+    plain = profiled_run(tmp_path, **{"eval.profile_normalization": ["mad_robustize"], "eval.activity_negatives": "all",
+                                      "eval.mad_robustize_samples": "all"})
+    shared = plain.replace({"eval.profile_subpopulations": 4})
+    layout = RunLayout.from_config(shared)
+    held = held_out(shared, layout)
+    figures = other_profiles(shared, layout, held, scored_sets(shared, layout, held))
+    assert set(figures) == {"mean_profiles", "no_subpopulations", "mean_profiles_no_subpopulations"}
+    assert run_cli(plain, "knn") == 0
+    without = json.loads(layout.knn_json.read_text())["tags"]
+    assert run_cli(shared, "knn") == 0
+    written = json.loads(layout.knn_json.read_text())
+    assert written["map"]["subpopulations"] == 4
+    for name, tag in (("trained", "final"), ("raw_pixels", "raw_pixels"), ("random_init", "random_init")):
+        assert figures["no_subpopulations"][name]["map_activity"] == pytest.approx(
+            without[tag]["map"]["mean_map"], abs=1e-9), name
+    assert written["tags"]["final"]["map"]["mean_map"] != without["final"]["map"]["mean_map"]
+
+
 def test_the_phenotype_readout_tells_a_batch_confounded_feature_from_a_faithful_one(screen_run):
     """figures_phenotype: kNN with the true phenotypes as classes. A feature that is the cell's phenotype
     is right plainly and across batches; one that codes each phenotype differently in each batch (the

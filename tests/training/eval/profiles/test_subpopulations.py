@@ -1,0 +1,139 @@
+"""Subpopulation shares beside a well's profile (training/eval/profiles/subpopulations.py), checked
+against what the cells were made of: cells drawn from known, well-separated states give each well
+its true mixture of them (up to the clusters' order); a cell's subpopulation is its nearest centre
+as scipy's distance matrix finds it; the shares are centred on the controls and hold the configured
+part of the squared norm; and a perturbation that moves half of its cells one way and half the other,
+leaving the well's mean where the controls' is, is retrieved with the shares and not without."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from tests.support.tiny import tiny_config
+from training.config import ConfigError
+from training.errors import UserError
+from training.eval.profiles.subpopulations import beside_shares, nearest, subpopulations, well_shares
+from training.eval.profiles.wells import group_wells
+from training.eval.retrieval import MapSetup, tag_map
+
+
+def _states(dim: int = 16) -> np.ndarray:
+    """Four orthogonal unit directions: cell states k-means cannot confuse."""
+    return np.eye(dim, dtype=np.float32)[:4] * 3.0
+
+
+def test_each_wells_shares_are_the_mixture_its_cells_were_drawn_from():
+    rng = np.random.default_rng(0)
+    mixtures = np.array([[1, 0, 0, 0], [0.5, 0.5, 0, 0], [0.25, 0.25, 0.25, 0.25], [0, 0, 0.75, 0.25],
+                         [0, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]])
+    cells_per_well = 40
+    states = np.concatenate([rng.permutation(np.repeat(np.arange(4), np.round(m * cells_per_well).astype(int)))
+                             for m in mixtures])
+    features = _states()[states] + 0.05 * rng.standard_normal((len(states), 16)).astype(np.float32)
+    shuffle = rng.permutation(len(states))  # cells stored in no well order: the grouping must find them
+    features, wells_of = features[shuffle], np.repeat(np.arange(len(mixtures)), cells_per_well)[shuffle]
+    wells = group_wells(np.zeros(len(states), np.int64), wells_of)
+    shares = well_shares(features, wells, 4, seed=3)
+    # match clusters to states through the wells of one state alone
+    cluster_of_state = {state: int(np.argmax(shares[well])) for state, well in ((0, 0), (1, 4))}
+    assert cluster_of_state[0] != cluster_of_state[1]
+    recovered = {tuple(np.sort(row)) for row in shares}
+    assert recovered == {tuple(np.sort(m)) for m in mixtures}
+    np.testing.assert_allclose(shares[1][[cluster_of_state[0], cluster_of_state[1]]], [0.5, 0.5])
+    np.testing.assert_allclose(shares.sum(axis=1), 1.0)
+
+
+def test_a_cell_belongs_to_the_centre_nearest_its_unit_features_read_a_block_at_a_time():
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((300, 8)).astype(np.float32) * rng.uniform(0.1, 10, (300, 1)).astype(np.float32)
+    centres = rng.standard_normal((5, 8)).astype(np.float32)
+    rows = rng.permutation(300)[:250]
+    unit = features[rows] / np.linalg.norm(features[rows], axis=1, keepdims=True)
+    expected = np.argmin(cdist(unit, centres), axis=1)
+    np.testing.assert_array_equal(nearest(features, rows, centres, block_cells=7), expected)
+    np.testing.assert_array_equal(nearest(features, rows, centres), expected)
+
+
+def test_the_centres_are_fitted_on_a_seeded_sample_and_refuse_more_subpopulations_than_cells():
+    rng = np.random.default_rng(2)
+    features = _states()[rng.integers(0, 4, 500)] + 0.05 * rng.standard_normal((500, 16)).astype(np.float32)
+    rows = np.arange(500)
+    first = subpopulations(features, rows, 4, seed=5, sample=120)
+    np.testing.assert_array_equal(first, subpopulations(features, rows, 4, seed=5, sample=120))
+    # four states found from 120 of the cells: every centre points at one state
+    assert sorted(np.argmax(first, axis=1)) == [0, 1, 2, 3]
+    with pytest.raises(UserError, match="eval.profile_subpopulations=8 .* 6 profiled cells"):
+        subpopulations(features, rows[:6], 8, seed=5)
+
+
+def test_the_shares_are_centred_on_the_controls_and_hold_their_weight_of_the_squared_norm():
+    rng = np.random.default_rng(3)
+    profiles = rng.standard_normal((12, 10)) * 4
+    shares = rng.dirichlet(np.ones(5), size=12)
+    controls = np.zeros(12, bool)
+    controls[:4] = True
+    out = beside_shares(profiles, shares, controls, 0.2).astype(np.float64)
+    assert out.shape == (12, 15)
+    profile_part, share_part = out[:, :10], out[:, 10:]
+    np.testing.assert_allclose(share_part[controls].mean(axis=0), 0.0, atol=1e-6)
+    power = np.sum(out ** 2, axis=1).mean()
+    assert np.sum(share_part ** 2, axis=1).mean() / power == pytest.approx(0.2, rel=1e-5)
+    # each block is only scaled: the profile block's direction is the profiles', the shares' theirs less the controls'
+    np.testing.assert_allclose(profile_part / np.linalg.norm(profile_part), profiles / np.linalg.norm(profiles),
+                               atol=1e-6)
+    centred = shares - shares[:4].mean(axis=0)
+    np.testing.assert_allclose(share_part / np.linalg.norm(share_part), centred / np.linalg.norm(centred), atol=1e-6)
+    with pytest.raises(ValueError, match="in \\(0, 1\\)"):
+        beside_shares(profiles, shares, controls, 1.0)
+
+
+def _mixture_screen(rng: np.random.Generator):
+    """Two plates of 6 control wells, whose cells sit midway between two states, and 6 wells of each
+    of two perturbations, whose cells are half at one state and half at the other: a treated well's
+    mean is the controls' (up to noise), its subpopulations are not."""
+    states = _states(12)
+    middle = (states[0] + states[1]) / 2
+    features, plates, wells, perturbations = [], [], [], []
+    for plate in range(2):
+        for well in range(18):
+            kind = "DMSO" if well < 6 else ("A" if well < 12 else "B")
+            if kind == "DMSO":
+                cells = np.repeat(middle[None], 20, axis=0)
+            else:
+                first, second = (0, 1) if kind == "A" else (2, 3)
+                cells = np.concatenate([np.repeat(states[first][None], 10, 0), np.repeat(states[second][None], 10, 0)])
+                cells = cells - cells.mean(axis=0) + middle  # the same mean as the controls
+            features.append(cells + 0.1 * rng.standard_normal(cells.shape))
+            plates += [plate] * 20
+            wells += [well] * 20
+            perturbations.append(kind)
+    grouped = group_wells(np.asarray(plates), np.asarray(wells))
+    perturbations = np.asarray(perturbations, dtype=object)
+    keys = np.asarray([f"{p}/{w}" for p in range(2) for w in range(18)], dtype=object)
+    setup = MapSetup(grouped, perturbations, np.repeat(np.array(["p0", "p1"], dtype=object), 18), keys,
+                     perturbations == "DMSO", None, None, (), {}, None, aggregation="mean")
+    return np.concatenate(features).astype(np.float32), setup
+
+
+def test_a_perturbation_that_splits_its_cells_is_retrieved_by_its_shares_not_its_mean():
+    import dataclasses
+
+    features, setup = _mixture_screen(np.random.default_rng(4))
+    alone = tag_map(features, setup, seed=0)["map"]
+    beside = tag_map(features, dataclasses.replace(setup, subpopulations=5, subpopulations_weight=0.5), seed=0)["map"]
+    assert beside["n_significant"] == 2 and beside["mean_map"] > 0.95
+    assert alone["mean_map"] < beside["mean_map"] - 0.2
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"eval.profile_subpopulations": 1}, "0 \\(the profile alone\\) or a number of subpopulations >= 2"),
+    ({"eval.profile_subpopulations": -3}, "got -3"),
+    ({"eval.profile_subpopulations": True}, "got True"),
+    ({"eval.profile_subpopulations_weight": 0.0}, "eval.profile_subpopulations_weight must be in \\(0, 1\\)"),
+    ({"eval.profile_subpopulations_weight": 1.5}, "got 1.5"),
+])
+def test_bad_subpopulation_settings_are_one_line_naming_the_key(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(changes)
