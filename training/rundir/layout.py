@@ -44,6 +44,7 @@ that gives it (tests/training/rundir/test_layout.py holds it to the properties, 
         cells.parquet                           profiles_cells
         wells.parquet                           profiles_wells
         wells_normalized.parquet                profiles_wells_normalized
+        wells_subpopulations.parquet            profiles_wells_subpopulations
         export.json                             profiles_manifest
       plots/                                    plots
         manifest.json                           plots_manifest
@@ -190,6 +191,9 @@ class RunLayout:
                               doc="`export`: per-well profiles (median or mean of each well's cells).")
     profiles_wells_normalized = property(lambda self: self.profiles / "wells_normalized.parquet",
                                          doc="`export`: the same, normalised (eval.profile_normalization).")
+    profiles_wells_subpopulations = property(
+        lambda self: self.profiles / "wells_subpopulations.parquet",
+        doc="`export`: each well's shares of cells in the subpopulations (eval.profile_subpopulations).")
     profiles_manifest = property(lambda self: self.profiles / "export.json",
                                  doc="`export`: what was written: counts, columns, the features' provenance.")
     plots = property(lambda self: self.root / "plots",

@@ -22,6 +22,11 @@
     <run>/profiles/wells_normalized.parquet   with eval.profile_normalization: the per-well
                                     profiles after its steps (per-plate mad_robustize and sphering
                                     on the control wells, Harmony: training/eval/profiles/normalization.py)
+    <run>/profiles/wells_subpopulations.parquet   with eval.profile_subpopulations (k): each
+                                    well's fraction of cells in each of the k subpopulations
+                                    (Cells_scDINO_Subpopulation_00 ...), as retrieval mAP sets
+                                    them beside the profile before centring on the controls
+                                    (training/eval/profiles/subpopulations.py)
     <run>/profiles/export.json      what was written: counts, columns, provenance, seconds
 
 Memory stays bounded at any number of cells: features are read from their memory map and the
@@ -45,6 +50,7 @@ import pyarrow as pa
 from training.config import Config
 from training.data.store.cells import METADATA_PREFIX, CellTable
 from training.eval.profiles.normalization import check_steps, normalize_profiles
+from training.eval.profiles.subpopulations import well_shares
 from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features
@@ -55,6 +61,8 @@ log = logging.getLogger(__name__)
 EMBEDDING_KEY = "X_scdino"
 """obsm key of the embedding, as scanpy names a representation (X_pca, X_umap)."""
 FEATURE_PREFIX = "Cells_scDINO_"
+SUBPOPULATION_PREFIX = "Cells_scDINO_Subpopulation_"
+"""wells_subpopulations.parquet's columns: a well's share of cells in each subpopulation."""
 """Feature columns: the Cells compartment (the whole cell) then the model, pycytominer's naming."""
 ROW_COLUMN, PATH_COLUMN, SPLIT_COLUMN = "Metadata_TableRow", "Metadata_Path", "Metadata_Split"
 SPLIT_NAMES = ["holdout", "train"]
@@ -288,7 +296,7 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     check_steps(config.eval.profile_normalization, controls=bool(config.data.control_column),
                 batches=bool(config.data.batch_column), mad_samples=config.eval.mad_robustize_samples)
     check_writable([layout.profiles_h5ad, layout.profiles_cells, layout.profiles_wells,
-                    layout.profiles_wells_normalized, layout.profiles_manifest])
+                    layout.profiles_wells_normalized, layout.profiles_wells_subpopulations, layout.profiles_manifest])
     source = open_source(config, layout, tag)
     timed = Timed(layout)
     timed(layout.profiles_h5ad, write_h5ad, source)
@@ -303,6 +311,11 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
             names = [source.feature_names[i] for i in kept]
             timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names,
                   card_metadata(source))
+        k = config.eval.profile_subpopulations
+        if k:
+            shares = well_shares(source.features.features, wells.grouping, k, config.run.seed)
+            timed(layout.profiles_wells_subpopulations, write_wells_parquet, wells, shares,
+                  [f"{SUBPOPULATION_PREFIX}{i:02d}" for i in range(k)], card_metadata(source))
     manifest = export_record(config, layout, source, wells, list(timed.seconds))
     manifest["seconds"] = round(time.perf_counter() - start, 3)
     manifest["seconds_per_file"] = {path.relative_to(layout.root).as_posix(): s for path, s in timed.seconds.items()}
@@ -342,5 +355,7 @@ def export_record(config: Config, layout: RunLayout, source: ExportSource, wells
                            "n_wells": int(len(wells.profiles)), "cells_without_well": wells.cells_without_well,
                            "aggregation": config.eval.profile_aggregation,
                            "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
-                           "normalization": list(config.eval.profile_normalization) or ["none"]}
+                           "normalization": list(config.eval.profile_normalization) or ["none"],
+                           **({"subpopulations": config.eval.profile_subpopulations}
+                              if config.eval.profile_subpopulations else {})}
     return record

@@ -226,6 +226,8 @@ class ProfiledWells:
     metadata: dict[str, Any]
     controls: np.ndarray | None
     cells_without_well: int
+    grouping: Wells | None = None
+    """The cells of each well (positions in the rows given to profiled_wells)."""
 
     def context(self, config: Config) -> WellContext:
         """What the normalisation steps need of these wells: plates, controls and batches."""
@@ -254,4 +256,4 @@ def profiled_wells(config: Config, table: CellTable, features: np.ndarray, rows:
     log.info("%ss of %d wells (%d cells) in %.1f s", how, wells.count, len(wells.order), time.perf_counter() - start)
     metadata = well_metadata(table, wells, rows)
     controls = control_wells(table, config, wells, rows) if config.data.control_column else None
-    return ProfiledWells(columns, profiles, metadata, controls, wells.left_out)
+    return ProfiledWells(columns, profiles, metadata, controls, wells.left_out, wells)

@@ -112,6 +112,31 @@ def test_mean_well_profiles_equal_pycytominers_own_mean_aggregate(tmp_path):
     assert json.loads(layout.profiles_manifest.read_text())["wells"]["aggregation"] == "mean"
 
 
+def test_each_wells_subpopulation_shares_are_its_cells_fractions_in_scikit_learns_clusters(tmp_path):
+    """wells_subpopulations.parquet: each well's fraction of cells in each k-means cluster of the
+    cells' L2-normalised features, recounted here from cells.parquet by pandas over the labels of
+    scikit-learn's own KMeans (the same seed and restarts)."""
+    from sklearn.cluster import KMeans
+
+    from training.eval.profiles.subpopulations import RESTARTS
+
+    config = screen_run(tmp_path, dim=3, **{"eval.profile_subpopulations": 3})
+    layout = RunLayout.from_config(config)
+    assert run_cli(config, "export") == 0
+    cells = pd.read_parquet(layout.profiles_cells)
+    x = cells[infer_cp_features(cells)].to_numpy(np.float32)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cells["cluster"] = KMeans(n_clusters=3, n_init=RESTARTS, random_state=config.run.seed).fit(x).labels_
+    strata = ["Metadata_Plate", "Metadata_Well"]
+    expected = pd.crosstab([cells[s] for s in strata], cells["cluster"], normalize="index").sort_index()
+    shares = pd.read_parquet(layout.profiles_wells_subpopulations).set_index(strata).sort_index()
+    names = [f"{export.SUBPOPULATION_PREFIX}{i:02d}" for i in range(3)]
+    np.testing.assert_allclose(shares[names].to_numpy(), expected[[0, 1, 2]].to_numpy(), atol=1e-6)
+    assert (shares["Metadata_Object_Count"] == cells.groupby(strata).size().sort_index()).all()
+    record = json.loads(layout.profiles_manifest.read_text())
+    assert record["wells"]["subpopulations"] == 3 and "profiles/wells_subpopulations.parquet" in record["files"]
+
+
 def test_normalised_wells_are_white_on_the_controls(exported):
     _, layout = exported
     normalised = pd.read_parquet(layout.profiles_wells_normalized)
