@@ -33,7 +33,9 @@ of several ranks: the rank's part beside the set, then rank 0's merge), `feature
 for the later steps, written by training/rundir/features.py's FeatureSetWriter ROWS_PER_WRITE rows at a
 time), `h5ad` and `parquet` (export's cells.h5ad and cells.parquet, training/eval/profiles/export.py),
 `wells` (export's per-well medians and wells.parquet, then eval.profile_normalization's per-plate
-mad_robustize and sphering and wells_normalized.parquet), `map` (knn's phenotypic-activity mAP,
+mad_robustize and sphering and wells_normalized.parquet), `subpopulations` (every cell's share of
+SUBPOPULATIONS k-means clusters per well, eval.profile_subpopulations, and wells_subpopulations.parquet:
+training/eval/profiles/subpopulations.py, k-means on a sample of at most 50,000 cells), `map` (knn's phenotypic-activity mAP,
 training/eval/retrieval.py, on the per-well profiles of every cell).
 """
 
@@ -76,7 +78,9 @@ ROWS_PER_WRITE = 1 << 16
 NOISE_ROWS = 65521
 """Rows of the bank of noise the cells' features draw from (a prime: neighbouring cells differ)."""
 SAMPLE_S = 0.01
-STEPS = ("extract", "extract_merged", "features", "h5ad", "parquet", "wells", "map")
+STEPS = ("extract", "extract_merged", "features", "h5ad", "parquet", "wells", "subpopulations", "map")
+SUBPOPULATIONS = 32
+"""k of the `subpopulations` step (eval.profile_subpopulations as the screens of docs/performance.md tried it)."""
 IMPORTS = ("training.data.dataset", "training.models", "training.eval.extract", "training.eval.profiles.export",
            "training.eval.retrieval", "h5py", "anndata", "pandas", "pyarrow.parquet", "pycytominer", "copairs.map")
 """What the steps import, imported before the clock starts (training.data.dataset imports torch: ~4 s)."""
@@ -314,6 +318,25 @@ def run_wells(config, screen: Screen) -> dict[str, Any]:
             "n_wells": int(len(wells.profiles)), "medians_s": round(medians_s, 3), "normalize_s": round(normalize_s, 3)}
 
 
+def run_subpopulations(config, screen: Screen) -> dict[str, Any]:
+    """Export's subpopulation shares (eval.profile_subpopulations: SUBPOPULATIONS), as export_profiles
+    writes them: the k-means fit on its sample, then every cell at its nearest centre."""
+    from training.eval.profiles.export import SUBPOPULATION_PREFIX, write_wells_parquet
+    from training.eval.profiles.subpopulations import well_shares
+    from training.eval.profiles.wells import profiled_wells
+
+    layout, source = _export_source(config)
+    layout.profiles.mkdir(parents=True, exist_ok=True)
+    wells = profiled_wells(config, source.cells, source.features.features, source.rows)
+    start = time.perf_counter()
+    shares = well_shares(source.features.features, wells.grouping, SUBPOPULATIONS, config.run.seed)
+    shares_s = time.perf_counter() - start
+    write_wells_parquet(layout.profiles_wells_subpopulations, wells, shares,
+                        [f"{SUBPOPULATION_PREFIX}{i:02d}" for i in range(SUBPOPULATIONS)])
+    return {"bytes": folder_bytes(layout.profiles_wells_subpopulations), "n_wells": int(wells.grouping.count),
+            "k": SUBPOPULATIONS, "shares_s": round(shares_s, 3)}
+
+
 def run_map(config, screen: Screen) -> dict[str, Any]:
     """knn's phenotypic activity (training/eval/retrieval.py) of every cell's per-well profiles
     (eval.profile_cells: all, the screen recipe's)."""
@@ -332,7 +355,7 @@ def run_map(config, screen: Screen) -> dict[str, Any]:
 CHILD_STEPS: dict[str, Callable[[Any, Screen], dict[str, Any]]] = {
     "extract": run_extract, "extract_merged": run_extract_merged, "features": run_features, "h5ad": run_h5ad,
     "parquet": run_parquet,
-    "wells": run_wells, "map": run_map}
+    "wells": run_wells, "subpopulations": run_subpopulations, "map": run_map}
 
 
 def child(step: str, root: Path, screen: Screen) -> dict[str, Any]:

@@ -90,6 +90,14 @@ def test_export_s_files_come_from_the_product_s_writers(screen):
     wells = bench.run_wells(config, SMALL)
     assert wells["n_wells"] == SMALL.wells and wells["medians_s"] > 0 and wells["normalize_s"] > 0
     assert pq.ParquetFile(layout.profiles_wells_normalized).metadata.num_rows == SMALL.wells
+    shares = bench.run_subpopulations(config, SMALL)
+    assert shares["n_wells"] == SMALL.wells and shares["k"] == bench.SUBPOPULATIONS and shares["shares_s"] > 0
+    written = pq.read_table(layout.profiles_wells_subpopulations).to_pandas()
+    columns = [c for c in written.columns if c.startswith("Cells_scDINO_Subpopulation_")]
+    assert len(written) == SMALL.wells and len(columns) == bench.SUBPOPULATIONS
+    counts = written[columns].to_numpy() * written["Metadata_Object_Count"].to_numpy()[:, None]
+    np.testing.assert_allclose(counts, np.round(counts), atol=1e-9)  # whole cells of each well
+    assert counts.sum() == pytest.approx(SMALL.n) and (counts.sum(axis=0) > 0).all()  # every cluster holds cells
     bench.drop_outputs(screen)
     assert not layout.profiles.exists()
 
