@@ -26,7 +26,8 @@ GPU_SCREEN = CONFIGS / "screen-gpu.yaml"
 PROFILING = ("data.label_column", "data.batch_column", "data.control_column", "data.control_value",
              "eval.perturbation_column", "eval.consistency_column", "eval.profile_normalization",
              "eval.mad_robustize_samples", "eval.spherize_shrinkage", "eval.activity_negatives", "eval.knn_whiten",
-             "eval.knn_folds", "eval.feature", "eval.tta",
+             "eval.knn_folds", "eval.feature", "eval.tta", "eval.profile_subpopulations",
+             "eval.profile_subpopulations_weight",
              "ingest.edge", "ingest.min_area", "ingest.cellprofiler")
 """The screen recipe's reading of a screen (configs/screen.yaml), which the GPU config keeps."""
 
