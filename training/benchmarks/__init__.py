@@ -50,7 +50,7 @@ def run_benchmark(config, request: BenchRequest) -> dict[str, Any]:
     if isinstance(request, ProfileScaleBenchRequest):
         from training.benchmarks.data.profile_scale import run_profile_scale_benchmark
 
-        return run_profile_scale_benchmark(list(request.sizes), plates=request.plates)
+        return run_profile_scale_benchmark(list(request.sizes), plates=request.plates, steps=request.steps)
     if isinstance(request, LoaderBenchRequest):
         from training.benchmarks.data.loader import run_loader_benchmark
 

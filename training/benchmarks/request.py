@@ -128,9 +128,25 @@ class ProfileScaleBenchRequest:
     sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
     plates: int = 40
     """Plates of 384 wells: the per-well steps (normalisation, mAP) grow with them, not with the cells."""
+    steps: tuple[str, ...] | None = None
+    """The steps to measure (--steps), in the benchmark's order; None: every one."""
 
     def __post_init__(self) -> None:
         _at_least("--plates", self.plates, 1, "give a number of plates of 384 wells, e.g. --plates 40")
+
+
+def profile_scale_steps(text: str | None) -> tuple[str, ...] | None:
+    """--steps as names of `bench profile-scale`'s steps, in its order; None when not given."""
+    if text is None:
+        return None
+    from training.benchmarks.data.profile_scale import STEPS
+
+    asked = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in asked if name not in STEPS]
+    if not asked or unknown:
+        raise UserError(f"--steps {text!r}: {'no step named' if not unknown else 'unknown step ' + ', '.join(unknown)}; "
+                        f"give some of {','.join(STEPS)}")
+    return tuple(step for step in STEPS if step in asked)
 
 
 @dataclass(frozen=True)
@@ -246,8 +262,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--dino-reference: only `bench step` takes it, not `bench {args.what}`")
     screen_only = [f"--{n}" for n in ("ranks", "truth", "seeds") if getattr(args, n, None) is not None]
     screen_only += ["--reuse"] if getattr(args, "reuse", False) else []
-    if getattr(args, "plates", None) is not None and args.what != "profile-scale":
-        raise UserError(f"--plates: only `bench profile-scale` takes it, not `bench {args.what}`")
+    for flag in ("plates", "steps"):
+        if getattr(args, flag, None) is not None and args.what != "profile-scale":
+            raise UserError(f"--{flag}: only `bench profile-scale` takes it, not `bench {args.what}`")
     if getattr(args, "loader", None) is not None and args.what != "pretrain":
         raise UserError(f"--loader: only `bench pretrain` takes it, not `bench {args.what}`")
     if screen_only and args.what != "screen":
@@ -265,7 +282,8 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
     if args.what == "scale":
         return ScaleBenchRequest(tuple(scale_sizes(args.sizes)))
     if args.what == "profile-scale":
-        return ProfileScaleBenchRequest(tuple(scale_sizes(args.sizes)), **_given(args, "plates"))
+        return ProfileScaleBenchRequest(tuple(scale_sizes(args.sizes)), **_given(args, "plates"),
+                                        steps=profile_scale_steps(getattr(args, "steps", None)))
     if args.what == "loader":
         return loader_request(args)
     if args.what == "pretrain":

@@ -1,6 +1,7 @@
 """The steps after `features` at screen scale: time, storage and memory of writing the feature set,
-`export`'s AnnData and Parquet files, the per-well profiles and their normalisation, and the
-retrieval mAP, for a screen of N cells in W wells, from figures `bench profile-scale` measured
+`export`'s AnnData and Parquet files, the per-well profiles and their normalisation, the cells'
+subpopulation shares per well (where eval.profile_subpopulations asks for them), and the retrieval
+mAP, for a screen of N cells in W wells, from figures `bench profile-scale` measured
 (training/benchmarks/data/profile_scale.py; the dated table STEP_COSTS below).
 
 Each step costs so much per cell (its medians read every cell) plus so much per well (normalisation
@@ -30,13 +31,15 @@ from typing import Any
 
 from training.errors import UserError
 
-MEASURED = "2026-11-28"
-SOURCE = ("bench profile-scale on the 2-core development machine: 10^5, 10^6 and 10^7 synthetic cells (384 float32 "
-          "features each) on 40 plates of 384 wells (docs/benchmarks/profile_scale_cpu_2026-11-28.json), and 10^6 "
-          "cells on 160 plates (docs/benchmarks/profile_scale_wells_cpu_2026-11-28.json)")
 MEASURED_CELLS, MEASURED_WELLS, MORE_WELLS = 10_000_000, 15_360, 61_440
 CELLS_PER_WELL = MEASURED_CELLS / MEASURED_WELLS
 """Assumed when the plan is given no --wells: the benchmark's screen at 10^7 cells (651 cells a well)."""
+EXPORT = ("2026-11-28", "profile_scale_cpu_2026-11-28.json", "profile_scale_wells_cpu_2026-11-28.json")
+SHARES = ("2026-12-03", "profile_scale_subpopulations_cpu_2026-12-03.json",
+          "profile_scale_subpopulations_wells_cpu_2026-12-03.json")
+"""When and in which two JSONs of docs/benchmarks/ a step was measured: `bench profile-scale` on the 2-core
+development machine at 10^5, 10^6 and 10^7 synthetic cells (384 float32 features each) on 40 plates of
+384 wells, and at 10^6 cells on 160 plates (`--plates 160`)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,12 @@ class StepCost:
     anon_mb_per_million_cells: float
     """The growth of the peak from 10^5 to 10^7 cells, per 10^6 cells."""
     anon_mb_per_thousand_wells: float
+    measured: tuple[str, str, str] = EXPORT
+    """EXPORT or SHARES: the date and the benchmark JSONs the figures come from."""
 
 
+SUBPOPULATIONS = "subpopulations"
+"""The step that runs only where eval.profile_subpopulations is set (configs/screen.yaml: 32)."""
 STEP_COSTS: tuple[StepCost, ...] = (
     StepCost("features", "the feature set of every cell (its write: the forward pass is in the downstream hours)",
              4.090, 0.0023, 1544.0, 0.0, 798.1, 0.0101, 0.2821),
@@ -65,18 +72,22 @@ STEP_COSTS: tuple[StepCost, ...] = (
     StepCost("parquet", "export: every cell's profile as Parquet", 6.953, 0.0, 1552.9, 21.48, 779.0, 8.586, 0.0109),
     StepCost("wells", "export: per-well medians and their normalisation, as Parquet", 4.429, 0.2843, 0.0, 3080.5,
              901.6, 9.636, 13.83),
+    StepCost(SUBPOPULATIONS, "export: each well's shares of the cells' subpopulations, as Parquet (k: 32)",
+             7.751, 0.2459, 0.01333, 27.33, 906.5, 12.34, 0.3060, measured=SHARES),
     StepCost("map", "knn: the activity mAP of every cell's wells (eval.profile_cells: all)", 4.478, 0.4561, 0.0, 0.0,
              1388.0, 16.55, 4.829),
 )
-"""Measured MEASURED, by SOURCE; tests/training/planning/test_profile_steps.py derives every figure
-again from those JSONs."""
+"""Each step's figures, from the JSONs its `measured` names; tests/training/planning/test_profile_steps.py
+derives every figure again from those JSONs."""
 
 
-def profile_steps(cells: int, wells: int) -> dict[str, Any]:
+def profile_steps(cells: int, wells: int, *, subpopulations: int = 0) -> dict[str, Any]:
     """Every step's hours, storage and peak private memory for `cells` cells in `wells` wells, with
-    where the figures come from."""
+    where the figures come from; the subpopulations step where `subpopulations` (the config's
+    eval.profile_subpopulations) is set."""
     steps = []
-    for cost in STEP_COSTS:
+    costs = [cost for cost in STEP_COSTS if subpopulations or cost.step != SUBPOPULATIONS]
+    for cost in costs:
         seconds = cells / 1e6 * cost.cpu_s_per_million_cells + wells / 1e3 * cost.cpu_s_per_thousand_wells
         memory = (cost.peak_anon_mb + max(0.0, cost.anon_mb_per_million_cells * (cells - MEASURED_CELLS) / 1e6)
                   + max(0.0, cost.anon_mb_per_thousand_wells * (wells - MEASURED_WELLS) / 1e3))
@@ -86,7 +97,10 @@ def profile_steps(cells: int, wells: int) -> dict[str, Any]:
     return {"cells": cells, "wells": wells, "steps": steps,
             "hours": round(sum(step["hours"] for step in steps), 4),
             "storage_gb": round(sum(step["storage_gb"] for step in steps), 3),
-            "source": f"{SOURCE}, {MEASURED}; CPU seconds of each step's process"}
+            "source": "; ".join(f"{', '.join(cost.step for cost in costs if cost.measured == measured)}: docs/benchmarks/"
+                                f"{measured[1]} and {measured[2]} ({measured[0]})"
+                                for measured in dict.fromkeys(cost.measured for cost in costs))
+                      + "; bench profile-scale on the 2-core development machine, CPU seconds of each step's process"}
 
 
 def wells_of(cells: int, wells: int | None) -> tuple[int, str]:

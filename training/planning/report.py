@@ -127,7 +127,7 @@ def plan_profile_steps(config: Config, layout: RunLayout, args: argparse.Namespa
     """The steps after `features` for the dataset's cells (training/planning/profile_steps.py)."""
     cells, _, _ = inputs.dataset_size(config, layout, args.images, args.image_bytes)
     wells, source = wells_of(cells, getattr(args, "wells", None))
-    return {**profile_steps(cells, wells), "wells_source": source}
+    return {**profile_steps(cells, wells, subpopulations=config.eval.profile_subpopulations), "wells_source": source}
 
 
 def _money(value: float | None) -> str:

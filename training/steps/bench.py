@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", help="scale, profile-scale: dataset sizes in cells, e.g. 100000,1000000,10000000 "
                                         "(the default)")
     parser.add_argument("--plates", type=int, help="profile-scale: plates of 384 wells in the screen (default 40)")
+    parser.add_argument("--steps", help="profile-scale: only these steps, e.g. features,subpopulations (default: all; "
+                                        "the steps after `features` read its feature set, so it runs before them)")
     parser.add_argument("--fields", help="ingest: numbers of fields of view, e.g. 16,64 (the default)")
     parser.add_argument("--cells", type=int, help="ingest: cells per field of view (default 200)")
     parser.add_argument("--crop", type=int, help="ingest: crop side in pixels (default 64)")

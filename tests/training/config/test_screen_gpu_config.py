@@ -7,6 +7,7 @@ edit is a real key."""
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from training.config.schema import Config
 from training.costs.flops import activation_bytes_per_image, params_estimate
 from training.costs.instances import INSTANCES
 from training.data.ingest.checks import check_settings
+from training.eval.profiles.new_plates import EVALUATION_SETTINGS
 from training.eval.profiles.normalization import check_steps
 from training.planning.model import GPU_MEMORY_FRACTION, replicated_state_gb
 from training.upload.screen_table import FSX_DATA
@@ -53,6 +55,23 @@ def test_it_loads_and_passes_the_checks_its_steps_make(config):
 def test_it_keeps_the_screen_recipes_profiling(config):
     recipe = load_config(CONFIGS / "screen.yaml")
     assert {key: value(config, key) for key in PROFILING} == {key: value(recipe, key) for key in PROFILING}
+
+
+THE_SCREENS_OWN = {"data.source", "data.channel_names", "ingest.table", "ingest.channels"}
+"""Where the new plates are and how their files name and stack the channels."""
+THE_MODELS = {"ingest.crop_size"} | {f"eval.{key}" for key in EVALUATION_SETTINGS}
+"""What `profile` takes from the model's card (training/eval/profiles/new_plates.py)."""
+
+
+def test_the_new_plates_are_read_as_the_model_was():
+    """configs/screen_new_plates.yaml repeats screen.yaml's reading of a screen by hand: every data,
+    ingest and eval setting is the recipe's but where the screen's files or the model's card decide."""
+    recipe, new_plates = load_config(CONFIGS / "screen.yaml"), load_config(CONFIGS / "screen_new_plates.yaml")
+    differ = sorted(f"{section}.{key}" for section in ("data", "ingest", "eval")
+                    for key, setting in asdict(getattr(recipe, section)).items()
+                    if setting != asdict(getattr(new_plates, section))[key])
+    assert set(differ) <= THE_SCREENS_OWN | THE_MODELS, sorted(set(differ) - THE_SCREENS_OWN - THE_MODELS)
+    assert {"data.source", "data.channel_names"} <= set(differ), "the check would pass on a copy of the recipe"
 
 
 @pytest.mark.parametrize("name", ["screen.yaml", "screen-gpu.yaml", "screen_new_plates.yaml"])

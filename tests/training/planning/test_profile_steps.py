@@ -21,14 +21,16 @@ def _rows(name: str) -> dict[int, dict]:
 
 
 def test_the_dated_table_is_what_the_cited_benchmarks_measured():
-    names = [f"profile_scale_cpu_{planned.MEASURED}.json", f"profile_scale_wells_cpu_{planned.MEASURED}.json"]
-    assert all(name in planned.SOURCE for name in names)
-    cells, wells = _rows(names[0]), _rows(names[1])
-    small, middle, large, more_wells = cells[100_000], cells[1_000_000], cells[10_000_000], wells[1_000_000]
-    assert (middle["map"]["n_wells"], more_wells["map"]["n_wells"]) == (planned.MEASURED_WELLS, planned.MORE_WELLS)
-    assert [cost.step for cost in planned.STEP_COSTS] == ["features", "h5ad", "parquet", "wells", "map"]
+    assert [cost.step for cost in planned.STEP_COSTS] == ["features", "h5ad", "parquet", "wells", "subpopulations",
+                                                          "map"]
     for cost in planned.STEP_COSTS:
+        date, cells_json, wells_json = cost.measured
+        assert date in cells_json and date in wells_json
+        cells, wells = _rows(cells_json), _rows(wells_json)
+        small, middle, large, more_wells = cells[100_000], cells[1_000_000], cells[10_000_000], wells[1_000_000]
         s, m, lg, w = (row[cost.step] for row in (small, middle, large, more_wells))
+        if "n_wells" in m:
+            assert (m["n_wells"], w["n_wells"]) == (planned.MEASURED_WELLS, planned.MORE_WELLS), cost.step
         expected = {
             "cpu_s_per_million_cells": (lg["cpu_s"] - m["cpu_s"]) / 9,
             "cpu_s_per_thousand_wells": (w["cpu_s"] - m["cpu_s"]) / 46.08,  # same cells, 4x the wells
@@ -40,6 +42,12 @@ def test_the_dated_table_is_what_the_cited_benchmarks_measured():
         }
         for field, value in expected.items():
             assert getattr(cost, field) == pytest.approx(max(0.0, value), rel=0.01, abs=0.01), (cost.step, field)
+    shares = next(cost for cost in planned.STEP_COSTS if cost.step == planned.SUBPOPULATIONS)
+    assert json.loads((BENCHMARKS / shares.measured[1]).read_text())["rows"][-1][planned.SUBPOPULATIONS]["k"] == 32
+
+
+def _without_shares() -> list:
+    return [cost for cost in planned.STEP_COSTS if cost.step != planned.SUBPOPULATIONS]
 
 
 def test_a_screen_of_10_8_cells_is_sized_from_the_table(tmp_path, capsys):
@@ -52,7 +60,7 @@ def test_a_screen_of_10_8_cells_is_sized_from_the_table(tmp_path, capsys):
     wells = round(cells / (planned.MEASURED_CELLS / planned.MEASURED_WELLS))
     assert plan["cells"] == cells and plan["wells"] == wells == 153_600
     assert "100,000,000 cells in 153,600 wells (assumed: 651 cells a well" in text
-    for cost, step in zip(planned.STEP_COSTS, plan["steps"], strict=True):
+    for cost, step in zip(_without_shares(), plan["steps"], strict=True):
         seconds = cost.cpu_s_per_million_cells * 100 + cost.cpu_s_per_thousand_wells * 153.6
         assert step["hours"] == pytest.approx(seconds / 3600, abs=1e-4), cost.step
         assert step["storage_gb"] == pytest.approx((cost.bytes_per_cell * cells + cost.bytes_per_well * wells) / 1e9,
@@ -78,8 +86,26 @@ def test_wells_given_replace_the_guess_and_scale_only_the_per_well_part(tmp_path
 
     few, many = plan("--wells", "1000"), plan("--wells", "101000")
     assert few["wells"] == 1000 and few["wells_source"] == "--wells 1000"
-    for cost, a, b in zip(planned.STEP_COSTS, few["steps"], many["steps"], strict=True):
+    for cost, a, b in zip(_without_shares(), few["steps"], many["steps"], strict=True):
         assert (b["hours"] - a["hours"]) * 3600 == pytest.approx(cost.cpu_s_per_thousand_wells * 100, abs=0.5)
+
+
+def test_the_shares_step_is_planned_where_the_config_asks_for_it(tmp_path, capsys):
+    def plan(*settings: str) -> dict:
+        out = tmp_path / "plan.json"
+        assert main(["plan", "--set", f"run.output_dir={tmp_path / 'run'}", *settings, "--images", "100000000",
+                     "--wells", "153600", "--json", str(out)]) == 0
+        capsys.readouterr()
+        return json.loads(out.read_text())["profile_steps"]
+
+    plain, shared = plan(), plan("--set", "eval.profile_subpopulations=32")
+    (cost,) = [cost for cost in planned.STEP_COSTS if cost.step == planned.SUBPOPULATIONS]
+    (step,) = [step for step in shared["steps"] if step["step"] == planned.SUBPOPULATIONS]
+    assert planned.SUBPOPULATIONS not in [step["step"] for step in plain["steps"]]
+    assert step["hours"] == pytest.approx((cost.cpu_s_per_million_cells * 100 + cost.cpu_s_per_thousand_wells * 153.6)
+                                          / 3600, abs=1e-4)
+    assert shared["hours"] == pytest.approx(plain["hours"] + step["hours"], abs=1e-3)
+    assert cost.measured[1] in shared["source"] and cost.measured[1] not in plain["source"]
 
 
 def test_no_wells_is_one_line_naming_the_fix(tmp_path, capsys):

@@ -2,7 +2,7 @@
 written, `export`'s AnnData and Parquet files, the per-well medians and their normalisation, and the
 retrieval mAP.
 
-    python -m training bench profile-scale [--sizes 100000,1000000,10000000] [--plates 40] [--out FILE]
+    python -m training bench profile-scale [--sizes 100000,1000000,10000000] [--plates 40] [--steps a,b] [--out FILE]
 
 For each N a synthetic screen is written in a scratch folder, and deleted once measured: N cells on
 --plates plates of 384 wells, each well's cells stored together as a screen's table lists them, DMSO
@@ -36,7 +36,8 @@ time), `h5ad` and `parquet` (export's cells.h5ad and cells.parquet, training/eva
 mad_robustize and sphering and wells_normalized.parquet), `subpopulations` (every cell's share of
 SUBPOPULATIONS k-means clusters per well, eval.profile_subpopulations, and wells_subpopulations.parquet:
 training/eval/profiles/subpopulations.py, k-means on a sample of at most 50,000 cells), `map` (knn's phenotypic-activity mAP,
-training/eval/retrieval.py, on the per-well profiles of every cell).
+training/eval/retrieval.py, on the per-well profiles of every cell). --steps measures only the steps it
+names (the JSON's "steps" lists those measured), `features` first where a later step reads its set.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ NOISE_ROWS = 65521
 """Rows of the bank of noise the cells' features draw from (a prime: neighbouring cells differ)."""
 SAMPLE_S = 0.01
 STEPS = ("extract", "extract_merged", "features", "h5ad", "parquet", "wells", "subpopulations", "map")
+READ_FEATURES = ("h5ad", "parquet", "wells", "subpopulations", "map")
+"""The steps that read the feature set the `features` step writes: it runs before any of them."""
 SUBPOPULATIONS = 32
 """k of the `subpopulations` step (eval.profile_subpopulations as the screens of docs/performance.md tried it)."""
 IMPORTS = ("training.data.dataset", "training.models", "training.eval.extract", "training.eval.profiles.export",
@@ -422,10 +425,22 @@ def measure(step: str, root: Path, screen: Screen) -> dict[str, Any]:
             "peak_anon_mb": round(sampler.peak, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
 
 
-def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scratch: Path | None = None) -> dict[str, Any]:
-    """The figures of the module docstring: per size, the screen's generation time and each step's figures."""
+def steps_to_run(asked: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The steps measured for --steps `asked` (None: all), `features` among them where a later one reads
+    its feature set."""
+    wanted = set(STEPS if asked is None else asked)
+    if wanted & set(READ_FEATURES):
+        wanted.add("features")
+    return tuple(step for step in STEPS if step in wanted)
+
+
+def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scratch: Path | None = None,
+                                steps: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The figures of the module docstring: per size, the screen's generation time and each step's figures
+    (`steps`: only those, and `features` before the steps that read it)."""
     from training.data.store.cells import CELLS_FILE
 
+    measured = steps_to_run(steps)
     rows = []
     for n in sizes:
         screen = Screen(n, plates)
@@ -436,7 +451,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
             write_screen(root, screen)
             row: dict[str, Any] = {"n_cells": n, "generate_s": round(time.perf_counter() - start, 2),
                                    "table_bytes": folder_bytes(run_layout(root).packed / CELLS_FILE)}
-            for step in STEPS:
+            for step in measured:
                 row[step] = measure(step, root, screen)
                 log.info("bench profile-scale: %d cells, %s: %s", n, step, row[step])
                 drop_outputs(root)
@@ -446,7 +461,7 @@ def run_profile_scale_benchmark(sizes: list[int], *, plates: int = PLATES, scrat
             "normalization": ["mad_robustize", "spherize"], "map_cells": "every cell (eval.profile_cells: all)",
             "memory": "peak_anon_mb: RssAnon of /proc/PID/status sampled every 10 ms; peak_rss_mb: the step "
                       "process's ru_maxrss (os.wait4), pages of memory-mapped files included",
-            "cpus": os.cpu_count(), "rows": rows}
+            "cpus": os.cpu_count(), "steps": list(measured), "rows": rows}
 
 
 def drop_outputs(root: Path) -> None:

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.benchmarks.data import profile_scale as bench
-from training.cli import main
+from training.benchmarks.request import bench_request
+from training.cli import build_parser, main
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, save_features
 
@@ -128,12 +129,24 @@ def test_each_step_is_measured_in_its_own_process_and_the_scratch_is_removed(tmp
 @pytest.mark.parametrize(("args", "message"), [
     (["--plates", "0"], "--plates 0: give a number of plates of 384 wells, e.g. --plates 40"),
     (["--sizes", "10"], "--sizes '10': give cell counts of at least 1000"),
+    (["--steps", "map,medians"], "--steps 'map,medians': unknown step medians; give some of extract,"),
+    (["--steps", ","], "--steps ',': no step named; give some of extract,"),
 ])
 def test_bad_flags_are_one_line_naming_the_fix(capsys, args, message):
     assert main(["bench", "profile-scale", *args]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_plates_is_refused_by_the_other_benchmarks(capsys):
+def test_plates_and_steps_are_refused_by_the_other_benchmarks(capsys):
     assert main(["bench", "scale", "--plates", "3"]) == 2
     assert "--plates: only `bench profile-scale` takes it" in capsys.readouterr().err
+    assert main(["bench", "ingest", "--steps", "map"]) == 2
+    assert "--steps: only `bench profile-scale` takes it" in capsys.readouterr().err
+
+
+def test_steps_asked_run_in_the_benchmarks_order_after_the_feature_set_they_read():
+    request = bench_request(build_parser().parse_args(["bench", "profile-scale", "--steps", "map,subpopulations"]))
+    assert request.steps == ("subpopulations", "map")
+    assert bench.steps_to_run(request.steps) == ("features", "subpopulations", "map")
+    assert bench.steps_to_run(("extract_merged", "extract")) == ("extract", "extract_merged")
+    assert bench.steps_to_run(None) == bench.STEPS
