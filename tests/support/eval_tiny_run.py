@@ -42,7 +42,7 @@ def tiny_config(base: Path) -> dict:
         "dino": {"global_crop_size": 32, "local_crop_size": 16, "local_crops_number": 2},
         "optim": {"epochs": 2, "batch_size_per_gpu": 8, "warmup_epochs": 0},
         "train": {"saveckp_freq": 1, "keep_last": 5, "log_every": 1, "tensorboard": False,
-                  "max_steps_per_epoch": 2},
+                  "max_steps_per_epoch": 2, "precision": "fp32"},  # auto is bf16 where the CPU has it natively
         "eval": {"image_size": 48, "batch_size": 8, "knn_k": [1, 3, 5, 200], "linear_epochs": 5,
                  "umap_neighbors": 5, "raw_pixels_size": 4},
     }
