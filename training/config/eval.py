@@ -122,6 +122,13 @@ class EvalConfig:
     a compound that changes some of a well's cells moves its shares more than its mean. 0: the
     profile alone. bench screen then also reads every feature set without the shares, and counts
     each baseline at its better."""
+    profile_subpopulation_centres: str = ""
+    """A run's profiles/subpopulations.parquet (which `export` writes): count the cells in those
+    subpopulations instead of fitting k-means on this screen's, so that the shares of new plates
+    compare with the pilot's, well by well. Only features of the model they were fitted on (its model
+    card) are counted in them: `export` refuses others in one line, retrieval mAP fits its own for a
+    baseline's. `profile` sets it to the model's run's file when there is one (model_subpopulations.parquet).
+    Empty: fitted on each screen."""
     profile_subpopulations_weight: float = 0.2
     """The share of a well's squared norm (on average over the wells) that its subpopulation shares
     hold beside the profile's 1 - this; in (0, 1)."""
@@ -200,6 +207,10 @@ class EvalConfig:
                 or self.profile_subpopulations < 0 or self.profile_subpopulations == 1:
             raise ConfigError(f"eval.profile_subpopulations must be 0 (the profile alone) or a number of "
                               f"subpopulations >= 2, got {self.profile_subpopulations!r}")
+        if self.profile_subpopulation_centres and not self.profile_subpopulations:
+            raise ConfigError(f"eval.profile_subpopulation_centres={self.profile_subpopulation_centres} names "
+                              "subpopulations to count, and eval.profile_subpopulations is 0 (no shares): set it to "
+                              "the file's number of subpopulations, or clear eval.profile_subpopulation_centres")
         if not 0 < self.profile_subpopulations_weight < 1:
             raise ConfigError(f"eval.profile_subpopulations_weight must be in (0, 1) (the shares' part of a "
                               f"well's squared norm), got {self.profile_subpopulations_weight!r}")

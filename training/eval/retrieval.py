@@ -44,7 +44,7 @@ from training.data.store.cells import CLASS_COLUMN, CellTable
 from training.errors import UserError
 from training.eval.profiles.hybrid import hybrid_set
 from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
-from training.eval.profiles.subpopulations import beside_shares, well_shares
+from training.eval.profiles.subpopulations import Centres, beside_shares, read_centres, well_shares
 from training.eval.profiles.wells import (
     DEFAULT_PLATE,
     DEFAULT_WELL,
@@ -210,6 +210,9 @@ class MapSetup:
     """Subpopulations whose shares stand beside each profile (eval.profile_subpopulations; 0: none)."""
     subpopulations_weight: float = 0.2
     """The shares' part of a well's squared norm (eval.profile_subpopulations_weight)."""
+    centres: Centres | None = None
+    """The subpopulations eval.profile_subpopulation_centres carries (a pilot's): a feature set of
+    their model counts its cells in them; any other (a baseline's) fits its own."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -256,7 +259,17 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
                     same_plate=config.eval.activity_negatives == "same_plate",
                     mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage,
                     aggregation=config.eval.profile_aggregation, subpopulations=config.eval.profile_subpopulations,
-                    subpopulations_weight=config.eval.profile_subpopulations_weight)
+                    subpopulations_weight=config.eval.profile_subpopulations_weight, centres=carried_centres(config))
+
+
+def carried_centres(config: Config) -> Centres | None:
+    """eval.profile_subpopulation_centres' centres (None when unset); a UserError of one line when the
+    file is not one or holds another number of subpopulations than eval.profile_subpopulations."""
+    if not (config.eval.profile_subpopulations and config.eval.profile_subpopulation_centres):
+        return None
+    centres = read_centres(config.eval.profile_subpopulation_centres)
+    centres.check_k(config.eval.profile_subpopulations)
+    return centres
 
 
 def evaluation_wells(config: Config, labels: dict[str, Any], *, cells: str | None = None) -> MapSetup | None:
@@ -329,6 +342,7 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
               **({"spherize_shrinkage": config.eval.spherize_shrinkage} if "spherize" in steps else {}),
               **({"subpopulations": config.eval.profile_subpopulations,
                   "subpopulations_weight": config.eval.profile_subpopulations_weight,
+                  "subpopulation_centres": config.eval.profile_subpopulation_centres or "fitted on each feature set",
                   "subpopulation_shares": "k-means on the L2-normalised cell features; shares less the control "
                                           "wells' mean, beside the normalised profile"}
                  if config.eval.profile_subpopulations else {}),
@@ -352,24 +366,32 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
             "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
 
 
-def well_profiles(features: np.ndarray, setup: MapSetup, seed: int) -> WellProfiles:
+def well_profiles(features: np.ndarray, setup: MapSetup, seed: int,
+                  card: dict[str, Any] | None = None) -> WellProfiles:
     """One feature set's per-well profiles: medians or means (eval.profile_aggregation), normalised as
-    configured, beside their cells' subpopulation shares where eval.profile_subpopulations asks."""
+    configured, beside their cells' subpopulation shares where eval.profile_subpopulations asks: in
+    the carried centres (setup.centres) for features of their model (`card`, the set's model card),
+    else in subpopulations fitted on these cells."""
     context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples,
                           setup.sphere_shrinkage)
     profiles, _ = normalize_profiles(well_aggregates(features, setup.wells, setup.aggregation), setup.normalization,
                                      context)
     if setup.subpopulations:
-        shares = well_shares(features, setup.wells, setup.subpopulations, seed)
+        carried = setup.centres
+        problem = carried.fits(card, features.shape[1]) if carried is not None else ""
+        if problem:
+            log.info("subpopulations fitted on these cells, not counted in %s: %s", carried.path, problem)
+            carried = None
+        shares = well_shares(features, setup.wells, setup.subpopulations, seed, carried)
         profiles = beside_shares(profiles, shares, setup.controls, setup.subpopulations_weight)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
 
 
-def tag_map(features: np.ndarray, setup: MapSetup, seed: int) -> dict[str, Any]:
+def tag_map(features: np.ndarray, setup: MapSetup, seed: int, card: dict[str, Any] | None = None) -> dict[str, Any]:
     """One feature set's knn.json entries: "map" (phenotypic activity) and, with groups,
-    "map_consistency"."""
-    return profile_map(well_profiles(features, setup, seed), setup.controls is not None, seed,
+    "map_consistency"; `card` is the set's model card (which subpopulations count its cells)."""
+    return profile_map(well_profiles(features, setup, seed, card), setup.controls is not None, seed,
                        same_plate=setup.same_plate)
 
 

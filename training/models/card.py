@@ -147,6 +147,19 @@ class ModelCard:
         return dataclasses.replace(self, recipe=dataclasses.replace(self.recipe, epochs_done=int(epoch),
                                                                     global_step=int(global_step)))
 
+    def differences(self, other: ModelCard) -> list[str]:
+        """The fields in which `other` is not these weights (recipe: run, config hash, step; provenance:
+        the training screen) reading the same inputs the same way (channels, statistics, crop, the
+        evaluation's settings); [] when their features are one space."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [key for key in mine if key not in ("notes", "version") and mine[key] != theirs.get(key)]
+
+    def describe(self) -> str:
+        """The weights in a few words: run, architecture, step and config hash."""
+        recipe = self.recipe
+        return (f"run {recipe.run or '?'} ({recipe.arch or '?'}, step {recipe.global_step}, config "
+                f"{recipe.config_sha256[:12] or '?'})")
+
     def channel_order(self, available: dict[str, int]) -> tuple[int, ...]:
         """The index, among a screen's channels (`available`: name -> index), of each channel the model
         reads, in the model's order; a UserError of one line when the screen lacks one."""

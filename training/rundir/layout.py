@@ -45,6 +45,7 @@ that gives it (tests/training/rundir/test_layout.py holds it to the properties, 
         wells.parquet                           profiles_wells
         wells_normalized.parquet                profiles_wells_normalized
         wells_subpopulations.parquet            profiles_wells_subpopulations
+        subpopulations.parquet                  profiles_subpopulations
         export.json                             profiles_manifest
       plots/                                    plots
         manifest.json                           plots_manifest
@@ -55,6 +56,7 @@ that gives it (tests/training/rundir/test_layout.py holds it to the properties, 
       profile.yaml                              profile_config
       model_card.json                           model_card
       model_mean_std.json                       model_mean_std
+      model_subpopulations.parquet              model_subpopulations
       logs/                                     logs
       comparison.json                           comparison_json
       comparison.md                             comparison_md
@@ -194,6 +196,9 @@ class RunLayout:
     profiles_wells_subpopulations = property(
         lambda self: self.profiles / "wells_subpopulations.parquet",
         doc="`export`: each well's shares of cells in the subpopulations (eval.profile_subpopulations).")
+    profiles_subpopulations = property(
+        lambda self: self.profiles / "subpopulations.parquet",
+        doc="`export`: the subpopulations those shares count: each one's centre, its cells, how it was fitted.")
     profiles_manifest = property(lambda self: self.profiles / "export.json",
                                  doc="`export`: what was written: counts, columns, the features' provenance.")
     plots = property(lambda self: self.root / "plots",
@@ -214,6 +219,9 @@ class RunLayout:
                           doc="`profile`: the profiling model's card, the channel map, the checks of the screen.")
     model_mean_std = property(lambda self: self.root / "model_mean_std.json",
                               doc="`profile --stage setup`: the model's mean and std at the screen's channels.")
+    model_subpopulations = property(
+        lambda self: self.root / "model_subpopulations.parquet",
+        doc="`profile --stage setup`: the model's run's subpopulation centres, which the new plates' shares count.")
     logs = property(lambda self: self.root / "logs",
                     doc="The Slurm job logs of `make demo`.")
     comparison_json = property(lambda self: self.root / "comparison.json",

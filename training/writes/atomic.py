@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -67,6 +68,12 @@ def save_torch_atomic(state: Any, path: str | Path) -> None:
 
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         torch.save(state, handle)
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """Copy `source`'s bytes to `path` through a temporary file (a copy that stays if the source changes)."""
+    with atomic_path(path) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def link_atomic(source: Path, path: Path) -> None:

@@ -9,7 +9,10 @@ through the command line as its Slurm script runs it.
   order, mapped by name; its features' index, the h5ad and the Parquet files carry the card;
 - a screen missing a channel, cut at another crop size, or whose DNA and Membrane channels are named
   the other way round (so that its per-channel statistics are not the model's) is refused in one line;
-- a checkpoint saved before cards still profiles: its card is rebuilt from its config, with a note.
+- a checkpoint saved before cards still profiles: its card is rebuilt from its config, with a note;
+- with eval.profile_subpopulations, the new plates' cells are counted in the pilot's subpopulations
+  (its export's centres, carried by `profile`), recounted here by scipy's nearest centre; a pilot
+  with another number of them is not carried, and the profile says so.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from pathlib import Path
 
 import anndata
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+from scipy.spatial.distance import cdist
 
 from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.chain import ChainOptions, Site, plan
@@ -192,3 +197,44 @@ def test_the_whole_profile_here_stops_at_the_first_refusal(trained, capfd):
     assert main(["profile", "--config", str(path), "--model", config.run.output_dir]) == 2
     err = capfd.readouterr().err
     assert "error: ingest.crop_size=48" in err and not RunLayout(root / "whole").profile_config.exists()
+
+
+def test_new_plates_are_counted_in_the_pilots_subpopulations(trained, caplog):
+    """The pilot's export fits 4 subpopulations; the new plates' export counts its cells in those
+    (profile copies them beside its config), so that its shares and the pilot's are of the same
+    cell states. A screen config asking for 3 gets its own, with a warning that they do not compare."""
+    import logging
+
+    root, config = trained
+    pilot = config.replace({"eval.profile_subpopulations": 4})
+    for step in ("features", "export"):
+        assert run_cli(pilot, step) == 0, step
+    fitted = RunLayout.from_config(pilot).profiles_subpopulations
+    model = Path(config.run.output_dir)
+    assert profile(screen_config(root, "counted", **{"eval.profile_subpopulations": 4}), model, last="export")[-1] == \
+        "export"
+    layout = RunLayout(root / "counted")
+    assert load_config(layout.profile_config).eval.profile_subpopulation_centres == str(layout.model_subpopulations)
+    assert json.loads(layout.model_card.read_text())["subpopulations"] == {"centres": str(layout.model_subpopulations),
+                                                                         "from": str(fitted)}
+    assert layout.model_subpopulations.read_bytes() == fitted.read_bytes()
+    centres = pd.read_parquet(fitted)
+    names = [c for c in centres.columns if not c.startswith("Metadata_")]
+    cells = pd.read_parquet(layout.profiles_cells)
+    unit = cells[names].to_numpy(np.float64)
+    unit = unit / np.linalg.norm(unit, axis=1, keepdims=True)
+    cells["nearest"] = np.argmin(cdist(unit, centres[names].to_numpy(np.float64)), axis=1)
+    strata = ["Metadata_Plate", "Metadata_Well"]
+    expected = pd.crosstab([cells[s] for s in strata], cells["nearest"], normalize="index").reindex(
+        columns=range(4), fill_value=0.0).sort_index()
+    shares = pd.read_parquet(layout.profiles_wells_subpopulations).set_index(strata).sort_index()
+    np.testing.assert_allclose(shares[centres["Metadata_Subpopulation"]].to_numpy(), expected.to_numpy(), atol=1e-6)
+    about = json.loads(pq.read_schema(layout.profiles_subpopulations).metadata[b"scdino.subpopulations"])
+    assert about["carried_from"] == str(layout.model_subpopulations) and about["fitted"]["run"] == pilot.run.name
+    with caplog.at_level(logging.WARNING):
+        assert profile(screen_config(root, "own", **{"eval.profile_subpopulations": 3}), model,
+                       last="profile-setup") == ["profile-setup"]
+    record = json.loads(RunLayout(root / "own").model_card.read_text())["subpopulations"]
+    assert record["fitted"] == "on the new plates' cells" and "holds 4 subpopulations" in record["why"]
+    assert "compare among these plates only" in caplog.text
+    assert not load_config(RunLayout(root / "own").profile_config).eval.profile_subpopulation_centres

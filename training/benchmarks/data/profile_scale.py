@@ -324,8 +324,8 @@ def run_wells(config, screen: Screen) -> dict[str, Any]:
 def run_subpopulations(config, screen: Screen) -> dict[str, Any]:
     """Export's subpopulation shares (eval.profile_subpopulations: SUBPOPULATIONS), as export_profiles
     writes them: the k-means fit on its sample, then every cell at its nearest centre."""
-    from training.eval.profiles.export import SUBPOPULATION_PREFIX, write_wells_parquet
-    from training.eval.profiles.subpopulations import well_shares
+    from training.eval.profiles.export import write_wells_parquet
+    from training.eval.profiles.subpopulations import subpopulation_name, well_shares
     from training.eval.profiles.wells import profiled_wells
 
     layout, source = _export_source(config)
@@ -335,7 +335,7 @@ def run_subpopulations(config, screen: Screen) -> dict[str, Any]:
     shares = well_shares(source.features.features, wells.grouping, SUBPOPULATIONS, config.run.seed)
     shares_s = time.perf_counter() - start
     write_wells_parquet(layout.profiles_wells_subpopulations, wells, shares,
-                        [f"{SUBPOPULATION_PREFIX}{i:02d}" for i in range(SUBPOPULATIONS)])
+                        [subpopulation_name(i) for i in range(SUBPOPULATIONS)])
     return {"bytes": folder_bytes(layout.profiles_wells_subpopulations), "n_wells": int(wells.grouping.count),
             "k": SUBPOPULATIONS, "shares_s": round(shares_s, 3)}
 

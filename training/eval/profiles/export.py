@@ -27,6 +27,12 @@
                                     (Cells_scDINO_Subpopulation_00 ...), as retrieval mAP sets
                                     them beside the profile before centring on the controls
                                     (training/eval/profiles/subpopulations.py)
+    <run>/profiles/subpopulations.parquet   those k subpopulations: a row each (its name, its
+                                    cells here, its centre in the features' columns), the model
+                                    card and how they were fitted in the schema metadata
+                                    (CENTRES_KEY); eval.profile_subpopulation_centres names a
+                                    pilot's such file, so that new plates count the pilot's
+                                    subpopulations (`profile` sets it)
     <run>/profiles/export.json      what was written: counts, columns, provenance, seconds
 
 Memory stays bounded at any number of cells: features are read from their memory map and the
@@ -50,7 +56,16 @@ import pyarrow as pa
 from training.config import Config
 from training.data.store.cells import METADATA_PREFIX, CellTable
 from training.eval.profiles.normalization import check_steps, normalize_profiles
-from training.eval.profiles.subpopulations import well_shares
+from training.eval.profiles.subpopulations import (
+    RESTARTS,
+    SAMPLE_CELLS,
+    nearest,
+    read_centres,
+    shares_of,
+    subpopulation_name,
+    subpopulations,
+    write_centres,
+)
 from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features
@@ -61,8 +76,6 @@ log = logging.getLogger(__name__)
 EMBEDDING_KEY = "X_scdino"
 """obsm key of the embedding, as scanpy names a representation (X_pca, X_umap)."""
 FEATURE_PREFIX = "Cells_scDINO_"
-SUBPOPULATION_PREFIX = "Cells_scDINO_Subpopulation_"
-"""wells_subpopulations.parquet's columns: a well's share of cells in each subpopulation."""
 """Feature columns: the Cells compartment (the whole cell) then the model, pycytominer's naming."""
 ROW_COLUMN, PATH_COLUMN, SPLIT_COLUMN = "Metadata_TableRow", "Metadata_Path", "Metadata_Split"
 SPLIT_NAMES = ["holdout", "train"]
@@ -296,7 +309,8 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
     check_steps(config.eval.profile_normalization, controls=bool(config.data.control_column),
                 batches=bool(config.data.batch_column), mad_samples=config.eval.mad_robustize_samples)
     check_writable([layout.profiles_h5ad, layout.profiles_cells, layout.profiles_wells,
-                    layout.profiles_wells_normalized, layout.profiles_wells_subpopulations, layout.profiles_manifest])
+                    layout.profiles_wells_normalized, layout.profiles_wells_subpopulations,
+                    layout.profiles_subpopulations, layout.profiles_manifest])
     source = open_source(config, layout, tag)
     timed = Timed(layout)
     timed(layout.profiles_h5ad, write_h5ad, source)
@@ -311,16 +325,39 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
             names = [source.feature_names[i] for i in kept]
             timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names,
                   card_metadata(source))
-        k = config.eval.profile_subpopulations
-        if k:
-            shares = well_shares(source.features.features, wells.grouping, k, config.run.seed)
+        if config.eval.profile_subpopulations:
+            centres, about = export_centres(config, source, wells)
+            shares = shares_of(source.features.features, wells.grouping, centres)
             timed(layout.profiles_wells_subpopulations, write_wells_parquet, wells, shares,
-                  [f"{SUBPOPULATION_PREFIX}{i:02d}" for i in range(k)], card_metadata(source))
+                  [subpopulation_name(i) for i in range(len(centres))], card_metadata(source))
+            counts = np.bincount(nearest(source.features.features, wells.grouping.order, centres),
+                                 minlength=len(centres))
+            timed(layout.profiles_subpopulations, write_centres, centres, source.feature_names, counts,
+                  source.provenance.get("model_card"), about)
     manifest = export_record(config, layout, source, wells, list(timed.seconds))
     manifest["seconds"] = round(time.perf_counter() - start, 3)
     manifest["seconds_per_file"] = {path.relative_to(layout.root).as_posix(): s for path, s in timed.seconds.items()}
     write_json_atomic(layout.profiles_manifest, manifest, indent=2)
     return manifest
+
+
+def export_centres(config: Config, source: ExportSource, wells: ProfiledWells) -> tuple[np.ndarray, dict[str, Any]]:
+    """The subpopulations the wells' shares count: eval.profile_subpopulation_centres' (a pilot's,
+    checked to be of the same model's features), else k-means on the export's cells; with the record
+    subpopulations.parquet keeps of them."""
+    k, seed = config.eval.profile_subpopulations, config.run.seed
+    features = {"tag": source.provenance.get("tag"), "run": source.provenance.get("run")}
+    if config.eval.profile_subpopulation_centres:
+        carried = read_centres(config.eval.profile_subpopulation_centres)
+        carried.check(source.provenance.get("model_card"), source.features.dim, k, "features/" + str(features["tag"]))
+        log.info("subpopulations: the %d centres of %s (fitted on %s cells of run %s)", carried.k, carried.path,
+                 carried.about.get("cells", "?"), carried.about.get("run", "?"))
+        return carried.centres, {"carried_from": str(carried.path), "fitted": carried.about.get("fitted", {})}
+    centres = subpopulations(source.features.features, wells.grouping.order, k, seed)
+    fitted = {**features, "cells": int(wells.grouping.order.size), "seed": seed,
+              "sample": min(int(wells.grouping.order.size), SAMPLE_CELLS), "restarts": RESTARTS,
+              "method": "k-means (scikit-learn) on L2-normalised features"}
+    return centres, {"fitted": fitted}
 
 
 class Timed:
@@ -356,6 +393,7 @@ def export_record(config: Config, layout: RunLayout, source: ExportSource, wells
                            "aggregation": config.eval.profile_aggregation,
                            "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
                            "normalization": list(config.eval.profile_normalization) or ["none"],
-                           **({"subpopulations": config.eval.profile_subpopulations}
+                           **({"subpopulations": config.eval.profile_subpopulations,
+                               "subpopulation_centres": config.eval.profile_subpopulation_centres or "fitted here"}
                               if config.eval.profile_subpopulations else {})}
     return record

@@ -21,10 +21,11 @@ from typing import Any
 
 from training.config import Config, dump_config, from_dict, load_config
 from training.errors import UserError
+from training.eval.profiles.subpopulations import read_centres
 from training.models.card import STATS_FACTOR, ModelCard, card_of_checkpoint
 from training.rundir import RunLayout
 from training.rundir.artifacts import read_checkpoint, read_json, read_mean_std
-from training.writes.atomic import write_json_atomic
+from training.writes.atomic import copy_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,12 @@ def setup(config: Config, model: Path) -> Config:
     profile = profile_config(config, saved["config"], card, order, layout, checkpoint)
     if card.mean:
         write_json_atomic(layout.model_mean_std, model_statistics(card, order), indent=1)
+    profile, subpopulations = carried_subpopulations(profile, card, checkpoint, layout)
     dump_config(profile, layout.profile_config)
     write_json_atomic(layout.model_card, {"model": str(checkpoint), "card": card.to_dict(),
                                           "channel_map": dict(zip(card.channels, order)),
-                                          "crop_size": profile.ingest.crop_size}, indent=1)
+                                          "crop_size": profile.ingest.crop_size,
+                                          **({"subpopulations": subpopulations} if subpopulations else {})}, indent=1)
     moved = [f"{name} {index}->{position}" for position, (name, index) in enumerate(zip(card.channels, order))
              if index != position]
     log.info("profile: %s (%s, %d epochs) reads %s (the screen's channels %s), %d px crops; wrote %s",
@@ -131,6 +134,38 @@ def profile_config(config: Config, trained: dict[str, Any], card: ModelCard, ord
         return from_dict(tree)
     except UserError as exc:
         raise UserError(f"{checkpoint}'s settings do not combine with the screen's config: {exc}") from None
+
+
+def carried_subpopulations(profile: Config, card: ModelCard, checkpoint: Path,
+                           layout: RunLayout) -> tuple[Config, dict[str, Any]]:
+    """With eval.profile_subpopulations, the model's run's subpopulations (its export's
+    profiles/subpopulations.parquet, fitted on features of these weights and as many), copied into the
+    profile (model_subpopulations) and named by eval.profile_subpopulation_centres, so that the new
+    plates' shares count the pilot's subpopulations; where there are none to carry, a warning that
+    they are fitted on the new plates (their shares then compare among these plates only). Returns
+    the profile's config and what model_card.json records of it."""
+    k = profile.eval.profile_subpopulations
+    if not k:
+        return profile, {}
+    if profile.eval.profile_subpopulation_centres:
+        return profile, {"centres": profile.eval.profile_subpopulation_centres, "from": "the screen's config"}
+    pilot = RunLayout(checkpoint.resolve().parent.parent).profiles_subpopulations
+    reason = ""
+    if not pilot.is_file():
+        reason = f"the model's run has no {pilot.name} (run `export` there with eval.profile_subpopulations={k})"
+    else:
+        centres = read_centres(pilot)
+        reason = (f"{pilot} holds {centres.k} subpopulations, the screen's config asks for {k}" if centres.k != k
+                  else centres.fits(card.to_dict(), centres.centres.shape[1]))
+    if reason:
+        log.warning("profile: the %d subpopulations are fitted on the new plates, so their shares compare among "
+                    "these plates only, not with the model's run: %s", k, reason)
+        return profile, {"fitted": "on the new plates' cells", "why": reason}
+    layout.root.mkdir(parents=True, exist_ok=True)
+    copy_atomic(pilot, layout.model_subpopulations)
+    log.info("profile: the new plates' cells are counted in the %d subpopulations of %s", k, pilot)
+    return (profile.replace({"eval.profile_subpopulation_centres": str(layout.model_subpopulations)}),
+            {"centres": str(layout.model_subpopulations), "from": str(pilot)})
 
 
 def model_statistics(card: ModelCard, order: tuple[int, ...]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from tests.support.screen_run import screen_run
 from tests.support.tiny import TINY_RUN, run_cli, tiny_config
 from training.data.dataset import open_images
 from training.data.store.read import PackedImages
+from training.eval.profiles.subpopulations import CENTRES_KEY, SUBPOPULATION_PREFIX
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features, save_features
 
@@ -126,15 +127,38 @@ def test_each_wells_subpopulation_shares_are_its_cells_fractions_in_scikit_learn
     cells = pd.read_parquet(layout.profiles_cells)
     x = cells[infer_cp_features(cells)].to_numpy(np.float32)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
-    cells["cluster"] = KMeans(n_clusters=3, n_init=RESTARTS, random_state=config.run.seed).fit(x).labels_
+    fitted = KMeans(n_clusters=3, n_init=RESTARTS, random_state=config.run.seed).fit(x)
+    cells["cluster"] = fitted.labels_
     strata = ["Metadata_Plate", "Metadata_Well"]
     expected = pd.crosstab([cells[s] for s in strata], cells["cluster"], normalize="index").sort_index()
     shares = pd.read_parquet(layout.profiles_wells_subpopulations).set_index(strata).sort_index()
-    names = [f"{export.SUBPOPULATION_PREFIX}{i:02d}" for i in range(3)]
+    names = [f"{SUBPOPULATION_PREFIX}{i:02d}" for i in range(3)]
     np.testing.assert_allclose(shares[names].to_numpy(), expected[[0, 1, 2]].to_numpy(), atol=1e-6)
     assert (shares["Metadata_Object_Count"] == cells.groupby(strata).size().sort_index()).all()
     record = json.loads(layout.profiles_manifest.read_text())
     assert record["wells"]["subpopulations"] == 3 and "profiles/wells_subpopulations.parquet" in record["files"]
+    assert record["wells"]["subpopulation_centres"] == "fitted here"
+    # the centres those shares count, each with its cells, in the features' columns
+    centres = pd.read_parquet(layout.profiles_subpopulations)
+    assert centres["Metadata_Subpopulation"].tolist() == names
+    assert centres["Metadata_Cells"].tolist() == np.bincount(fitted.labels_, minlength=3).tolist()
+    np.testing.assert_allclose(centres[infer_cp_features(cells)].to_numpy(), fitted.cluster_centers_, atol=1e-5)
+    about = json.loads(pq.read_schema(layout.profiles_subpopulations).metadata[CENTRES_KEY])
+    assert about["k"] == 3 and about["fitted"]["cells"] == len(cells) and about["fitted"]["seed"] == config.run.seed
+
+
+def test_export_refuses_centres_it_cannot_tie_to_the_features_model(tmp_path, capsys):
+    """eval.profile_subpopulation_centres names a pilot's centres; features without a model card (these
+    are made up, not embedded by a checkpoint) cannot be shown to be that model's, so export stops in
+    one line before writing shares that would not mean what their columns say."""
+    pilot = screen_run(tmp_path / "pilot", dim=3, **{"eval.profile_subpopulations": 3})
+    assert run_cli(pilot, "export") == 0
+    centres = RunLayout.from_config(pilot).profiles_subpopulations
+    config = screen_run(tmp_path / "new", dim=3, **{"eval.profile_subpopulations": 3,
+                                                     "eval.profile_subpopulation_centres": str(centres)})
+    assert run_cli(config, "export") != 0
+    assert "cannot count features/final: the centres or the features carry no model card" in capsys.readouterr().err
+    assert not RunLayout.from_config(config).profiles_wells_subpopulations.exists()
 
 
 def test_normalised_wells_are_white_on_the_controls(exported):

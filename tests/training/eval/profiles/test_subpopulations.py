@@ -2,8 +2,10 @@
 against what the cells were made of: cells drawn from known, well-separated states give each well
 its true mixture of them (up to the clusters' order); a cell's subpopulation is its nearest centre
 as scipy's distance matrix finds it; the shares are centred on the controls and hold the configured
-part of the squared norm; and a perturbation that moves half of its cells one way and half the other,
-leaving the well's mean where the controls' is, is retrieved with the shares and not without."""
+part of the squared norm; a perturbation that moves half of its cells one way and half the other,
+leaving the well's mean where the controls' is, is retrieved with the shares and not without; and a
+pilot's centres, written and read back, count new cells by scipy's nearest centre, for features of
+their model only."""
 
 from __future__ import annotations
 
@@ -14,9 +16,17 @@ from scipy.spatial.distance import cdist
 from tests.support.tiny import tiny_config
 from training.config import ConfigError
 from training.errors import UserError
-from training.eval.profiles.subpopulations import beside_shares, nearest, subpopulations, well_shares
+from training.eval.profiles.subpopulations import (
+    beside_shares,
+    nearest,
+    read_centres,
+    subpopulations,
+    well_shares,
+    write_centres,
+)
 from training.eval.profiles.wells import group_wells
-from training.eval.retrieval import MapSetup, tag_map
+from training.eval.retrieval import MapSetup, tag_map, well_profiles
+from training.models.card import ModelCard, Recipe
 
 
 def _states(dim: int = 16) -> np.ndarray:
@@ -133,7 +143,89 @@ def test_a_perturbation_that_splits_its_cells_is_retrieved_by_its_shares_not_its
     ({"eval.profile_subpopulations": True}, "got True"),
     ({"eval.profile_subpopulations_weight": 0.0}, "eval.profile_subpopulations_weight must be in \\(0, 1\\)"),
     ({"eval.profile_subpopulations_weight": 1.5}, "got 1.5"),
+    ({"eval.profile_subpopulation_centres": "pilot/profiles/subpopulations.parquet"},
+     "eval.profile_subpopulations is 0 \\(no shares\\): set it to the file's number of subpopulations"),
 ])
 def test_bad_subpopulation_settings_are_one_line_naming_the_key(changes, message):
     with pytest.raises(ConfigError, match=message):
         tiny_config(changes)
+
+
+def _card(step: int) -> dict:
+    return ModelCard(("DNA", "RNA"), (0, 1), recipe=Recipe(run="pilot", arch="vit_tiny", global_step=step,
+                                                        config_sha256="ab" * 32)).to_dict()
+
+
+def _pilot_centres(tmp_path, rng, k: int = 4, dim: int = 16):
+    """A pilot's centres, as export writes them: k unit directions with the card of step 100."""
+    centres = _states(dim)[:k] / 3.0 + 0.01 * rng.standard_normal((k, dim)).astype(np.float32)
+    path = tmp_path / "subpopulations.parquet"
+    write_centres(path, centres, [f"f{i}" for i in range(dim)], np.arange(k) + 10, _card(100),
+                  {"fitted": {"cells": 500, "run": "pilot"}})
+    return centres, path
+
+
+def test_a_pilots_centres_read_back_count_new_cells_by_the_nearest_centre(tmp_path):
+    rng = np.random.default_rng(5)
+    centres, path = _pilot_centres(tmp_path, rng)
+    carried = read_centres(path)
+    np.testing.assert_array_equal(carried.centres, centres)
+    assert carried.card == _card(100) and carried.k == 4 and carried.about["fitted"]["cells"] == 500
+    # new plates whose cells sit near two of the pilot's four states only: a k-means of their own would
+    # split those two into four; the pilot's centres keep them in the pilot's subpopulations
+    features = _states()[rng.choice([0, 2], 240)] + 0.4 * rng.standard_normal((240, 16)).astype(np.float32)
+    wells_of = np.repeat(np.arange(6), 40)
+    wells = group_wells(np.zeros(240, np.int64), wells_of)
+    unit = features / np.linalg.norm(features, axis=1, keepdims=True)
+    members = np.argmin(cdist(unit, centres), axis=1)
+    expected = np.stack([np.bincount(members[wells_of == w], minlength=4) / 40 for w in range(6)])
+    np.testing.assert_allclose(well_shares(features, wells, 4, seed=0, carried=carried), expected)
+    assert expected[:, [1, 3]].sum() < 0.05 * 6  # the two states the new cells lack hold (almost) none
+    refit = well_shares(features, wells, 4, seed=0)
+    assert (refit > 0.05).sum(axis=0).min() > 0  # fitted on the new cells, all four clusters hold cells
+
+
+def test_carried_centres_count_only_their_models_features_and_refuse_others_in_one_line(tmp_path, caplog):
+    import dataclasses
+    import logging
+
+    rng = np.random.default_rng(6)
+    _, path = _pilot_centres(tmp_path, rng, dim=12)
+    carried = read_centres(path)
+    assert carried.fits(_card(100), 12) == ""
+    assert "differ in recipe" in carried.fits(_card(200), 12) and "step 200" in carried.fits(_card(200), 12)
+    assert "12-wide, the features 8-wide" in carried.fits(_card(100), 8)
+    assert "carry no model card" in carried.fits(None, 12)
+    with pytest.raises(UserError, match="holds 4 subpopulations, eval.profile_subpopulations asks for 3: set it to 4"):
+        carried.check(_card(100), 12, 3, "features/final")
+    with pytest.raises(UserError, match="cannot count features/final: their model cards differ in recipe"):
+        carried.check(_card(200), 12, 4, "features/final")
+    # retrieval's profiles: the carried centres for the model's features, the set's own fit for any other
+    features, setup = _mixture_screen(np.random.default_rng(4))
+    setup = dataclasses.replace(setup, subpopulations=4, subpopulations_weight=0.5, centres=carried)
+    unit = features / np.linalg.norm(features, axis=1, keepdims=True)
+    members = np.argmin(cdist(unit[setup.wells.order], carried.centres), axis=1)
+    well_of = np.repeat(np.arange(setup.wells.count), setup.wells.sizes)
+    counted = np.stack([np.bincount(members[well_of == w], minlength=4) for w in range(setup.wells.count)])
+    plain = well_profiles(features, dataclasses.replace(setup, subpopulations=0), seed=0).profiles
+    expected = beside_shares(plain, counted / setup.wells.sizes[:, None], setup.controls, 0.5)
+    np.testing.assert_allclose(well_profiles(features, setup, seed=0, card=_card(100)).profiles, expected, atol=1e-6)
+    with caplog.at_level(logging.INFO):
+        other = well_profiles(features, setup, seed=0, card=_card(200)).profiles
+    assert [r for r in caplog.records if "not counted in" in r.message]
+    fitted = beside_shares(plain, well_shares(features, setup.wells, 4, 0), setup.controls, 0.5)
+    np.testing.assert_allclose(other, fitted, atol=1e-6)
+
+
+def test_a_centres_file_that_is_missing_or_another_file_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pytest.raises(UserError, match="subpopulations.parquet: no such file"):
+        read_centres(tmp_path / "subpopulations.parquet")
+    pq.write_table(pa.table({"Metadata_Plate": ["P1"], "f0": [0.5]}), tmp_path / "wells.parquet")
+    with pytest.raises(UserError, match="holds no subpopulation centres"):
+        read_centres(tmp_path / "wells.parquet")
+    (tmp_path / "notes.parquet").write_text("not parquet")
+    with pytest.raises(UserError, match="is not a Parquet file"):
+        read_centres(tmp_path / "notes.parquet")
