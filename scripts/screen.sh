@@ -4,7 +4,7 @@
 #   1. write the synthetic screen (python -m training synth-data --screen: fields of view, label
 #      masks, load_data.csv), unless its load table exists
 #   2. run scripts/demo.sh with configs/screen.yaml: the chain starts with ingest (the config sets
-#      ingest.table), then mean-std, pretrain, features, labels, knn, linear, plots, report; then
+#      ingest.table), then mean-std, pretrain, features, labels, knn, linear, export, plots, report; then
 #      results.json and the kNN table (plain and not-same-batch, labels Metadata_Treatment)
 # Settings: SCREEN_CONFIG (configs/screen.yaml), and scripts/demo.sh's DEMO_FORCE and SLURM_LOCAL_*.
 set -euo pipefail

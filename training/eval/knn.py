@@ -372,7 +372,7 @@ def evaluate_feature_sets(sets: dict[str, FeatureSet], labels: dict[str, Any], s
         entry = evaluate_tag(feature_set, y, splits, settings, num_classes, batches)
         if retrieval is not None:
             features, setup = (profiles or {}).get(tag, (feature_set.features, retrieval))
-            entry.update(tag_map(features, setup, seed, feature_set.meta.get("model_card")))
+            entry.update(tag_map(features, setup, seed, feature_set.meta.get("model_card"), f"features/{tag}"))
             entry["map_cells"] = setup.cells
         payload["tags"][tag] = entry
     return payload

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from training.config import Config
-from training.data.store.cells import CLASS_COLUMN, CellTable
+from training.data.store.cells import CellTable
 from training.errors import UserError
 from training.eval.profiles.hybrid import hybrid_set
 from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
@@ -52,6 +52,7 @@ from training.eval.profiles.wells import (
     cell_wells,
     comparable_values,
     control_wells,
+    perturbation_column,
     shared_in_every_well,
     well_aggregates,
     well_columns,
@@ -322,16 +323,6 @@ def _every_cell(layout: RunLayout, tag: str, cells: int) -> FeatureSet | None:
     return load_features(layout.features(tag), mmap=True)
 
 
-def perturbation_column(table: CellTable, config: Config) -> str:
-    """The column whose replicate wells phenotypic activity retrieves: eval.perturbation_column, else
-    data.label_column, else the class folder."""
-    if config.eval.perturbation_column:
-        return table.find(config.eval.perturbation_column, "eval.perturbation_column")
-    if config.data.label_column:
-        return table.find(config.data.label_column, "data.label_column")
-    return CLASS_COLUMN
-
-
 def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...], config: Config,
                       controls: np.ndarray | None) -> dict[str, Any]:
     """How the phenotypic-activity mAP in knn.json was measured, recorded beside it."""
@@ -366,8 +357,8 @@ def consistency_settings(group: str, perturbation: str, has_controls: bool) -> d
             "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
 
 
-def well_profiles(features: np.ndarray, setup: MapSetup, seed: int,
-                  card: dict[str, Any] | None = None) -> WellProfiles:
+def well_profiles(features: np.ndarray, setup: MapSetup, seed: int, card: dict[str, Any] | None = None,
+                  name: str = "the features") -> WellProfiles:
     """One feature set's per-well profiles: medians or means (eval.profile_aggregation), normalised as
     configured, beside their cells' subpopulation shares where eval.profile_subpopulations asks: in
     the carried centres (setup.centres) for features of their model (`card`, the set's model card),
@@ -380,18 +371,22 @@ def well_profiles(features: np.ndarray, setup: MapSetup, seed: int,
         carried = setup.centres
         problem = carried.fits(card, features.shape[1]) if carried is not None else ""
         if problem:
-            log.info("subpopulations fitted on these cells, not counted in %s: %s", carried.path, problem)
+            log.info("%s: subpopulations of their own, not %s's (%s)", name, carried.path, problem)
             carried = None
+        elif carried is not None:
+            log.info("%s: cells counted in the %d subpopulations of %s", name, carried.k, carried.path)
         shares = well_shares(features, setup.wells, setup.subpopulations, seed, carried)
         profiles = beside_shares(profiles, shares, setup.controls, setup.subpopulations_weight)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
 
 
-def tag_map(features: np.ndarray, setup: MapSetup, seed: int, card: dict[str, Any] | None = None) -> dict[str, Any]:
+def tag_map(features: np.ndarray, setup: MapSetup, seed: int, card: dict[str, Any] | None = None,
+            name: str = "the features") -> dict[str, Any]:
     """One feature set's knn.json entries: "map" (phenotypic activity) and, with groups,
-    "map_consistency"; `card` is the set's model card (which subpopulations count its cells)."""
-    return profile_map(well_profiles(features, setup, seed, card), setup.controls is not None, seed,
+    "map_consistency"; `card` is the set's model card (which subpopulations count its cells), `name`
+    what the log calls it."""
+    return profile_map(well_profiles(features, setup, seed, card, name), setup.controls is not None, seed,
                        same_plate=setup.same_plate)
 
 

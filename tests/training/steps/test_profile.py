@@ -231,6 +231,32 @@ def test_new_plates_are_counted_in_the_pilots_subpopulations(trained, caplog):
     np.testing.assert_allclose(shares[centres["Metadata_Subpopulation"]].to_numpy(), expected.to_numpy(), atol=1e-6)
     about = json.loads(pq.read_schema(layout.profiles_subpopulations).metadata[b"scdino.subpopulations"])
     assert about["carried_from"] == str(layout.model_subpopulations) and about["fitted"]["run"] == pilot.run.name
+    # the drift of the new plates' DMSO wells from the pilot's, as half the L1 distance of their mean shares
+    pilot_shares = pd.read_parquet(RunLayout.from_config(pilot).profiles_wells_subpopulations)
+    columns = list(centres["Metadata_Subpopulation"])
+
+    def dmso(table):
+        return table[table["Metadata_Treatment"] == "DMSO"][columns].to_numpy().mean(axis=0)
+
+    shift = 0.5 * np.abs(dmso(shares) - dmso(pilot_shares)).sum()
+    record = json.loads(layout.profiles_manifest.read_text())["wells"]
+    versus = record["subpopulations_versus_pilot"]
+    assert versus["controls_shift"] == pytest.approx(shift, abs=1e-4) and 0 < shift < 1
+    assert record["subpopulation_centres"] == str(layout.model_subpopulations)
+
+    # each mechanism's signature (its treated wells' mean shares less DMSO's), new plates against the pilot's
+    def signatures(table):
+        treated = table[table["Metadata_Treatment"] != "DMSO"]
+        means = treated.groupby("Metadata_MOA", observed=True)[columns].mean() - dmso(table)
+        return means / np.linalg.norm(means.to_numpy(), axis=1, keepdims=True)
+
+    ours, theirs = signatures(shares), signatures(pilot_shares)
+    cosine = ours.to_numpy() @ theirs.loc[ours.index].to_numpy().T  # both in the same mechanism order
+    n = len(cosine)
+    assert versus["perturbations"] == n >= 2
+    assert versus["nearest_is_itself"] == int((cosine.argmax(axis=1) == np.arange(n)).sum())
+    assert versus["cosine_same"] == pytest.approx(np.trace(cosine) / n, abs=1e-3)
+    assert versus["cosine_others"] == pytest.approx((cosine.sum() - np.trace(cosine)) / (n * n - n), abs=1e-3)
     with caplog.at_level(logging.WARNING):
         assert profile(screen_config(root, "own", **{"eval.profile_subpopulations": 3}), model,
                        last="profile-setup") == ["profile-setup"]

@@ -59,14 +59,21 @@ from training.eval.profiles.normalization import check_steps, normalize_profiles
 from training.eval.profiles.subpopulations import (
     RESTARTS,
     SAMPLE_CELLS,
-    nearest,
+    against_pilot,
     read_centres,
     shares_of,
+    signatures,
     subpopulation_name,
     subpopulations,
     write_centres,
 )
-from training.eval.profiles.wells import ProfiledWells, comparable_values, is_numeric, profiled_wells
+from training.eval.profiles.wells import (
+    ProfiledWells,
+    comparable_values,
+    is_numeric,
+    perturbation_column,
+    profiled_wells,
+)
 from training.rundir import RunLayout, tags
 from training.rundir.features import FeatureSet, load_features
 from training.writes.atomic import atomic_path, check_writable, write_json_atomic
@@ -77,6 +84,8 @@ EMBEDDING_KEY = "X_scdino"
 """obsm key of the embedding, as scanpy names a representation (X_pca, X_umap)."""
 FEATURE_PREFIX = "Cells_scDINO_"
 """Feature columns: the Cells compartment (the whole cell) then the model, pycytominer's naming."""
+PILOT_RECORD = ("control_shares", "perturbation_column", "signatures")
+"""What a carried centres file's record says of the pilot's wells, kept beside this export's for the comparison."""
 ROW_COLUMN, PATH_COLUMN, SPLIT_COLUMN = "Metadata_TableRow", "Metadata_Path", "Metadata_Split"
 SPLIT_NAMES = ["holdout", "train"]
 """Metadata_Split's categories, sorted: code 0 held out, 1 trained on."""
@@ -312,7 +321,7 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
                     layout.profiles_wells_normalized, layout.profiles_wells_subpopulations,
                     layout.profiles_subpopulations, layout.profiles_manifest])
     source = open_source(config, layout, tag)
-    timed = Timed(layout)
+    timed, subpopulations_record = Timed(layout), {}
     timed(layout.profiles_h5ad, write_h5ad, source)
     timed(layout.profiles_cells, write_cells_parquet, source)
     wells = profiled_wells(config, source.cells, source.features.features, source.rows)
@@ -326,19 +335,48 @@ def export_profiles(config: Config, layout: RunLayout, tag: str = tags.FINAL) ->
             timed(layout.profiles_wells_normalized, write_wells_parquet, wells, normalized, names,
                   card_metadata(source))
         if config.eval.profile_subpopulations:
-            centres, about = export_centres(config, source, wells)
-            shares = shares_of(source.features.features, wells.grouping, centres)
-            timed(layout.profiles_wells_subpopulations, write_wells_parquet, wells, shares,
-                  [subpopulation_name(i) for i in range(len(centres))], card_metadata(source))
-            counts = np.bincount(nearest(source.features.features, wells.grouping.order, centres),
-                                 minlength=len(centres))
-            timed(layout.profiles_subpopulations, write_centres, centres, source.feature_names, counts,
-                  source.provenance.get("model_card"), about)
+            subpopulations_record = export_subpopulations(config, layout, source, wells, timed)
     manifest = export_record(config, layout, source, wells, list(timed.seconds))
+    if subpopulations_record:
+        manifest["wells"].update(subpopulations_record)
     manifest["seconds"] = round(time.perf_counter() - start, 3)
     manifest["seconds_per_file"] = {path.relative_to(layout.root).as_posix(): s for path, s in timed.seconds.items()}
     write_json_atomic(layout.profiles_manifest, manifest, indent=2)
     return manifest
+
+
+def export_subpopulations(config: Config, layout: RunLayout, source: ExportSource, wells: ProfiledWells,
+                          timed: Timed) -> dict[str, Any]:
+    """wells_subpopulations.parquet and subpopulations.parquet; returns what export.json adds: where the
+    centres came from and, for a pilot's, how far this screen's control wells lie from the pilot's in
+    them (subpopulations.controls_shift)."""
+    centres, about = export_centres(config, source, wells)
+    shares = shares_of(source.features.features, wells.grouping, centres)
+    timed(layout.profiles_wells_subpopulations, write_wells_parquet, wells, shares,
+          [subpopulation_name(i) for i in range(len(centres))], card_metadata(source))
+    counts = np.rint(shares * wells.grouping.sizes[:, None]).sum(axis=0).astype(np.int64)
+    record: dict[str, Any] = {"subpopulation_centres": config.eval.profile_subpopulation_centres or "fitted here"}
+    if wells.controls is not None and wells.controls.any():
+        name = perturbation_column(source.cells, config)
+        perturbations = np.asarray(wells.metadata[name].to_pylist(), dtype=object) if name in wells.metadata \
+            else None
+        about["control_shares"] = [round(float(v), 6) for v in shares[wells.controls].mean(axis=0)]
+        if perturbations is not None:
+            about.update(perturbation_column=name, signatures=signatures(shares, perturbations, wells.controls))
+        pilot = about.get("pilot", {})
+        if "control_shares" in pilot:
+            same_column = pilot.get("perturbation_column") == about.get("perturbation_column")
+            versus = against_pilot(np.asarray(about["control_shares"]), about.get("signatures", {}),
+                                   pilot if same_column else {"control_shares": pilot["control_shares"]})
+            about["versus_pilot"] = record["subpopulations_versus_pilot"] = versus
+            log.info("subpopulations against the pilot's: the control wells lie %.3f from its controls (total "
+                     "variation: 0 the same, 1 disjoint)%s", versus["controls_shift"],
+                     f"; of {versus['perturbations']} perturbations in both, {versus['nearest_is_itself']} are "
+                     f"nearest their own (cosine {versus['cosine_same']:.2f}, to the others "
+                     f"{versus['cosine_others']:.2f})" if "nearest_is_itself" in versus else "")
+    timed(layout.profiles_subpopulations, write_centres, centres, source.feature_names, counts,
+          source.provenance.get("model_card"), about)
+    return record
 
 
 def export_centres(config: Config, source: ExportSource, wells: ProfiledWells) -> tuple[np.ndarray, dict[str, Any]]:
@@ -350,9 +388,11 @@ def export_centres(config: Config, source: ExportSource, wells: ProfiledWells) -
     if config.eval.profile_subpopulation_centres:
         carried = read_centres(config.eval.profile_subpopulation_centres)
         carried.check(source.provenance.get("model_card"), source.features.dim, k, "features/" + str(features["tag"]))
-        log.info("subpopulations: the %d centres of %s (fitted on %s cells of run %s)", carried.k, carried.path,
-                 carried.about.get("cells", "?"), carried.about.get("run", "?"))
-        return carried.centres, {"carried_from": str(carried.path), "fitted": carried.about.get("fitted", {})}
+        fitted = carried.about.get("fitted", {})
+        log.info("subpopulations: the %d of %s (fitted on %s cells of run %s)", carried.k, carried.path,
+                 fitted.get("cells", "?"), fitted.get("run", "?"))
+        return carried.centres, {"carried_from": str(carried.path), "fitted": fitted,
+                                 "pilot": {key: carried.about[key] for key in PILOT_RECORD if key in carried.about}}
     centres = subpopulations(source.features.features, wells.grouping.order, k, seed)
     fitted = {**features, "cells": int(wells.grouping.order.size), "seed": seed,
               "sample": min(int(wells.grouping.order.size), SAMPLE_CELLS), "restarts": RESTARTS,
@@ -393,7 +433,6 @@ def export_record(config: Config, layout: RunLayout, source: ExportSource, wells
                            "aggregation": config.eval.profile_aggregation,
                            "metadata_columns": [n for n in wells.metadata if n.startswith(METADATA_PREFIX)],
                            "normalization": list(config.eval.profile_normalization) or ["none"],
-                           **({"subpopulations": config.eval.profile_subpopulations,
-                               "subpopulation_centres": config.eval.profile_subpopulation_centres or "fitted here"}
+                           **({"subpopulations": config.eval.profile_subpopulations}
                               if config.eval.profile_subpopulations else {})}
     return record

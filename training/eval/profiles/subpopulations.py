@@ -108,6 +108,50 @@ def well_shares(features: np.ndarray, wells: Wells, k: int, seed: int,
     return shares_of(features, wells, centres)
 
 
+def controls_shift(shares: np.ndarray, pilot: np.ndarray) -> float:
+    """How far one screen's control wells lie from a pilot's in the pilot's subpopulations: the total
+    variation distance of their mean shares, half the L1 distance (0 the same mixture of cell states,
+    1 none in common). The controls are the same treatment on every plate, so this is the drift of the
+    new plates' cells (stain, imaging, cell line) as the model sees it."""
+    return float(0.5 * np.abs(np.asarray(shares, np.float64) - np.asarray(pilot, np.float64)).sum())
+
+
+def signatures(shares: np.ndarray, perturbations: np.ndarray, controls: np.ndarray) -> dict[str, list[float]]:
+    """Each perturbation's mean shares over its wells that are not controls, less the control wells'
+    mean shares: which cell states it gains or loses against the controls."""
+    reference = shares[controls].mean(axis=0)
+    treated = ~controls
+    return {str(name): [round(float(v), 6) for v in shares[treated & (perturbations == name)].mean(axis=0) - reference]
+            for name in sorted(set(perturbations[treated].tolist()), key=str)}
+
+
+def against_pilot(control_shares: np.ndarray, found: dict[str, list[float]], pilot: dict[str, Any]) -> dict[str, Any]:
+    """How this screen's wells read in the pilot's subpopulations beside the pilot's own (its centres
+    file's record): the controls' shift (controls_shift) and, for the perturbations both screens hold,
+    the cosine of each one's signature to the pilot's of the same perturbation and to the pilot's others,
+    and how many find their own as the nearest of the pilot's. A screen that reproduces the pilot's
+    biology in the pilot's terms gives a small shift, same-perturbation cosines near 1 and each
+    perturbation nearest itself."""
+    out: dict[str, Any] = {"controls_shift": round(controls_shift(control_shares, pilot["control_shares"]), 4)}
+    theirs = pilot.get("signatures") or {}
+    both = [name for name in found if name in theirs]
+    if len(both) < 2 or len(theirs) < 2:
+        return {**out, "perturbations": len(both)}
+    names = list(theirs)
+
+    def unit(rows: list[list[float]]) -> np.ndarray:
+        x = np.asarray(rows, np.float64)
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+        return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+
+    cosine = unit([found[n] for n in both]) @ unit([theirs[n] for n in names]).T
+    own = np.array([names.index(n) for n in both])
+    same = cosine[np.arange(len(both)), own]
+    others = np.ma.masked_array(cosine, mask=np.arange(len(names))[None, :] == own[:, None])
+    return {**out, "perturbations": len(both), "nearest_is_itself": int((cosine.argmax(axis=1) == own).sum()),
+            "cosine_same": round(float(same.mean()), 4), "cosine_others": round(float(others.mean()), 4)}
+
+
 @dataclass(frozen=True)
 class Centres:
     """k subpopulation centres (on L2-normalised features) and what they were fitted on."""

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from training.config import Config
-from training.data.store.cells import METADATA_PREFIX, CellTable
+from training.data.store.cells import CLASS_COLUMN, METADATA_PREFIX, CellTable
 from training.errors import UserError
 from training.eval.profiles.normalization import WellContext
 
@@ -257,3 +257,13 @@ def profiled_wells(config: Config, table: CellTable, features: np.ndarray, rows:
     metadata = well_metadata(table, wells, rows)
     controls = control_wells(table, config, wells, rows) if config.data.control_column else None
     return ProfiledWells(columns, profiles, metadata, controls, wells.left_out, wells)
+
+
+def perturbation_column(table: CellTable, config: Config) -> str:
+    """The column whose replicate wells phenotypic activity retrieves: eval.perturbation_column, else
+    data.label_column, else the class folder."""
+    if config.eval.perturbation_column:
+        return table.find(config.eval.perturbation_column, "eval.perturbation_column")
+    if config.data.label_column:
+        return table.find(config.data.label_column, "data.label_column")
+    return CLASS_COLUMN

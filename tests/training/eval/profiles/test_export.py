@@ -145,6 +145,9 @@ def test_each_wells_subpopulation_shares_are_its_cells_fractions_in_scikit_learn
     np.testing.assert_allclose(centres[infer_cp_features(cells)].to_numpy(), fitted.cluster_centers_, atol=1e-5)
     about = json.loads(pq.read_schema(layout.profiles_subpopulations).metadata[CENTRES_KEY])
     assert about["k"] == 3 and about["fitted"]["cells"] == len(cells) and about["fitted"]["seed"] == config.run.seed
+    dmso = shares[shares["Metadata_Treatment"] == "DMSO"][names].to_numpy().mean(axis=0)
+    np.testing.assert_allclose(about["control_shares"], dmso, atol=1e-6)  # the controls' mean, for new plates
+    assert "controls_shift" not in about  # fitted here: there is no pilot to lie from
 
 
 def test_export_refuses_centres_it_cannot_tie_to_the_features_model(tmp_path, capsys):

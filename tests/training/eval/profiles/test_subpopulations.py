@@ -17,9 +17,12 @@ from tests.support.tiny import tiny_config
 from training.config import ConfigError
 from training.errors import UserError
 from training.eval.profiles.subpopulations import (
+    against_pilot,
     beside_shares,
+    controls_shift,
     nearest,
     read_centres,
+    signatures,
     subpopulations,
     well_shares,
     write_centres,
@@ -212,7 +215,7 @@ def test_carried_centres_count_only_their_models_features_and_refuse_others_in_o
     np.testing.assert_allclose(well_profiles(features, setup, seed=0, card=_card(100)).profiles, expected, atol=1e-6)
     with caplog.at_level(logging.INFO):
         other = well_profiles(features, setup, seed=0, card=_card(200)).profiles
-    assert [r for r in caplog.records if "not counted in" in r.message]
+    assert [r for r in caplog.records if "subpopulations of their own, not " in r.message]
     fitted = beside_shares(plain, well_shares(features, setup.wells, 4, 0), setup.controls, 0.5)
     np.testing.assert_allclose(other, fitted, atol=1e-6)
 
@@ -229,3 +232,31 @@ def test_a_centres_file_that_is_missing_or_another_file_is_one_line(tmp_path):
     (tmp_path / "notes.parquet").write_text("not parquet")
     with pytest.raises(UserError, match="is not a Parquet file"):
         read_centres(tmp_path / "notes.parquet")
+
+
+def test_new_plates_are_read_against_the_pilots_controls_and_perturbations():
+    """controls_shift is half the L1 distance of two mixtures (total variation: 0 alike, 1 disjoint);
+    a perturbation's signature is its treated wells' mean shares less the controls'; against_pilot
+    finds each new perturbation's nearest of the pilot's by the cosine of their signatures."""
+    assert controls_shift(np.array([0.5, 0.5, 0, 0]), np.array([0, 0, 0.5, 0.5])) == pytest.approx(1.0)
+    assert controls_shift(np.array([0.25] * 4), np.array([0.25] * 4)) == 0.0
+    assert controls_shift(np.array([0.7, 0.3]), np.array([0.5, 0.5])) == pytest.approx(0.2)
+    shares = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.9, 0.1, 0.0], [0.1, 0.1, 0.8], [0.2, 0.0, 0.8]])
+    perturbations = np.array(["DMSO", "DMSO", "A", "B", "B"], dtype=object)
+    controls = perturbations == "DMSO"
+    found = signatures(shares, perturbations, controls)
+    assert list(found) == ["A", "B"]
+    np.testing.assert_allclose(found["A"], [0.4, -0.4, 0.0], atol=1e-6)
+    np.testing.assert_allclose(found["B"], [-0.35, -0.45, 0.8], atol=1e-6)
+    # the pilot: A and B as here, C another direction; a new screen whose A reads as the pilot's B
+    pilot = {"control_shares": [0.5, 0.5, 0.0], "signatures": {"A": [0.4, -0.4, 0.0], "B": [-0.35, -0.45, 0.8],
+                                                                "C": [-0.5, 0.5, 0.0]}}
+    versus = against_pilot(shares[controls].mean(axis=0), found, pilot)
+    cosine = 1 - cdist(np.array([found["A"], found["B"]]), np.array(list(pilot["signatures"].values())), "cosine")
+    assert versus == {"controls_shift": 0.0, "perturbations": 2, "nearest_is_itself": 2, "cosine_same": 1.0,
+                      "cosine_others": pytest.approx(np.mean([cosine[0, 1], cosine[0, 2], cosine[1, 0], cosine[1, 2]]),
+                                                     abs=1e-4)}
+    swapped = against_pilot(np.array([0.5, 0.5, 0.0]), {"A": found["B"], "B": found["A"]}, pilot)
+    assert swapped["nearest_is_itself"] == 0 and swapped["cosine_same"] == pytest.approx(cosine[0, 1], abs=1e-4)
+    assert against_pilot(np.array([0.6, 0.4, 0.0]), {"A": found["A"]}, pilot) == {"controls_shift": 0.1,
+                                                                                  "perturbations": 1}
