@@ -34,8 +34,12 @@ import numpy as np
 
 from training.errors import UserError
 from training.eval.profiles.wells import BLOCK_CELLS, Wells
+from training.rundir import RunLayout
 
 log = logging.getLogger(__name__)
+
+CENTRES_FILE = RunLayout(Path("<run>")).profiles_subpopulations
+"""Where `export` writes a run's centres, as messages name it."""
 
 SAMPLE_CELLS = 50_000
 """The most cells k-means is fitted on (a seeded sample above it), so that 10^7 cells cost what 5 x 10^4 do."""
@@ -232,17 +236,17 @@ def read_centres(path: Path | str) -> Centres:
     path = Path(path)
     where = f"eval.profile_subpopulation_centres={path}"
     if not path.is_file():
-        raise UserError(f"{where}: no such file; name a run's profiles/subpopulations.parquet (`export` writes it "
-                        "where eval.profile_subpopulations is set), or clear the setting")
+        raise UserError(f"{where}: no such file; name a run's {CENTRES_FILE} (`export` writes it where "
+                        "eval.profile_subpopulations is set), or clear the setting")
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several kinds for a file that is not Parquet
         raise UserError(f"{where} is not a Parquet file ({type(exc).__name__}): name a run's "
-                        "profiles/subpopulations.parquet") from None
+                        f"{CENTRES_FILE}") from None
     metadata = table.schema.metadata or {}
     if CENTRES_KEY not in metadata:
         raise UserError(f"{where} holds no subpopulation centres (no {CENTRES_KEY.decode()} record): name a run's "
-                        "profiles/subpopulations.parquet, which `export` writes")
+                        f"{CENTRES_FILE}, which `export` writes")
     about = json.loads(metadata[CENTRES_KEY])
     names = [n for n in table.column_names if n not in (NAME_COLUMN, CELLS_COLUMN)]
     centres = np.stack([table.column(n).to_numpy() for n in names], axis=1).astype(np.float32)
