@@ -383,18 +383,17 @@ def export_centres(config: Config, source: ExportSource, wells: ProfiledWells) -
     """The subpopulations the wells' shares count: eval.profile_subpopulation_centres' (a pilot's,
     checked to be of the same model's features), else k-means on the export's cells; with the record
     subpopulations.parquet keeps of them."""
-    k, seed = config.eval.profile_subpopulations, config.run.seed
-    features = {"tag": source.provenance.get("tag"), "run": source.provenance.get("run")}
+    k, seed, tag = config.eval.profile_subpopulations, config.run.seed, source.provenance.get("tag")
     if config.eval.profile_subpopulation_centres:
         carried = read_centres(config.eval.profile_subpopulation_centres)
-        carried.check(source.provenance.get("model_card"), source.features.dim, k, "features/" + str(features["tag"]))
+        carried.check(source.provenance.get("model_card"), source.features.dim, k, f"features/{tag}")
         fitted = carried.about.get("fitted", {})
         log.info("subpopulations: the %d of %s (fitted on %s cells of run %s)", carried.k, carried.path,
                  fitted.get("cells", "?"), fitted.get("run", "?"))
         return carried.centres, {"carried_from": str(carried.path), "fitted": fitted,
                                  "pilot": {key: carried.about[key] for key in PILOT_RECORD if key in carried.about}}
     centres = subpopulations(source.features.features, wells.grouping.order, k, seed)
-    fitted = {**features, "cells": int(wells.grouping.order.size), "seed": seed,
+    fitted = {"tag": tag, "run": source.provenance.get("run"), "cells": int(wells.grouping.order.size), "seed": seed,
               "sample": min(int(wells.grouping.order.size), SAMPLE_CELLS), "restarts": RESTARTS,
               "method": "k-means (scikit-learn) on L2-normalised features"}
     return centres, {"fitted": fitted}

@@ -259,7 +259,6 @@ def subpopulation_name(index: int) -> str:
     return f"{SUBPOPULATION_PREFIX}{index:02d}"
 
 
-
 def beside_shares(profiles: np.ndarray, shares: np.ndarray, controls: np.ndarray | None,
                   weight: float) -> np.ndarray:
     """(wells, D + k) float32: the normalised `profiles` beside the `shares` less the control wells'
