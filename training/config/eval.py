@@ -132,6 +132,14 @@ class EvalConfig:
     profile_subpopulations_weight: float = 0.2
     """The share of a well's squared norm (on average over the wells) that its subpopulation shares
     hold beside the profile's 1 - this; in (0, 1)."""
+    profile_median_beside: float = 0.0
+    """The part of retrieval's cosine that the field's standard profile of each well holds: the median
+    of its cells, normalised by the same steps with plain ZCA (eval.spherize_shrinkage 0) and without
+    the shares, as pycytominer's defaults make it, set beside the configured profile (shares and all)
+    with each block scaled to unit norm per well, so that the cosine between two wells is
+    (1 - this) x their profiles' + this x their medians' (training/eval/profiles/normalization.py,
+    beside_unit). 0: the configured profile alone. bench screen then also reads every feature set
+    without it, and counts each baseline at its better."""
     hybrid_cellprofiler: bool = False
     """Also score the trained model's features beside CellProfiler's measurements, as labs combine
     them: each block standardised per feature over the scored cells and weighted by 1 / sqrt(its width),
@@ -214,6 +222,9 @@ class EvalConfig:
         if not 0 < self.profile_subpopulations_weight < 1:
             raise ConfigError(f"eval.profile_subpopulations_weight must be in (0, 1) (the shares' part of a "
                               f"well's squared norm), got {self.profile_subpopulations_weight!r}")
+        if isinstance(self.profile_median_beside, bool) or not 0 <= self.profile_median_beside < 1:
+            raise ConfigError(f"eval.profile_median_beside must be in [0, 1) (the median profile's part of "
+                              f"retrieval's cosine; 0: the profile alone), got {self.profile_median_beside!r}")
         if not self.spherize_shrinkage >= 0:
             raise ConfigError(f"eval.spherize_shrinkage must be >= 0 (0: plain ZCA), got {self.spherize_shrinkage}")
         if self.profile_cells == "all" and not self.embed_all_cells:

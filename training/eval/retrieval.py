@@ -4,9 +4,10 @@
 Each well's profile is the median (or mean: eval.profile_aggregation) of its evaluated cells'
 features, normalised as eval.profile_normalization lists (training/eval/profiles/normalization.py:
 per-plate mad_robustize and sphering on the controls, Harmony), beside the shares of its cells in
-the screen's subpopulations where eval.profile_subpopulations asks (profiles/subpopulations.py). A
-query's average precision (AP) ranks its candidates by cosine similarity: the mean, over its
-positives, of the precision at each positive's rank.
+the screen's subpopulations where eval.profile_subpopulations asks (profiles/subpopulations.py),
+and beside the field's standard median profile where eval.profile_median_beside asks. A query's
+average precision (AP) ranks its candidates by cosine similarity: the mean, over its positives, of
+the precision at each positive's rank.
 
     phenotypic activity     can a perturbation's wells be told from the negative controls? Each
                             perturbation well queries its replicate wells (positives: same
@@ -43,7 +44,7 @@ from training.config import Config
 from training.data.store.cells import CellTable
 from training.errors import UserError
 from training.eval.profiles.hybrid import hybrid_set
-from training.eval.profiles.normalization import WellContext, check_steps, normalize_profiles
+from training.eval.profiles.normalization import WellContext, beside_unit, check_steps, normalize_profiles
 from training.eval.profiles.subpopulations import Centres, beside_shares, read_centres, well_shares
 from training.eval.profiles.wells import (
     DEFAULT_PLATE,
@@ -214,6 +215,8 @@ class MapSetup:
     centres: Centres | None = None
     """The subpopulations eval.profile_subpopulation_centres carries (a pilot's): a feature set of
     their model counts its cells in them; any other (a baseline's) fits its own."""
+    median_beside: float = 0.0
+    """The standard median profile's part of the cosine beside the profile (eval.profile_median_beside)."""
 
 
 def _per_well(table: CellTable, name: str, rows: np.ndarray, wells: Wells, setting: str) -> np.ndarray:
@@ -260,7 +263,8 @@ def map_setup(table: CellTable, config: Config, labels: dict[str, Any]) -> MapSe
                     same_plate=config.eval.activity_negatives == "same_plate",
                     mad_samples=config.eval.mad_robustize_samples, sphere_shrinkage=config.eval.spherize_shrinkage,
                     aggregation=config.eval.profile_aggregation, subpopulations=config.eval.profile_subpopulations,
-                    subpopulations_weight=config.eval.profile_subpopulations_weight, centres=carried_centres(config))
+                    subpopulations_weight=config.eval.profile_subpopulations_weight, centres=carried_centres(config),
+                    median_beside=config.eval.profile_median_beside)
 
 
 def carried_centres(config: Config) -> Centres | None:
@@ -337,6 +341,9 @@ def activity_settings(name: str, columns: tuple[str, str], steps: tuple[str, ...
                   "subpopulation_shares": "k-means on the L2-normalised cell features; shares less the control "
                                           "wells' mean, beside the normalised profile"}
                  if config.eval.profile_subpopulations else {}),
+              **({"median_beside": config.eval.profile_median_beside,
+                  "median_profile": "the median of each well's cells, the same steps with plain ZCA, no shares; "
+                                    "each block unit-normalised per well"} if config.eval.profile_median_beside else {}),
               "distance": "cosine", "null_size": NULL_SIZE,
               "fdr": "Benjamini-Hochberg", "threshold": THRESHOLD}
     if controls is None:
@@ -362,7 +369,8 @@ def well_profiles(features: np.ndarray, setup: MapSetup, seed: int, card: dict[s
     """One feature set's per-well profiles: medians or means (eval.profile_aggregation), normalised as
     configured, beside their cells' subpopulation shares where eval.profile_subpopulations asks: in
     the carried centres (setup.centres) for features of their model (`card`, the set's model card),
-    else in subpopulations fitted on these cells."""
+    else in subpopulations fitted on these cells; and beside the standard median profile where
+    eval.profile_median_beside asks."""
     context = WellContext(setup.plates, setup.controls, setup.batches, seed, setup.mad_samples,
                           setup.sphere_shrinkage)
     profiles, _ = normalize_profiles(well_aggregates(features, setup.wells, setup.aggregation), setup.normalization,
@@ -377,6 +385,10 @@ def well_profiles(features: np.ndarray, setup: MapSetup, seed: int, card: dict[s
             log.info("%s: cells counted in the %d subpopulations of %s", name, carried.k, carried.path)
         shares = well_shares(features, setup.wells, setup.subpopulations, seed, carried)
         profiles = beside_shares(profiles, shares, setup.controls, setup.subpopulations_weight)
+    if setup.median_beside:
+        standard = replace(setup, aggregation="median", sphere_shrinkage=0.0, subpopulations=0, median_beside=0.0)
+        profiles = beside_unit(profiles, well_profiles(features, standard, seed, card, name).profiles,
+                               setup.median_beside)
     controls = setup.controls if setup.controls is not None else np.zeros(len(profiles), bool)
     return WellProfiles(profiles, setup.perturbations, setup.plates, setup.keys, controls, setup.groups)
 

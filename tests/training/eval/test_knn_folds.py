@@ -111,7 +111,8 @@ def test_bad_fold_counts_name_the_key():
 def test_bench_screen_rescores_a_knn_json_of_another_protocol(tmp_path):
     """--reuse keeps knn.json only when it was scored as the config says (whitening, folds and, where it
     has an mAP, the well profiles' aggregation and subpopulation shares: a knn.json from before
-    eval.profile_aggregation read medians, one from before eval.profile_subpopulations had no shares)."""
+    eval.profile_aggregation read medians, one from before eval.profile_subpopulations had no shares, one
+    without eval.profile_median_beside's block)."""
     from training.benchmarks.quality.screen import step_done
     from training.rundir import RunLayout
 
@@ -139,3 +140,11 @@ def test_bench_screen_rescores_a_knn_json_of_another_protocol(tmp_path):
     assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean"))
     assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean",
                                                    profile_subpopulations=32, profile_subpopulations_weight=0.5))
+    assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean",
+                                                   profile_subpopulations=32, profile_median_beside=0.2))
+    layout.knn_json.write_text(json.dumps({"whitened": False, "folds": 5, "map": {**shares, "median_beside": 0.2},
+                                           "tags": {}}))
+    assert step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean",
+                                               profile_subpopulations=32, profile_median_beside=0.2))
+    assert not step_done(layout, "knn", EvalConfig(knn_whiten=False, knn_folds=5, profile_aggregation="mean",
+                                                   profile_subpopulations=32))

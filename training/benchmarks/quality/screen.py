@@ -22,10 +22,12 @@ others, never makes the lead. Every kNN figure, the oracle's too, counts the que
 splits (eval.knn_folds: with folds, every held-out cell once). Likewise the mAPs are also given with
 the wells profiled by the other aggregation (eval.profile_aggregation: median or mean) and, where the
 run shrinks its sphering (eval.spherize_shrinkage), under plain ZCA with each, where the run sets
-subpopulation shares beside the profiles (eval.profile_subpopulations), each also without them, and
-the goals hold CellProfiler's activity and consistency at the best of them. figures_phenotype reads each feature
-set against the true phenotypes instead of the mechanisms (kNN plainly and not same batch, and per phenotype): how
-much of a cell's phenotype survives a change of imaging batch.
+subpopulation shares beside the profiles (eval.profile_subpopulations), each also without them,
+where it sets the standard median profile beside them (eval.profile_median_beside), each of those
+also without it, and the goals hold CellProfiler's activity and consistency at the best of them.
+figures_phenotype reads each feature set against the true phenotypes instead of the mechanisms (kNN
+plainly and not same batch, and per phenotype): how much of a cell's phenotype survives a change of
+imaging batch.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ TRUTH_KEYS = ("Metadata_Plate", "Metadata_Well", "Metadata_Site")
 def step_done(layout: RunLayout, step: str, settings: EvalConfig | None = None) -> bool:
     """Whether `step`'s main file exists (for --reuse); a knn.json scored with another kNN protocol
     (whitening, folds) or well profile (eval.profile_aggregation, eval.profile_subpopulations and its
-    weight) than `settings` is not done, since the benchmark's figures would not be the config's."""
+    weight, eval.profile_median_beside) than `settings` is not done, since the benchmark's figures would not be the config's."""
     done = {"ingest": layout.packed / INDEX_FILE, "mean-std": layout.mean_std,
             "pretrain": layout.latest_checkpoint, "features": layout.features(tags.FINAL) / FEATURE_SET_INDEX,
             "labels": layout.labels, "knn": layout.knn_json}
@@ -70,14 +72,12 @@ def step_done(layout: RunLayout, step: str, settings: EvalConfig | None = None) 
     if step == "knn" and settings is not None:
         knn = json.loads(layout.knn_json.read_text())
         scored = knn.get("map")
-        if scored is None:
-            profile = (settings.profile_aggregation, settings.profile_subpopulations, settings.profile_subpopulations_weight)
-        else:
-            profile = (scored.get("aggregation", "median"), scored.get("subpopulations", 0),
-                       scored.get("subpopulations_weight", settings.profile_subpopulations_weight))
-        return (knn.get("whitened"), knn.get("folds", 1), *profile) == (
-            settings.knn_whiten, settings.knn_folds, settings.profile_aggregation, settings.profile_subpopulations,
-            settings.profile_subpopulations_weight)
+        wanted = (settings.profile_aggregation, settings.profile_subpopulations, settings.profile_subpopulations_weight,
+                  settings.profile_median_beside)
+        profile = wanted if scored is None else (
+            scored.get("aggregation", "median"), scored.get("subpopulations", 0),
+            scored.get("subpopulations_weight", settings.profile_subpopulations_weight), scored.get("median_beside", 0.0))
+        return (knn.get("whitened"), knn.get("folds", 1), *profile) == (settings.knn_whiten, settings.knn_folds, *wanted)
     return True
 
 
@@ -254,8 +254,10 @@ def other_profiles(config: Config, layout: RunLayout, held: HeldOut,
     "spherize_plain"; the other aggregation (eval.profile_aggregation), e.g. "mean_profiles"; and both,
     e.g. "mean_profiles_spherize_plain"; where the run sets subpopulation shares beside the profiles
     (eval.profile_subpopulations), the run's protocol and each of those without them, "no_subpopulations",
-    "mean_profiles_no_subpopulations", .... Keyed by protocol, then by feature set. The wells are found
-    once; each protocol only changes how their profiles are made and sphered (MapSetup's fields)."""
+    "mean_profiles_no_subpopulations", ...; and where the run sets the standard median profile beside
+    them (eval.profile_median_beside), every protocol so far also without it, "no_median_beside",
+    "spherize_plain_no_median_beside", .... Keyed by protocol, then by feature set. The wells are
+    found once; each protocol only changes how their profiles are made and sphered (MapSetup's fields)."""
     import dataclasses
 
     from training.eval.profiles.wells import AGGREGATIONS
@@ -270,6 +272,9 @@ def other_profiles(config: Config, layout: RunLayout, held: HeldOut,
     if config.eval.profile_subpopulations:
         protocols = {**protocols, "no_subpopulations": {"subpopulations": 0},
                      **{f"{name}_no_subpopulations": {**changes, "subpopulations": 0} for name, changes in protocols.items()}}
+    if config.eval.profile_median_beside:
+        protocols = {**protocols, "no_median_beside": {"median_beside": 0.0},
+                     **{f"{name}_no_median_beside": {**changes, "median_beside": 0.0} for name, changes in protocols.items()}}
     setup, scored = profiled_features(config, layout, held.labels, sets)
     if setup is None:
         return {}

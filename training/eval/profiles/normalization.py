@@ -190,6 +190,22 @@ def mad_robustize_per_plate(x: np.ndarray, context: WellContext) -> np.ndarray:
     return out
 
 
+def beside_unit(profiles: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
+    """(wells, D + D') float32: each well's row of `profiles` and of `other` scaled to unit norm and
+    weighted by sqrt(1 - weight) and sqrt(weight), so that the cosine between two wells is
+    (1 - weight) x their profiles' cosine + weight x their others' (a row of zeros stays zeros)."""
+    if not 0 < weight < 1:
+        raise ValueError(f"the second block's weight must be in (0, 1), got {weight}")
+
+    def unit(block: np.ndarray) -> np.ndarray:
+        block = np.asarray(block, np.float64)
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        return np.divide(block, norms, out=np.zeros_like(block), where=norms > 0)
+
+    return np.concatenate([np.sqrt(1 - weight) * unit(profiles), np.sqrt(weight) * unit(other)],
+                          axis=1).astype(np.float32)
+
+
 def check_sphere_controls(count: int) -> None:
     """Sphering is fitted on the control wells: at least two of them."""
     if count < 2:

@@ -225,6 +225,31 @@ def test_a_run_with_subpopulation_shares_is_also_read_without_them_as_the_knn_st
     assert written["tags"]["final"]["map"]["mean_map"] != without["final"]["map"]["mean_map"]
 
 
+def test_a_run_with_the_median_beside_is_also_read_without_it_as_the_knn_step_writes_it(tmp_path):
+    """With eval.profile_median_beside set, other_profiles adds every protocol without the median block
+    ("no_median_beside", "mean_profiles_no_median_beside"), the plain one's activity mAP is the one the
+    `knn` step writes with it off, and the knn step records the weight it read."""
+    from tests.support.screen_run import screen_run as profiled_run
+    from training.benchmarks.quality.screen import other_profiles, scored_sets
+
+    plain = profiled_run(tmp_path, **{"eval.profile_normalization": ["mad_robustize"], "eval.activity_negatives": "all",
+                                      "eval.mad_robustize_samples": "all", "eval.profile_aggregation": "mean"})
+    blended = plain.replace({"eval.profile_median_beside": 0.4})
+    layout = RunLayout.from_config(blended)
+    held = held_out(blended, layout)
+    figures = other_profiles(blended, layout, held, scored_sets(blended, layout, held))
+    assert set(figures) == {"median_profiles", "no_median_beside", "median_profiles_no_median_beside"}
+    assert run_cli(plain, "knn") == 0
+    without = json.loads(layout.knn_json.read_text())["tags"]
+    assert run_cli(blended, "knn") == 0
+    written = json.loads(layout.knn_json.read_text())
+    assert written["map"]["median_beside"] == 0.4
+    for name, tag in (("trained", "final"), ("raw_pixels", "raw_pixels"), ("random_init", "random_init")):
+        assert figures["no_median_beside"][name]["map_activity"] == pytest.approx(
+            without[tag]["map"]["mean_map"], abs=1e-9), name
+    assert written["tags"]["final"]["map"]["mean_map"] != without["final"]["map"]["mean_map"]
+
+
 def test_the_phenotype_readout_tells_a_batch_confounded_feature_from_a_faithful_one(screen_run):
     """figures_phenotype: kNN with the true phenotypes as classes. A feature that is the cell's phenotype
     is right plainly and across batches; one that codes each phenotype differently in each batch (the
