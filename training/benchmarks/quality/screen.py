@@ -24,7 +24,9 @@ the wells profiled by the other aggregation (eval.profile_aggregation: median or
 run shrinks its sphering (eval.spherize_shrinkage), under plain ZCA with each, where the run sets
 subpopulation shares beside the profiles (eval.profile_subpopulations), each also without them,
 where it sets the standard median profile beside them (eval.profile_median_beside), each of those
-also without it, and the goals hold CellProfiler's activity and consistency at the best of them.
+also without it, and the goals hold CellProfiler's activity and consistency at the best of them;
+gaps_to_cellprofiler reads the model's against those best compound by compound (mechanism by
+mechanism), with the standard error of the mean difference.
 figures_phenotype reads each feature set against the true phenotypes instead of the mechanisms (kNN
 plainly and not same batch, and per phenotype): how much of a cell's phenotype survives a change of
 imaging batch.
@@ -313,12 +315,7 @@ def goal_figures(rows: dict[str, Any], lead: dict[str, float | None], of: str,
     well profiles and every other protocol (`protocols`, other_profiles'), each measure on its own.
     None where a figure is missing."""
     mine, oracle = rows[of], rows.get(ORACLE, {})
-    readings = [rows.get(tags.CELLPROFILER, {}), *(figures.get(tags.CELLPROFILER, {})
-                                                   for figures in (protocols or {}).values())]
-    best = {}
-    for key in ("map_activity", "map_consistency"):
-        values = [reading[key] for reading in readings if reading.get(key) is not None]
-        best[key] = max(values) if values else None
+    best = {key: (cellprofiler_best(rows, protocols, key)[1] or {}).get(key) for key in ("map_activity", "map_consistency")}
     nsb = "knn_not_same_batch_top1"
     return {"nsb": mine.get(nsb),
             "nsb_over_cellprofiler": lead.get(f"{nsb}_over_{tags.CELLPROFILER}"),
@@ -326,6 +323,44 @@ def goal_figures(rows: dict[str, Any], lead: dict[str, float | None], of: str,
             "nsb_share_of_oracle": None if mine.get(nsb) is None or not oracle.get(nsb) else mine[nsb] / oracle[nsb],
             "activity": mine.get("map_activity"), "consistency": mine.get("map_consistency"),
             "cellprofiler_activity": best["map_activity"], "cellprofiler_consistency": best["map_consistency"]}
+
+
+def cellprofiler_best(rows: dict[str, Any], protocols: dict[str, dict[str, dict[str, Any]]] | None,
+                      key: str) -> tuple[str | None, dict[str, Any] | None]:
+    """The protocol ("run": the run's own) and figures of CellProfiler's best `key` (map_activity or
+    map_consistency) over the run's well profiles and every other protocol; (None, None) where none has it."""
+    readings = [("run", rows.get(tags.CELLPROFILER, {})),
+                *((name, figures.get(tags.CELLPROFILER, {})) for name, figures in (protocols or {}).items())]
+    scored = [(name, reading) for name, reading in readings if reading.get(key) is not None]
+    return max(scored, key=lambda item: item[1][key]) if scored else (None, None)
+
+
+def paired_gap(mine: dict[str, float] | None, theirs: dict[str, float] | None) -> dict[str, Any] | None:
+    """`mine` minus `theirs`, perturbation by perturbation (or group by group: the per-name mAPs map_row
+    keeps) over the names both score: the mean difference, its standard error (the differences'
+    standard deviation over the square root of their count) and how many names are ahead, tied and
+    behind. A bar missed by less than two standard errors is a miss these wells cannot tell from a
+    tie. None where fewer than two names are shared."""
+    names = sorted(set(mine or {}) & set(theirs or {}))
+    if len(names) < 2:
+        return None
+    d = np.array([mine[n] - theirs[n] for n in names], np.float64)
+    return {"difference": round(float(d.mean()), 4), "standard_error": round(float(d.std(ddof=1) / np.sqrt(d.size)), 4),
+            "ahead": int(np.sum(d > 1e-9)), "tied": int(np.sum(np.abs(d) <= 1e-9)), "behind": int(np.sum(d < -1e-9)),
+            "per_name": {n: round(float(x), 4) for n, x in zip(names, d)}}
+
+
+def gaps_to_cellprofiler(rows: dict[str, Any], of: str,
+                         protocols: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """`of`'s activity and consistency (the run's protocol) against CellProfiler at its best protocol for
+    each (cellprofiler_best's), compound by compound and mechanism by mechanism (paired_gap's), so that
+    a bar met or missed by a few thousandths is read against how much the compounds scatter."""
+    out = {}
+    for key, per in (("map_activity", "per_treatment_activity"), ("map_consistency", "per_group_consistency")):
+        protocol, theirs = cellprofiler_best(rows, protocols, key)
+        gap = paired_gap(rows[of].get(per), (theirs or {}).get(per))
+        out[key.removeprefix("map_")] = None if gap is None else {"cellprofiler_protocol": protocol, **gap}
+    return out
 
 
 def bars_met(figures: dict[str, float | None]) -> dict[str, bool | None]:
@@ -353,11 +388,18 @@ def row_of(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def map_row(entry: dict[str, Any]) -> dict[str, Any]:
-    """The mAP figures of one feature set (MAP_KEYS)."""
+    """The mAP figures of one feature set: activity's and consistency's mean, how many were retrieved of
+    how many, and each treatment's (each group's) mAP."""
     activity, consistency = entry.get("map") or {}, entry.get("map_consistency") or {}
+
+    def per_name(scores: dict[str, Any]) -> dict[str, float] | None:
+        per = {name: v["map"] for name, v in (scores.get("per_treatment") or {}).items() if v.get("map") is not None}
+        return per or None
+
     return {"map_activity": activity.get("mean_map"), "treatments_retrieved": activity.get("n_significant"),
             "treatments": activity.get("n_treatments"), "map_consistency": consistency.get("mean_map"),
-            "groups_retrieved": consistency.get("n_significant"), "groups": consistency.get("n_treatments")}
+            "groups_retrieved": consistency.get("n_significant"), "groups": consistency.get("n_treatments"),
+            "per_treatment_activity": per_name(activity), "per_group_consistency": per_name(consistency)}
 
 
 def shares(row: dict[str, Any], oracle: dict[str, Any], chance: float) -> dict[str, float | None]:
@@ -420,6 +462,7 @@ def run_screen_benchmark(config: Config, config_path: Path | None, overrides: li
         "figures_phenotype": phenotypes,
         "goal_figures": read,
         "goals": {name: bars_met(figures) for name, figures in read.items()},
+        "gaps_to_cellprofiler": {name: gaps_to_cellprofiler(rows, name, protocols) for name in read},
     }
 
 
@@ -438,4 +481,10 @@ def markdown(result: dict[str, Any]) -> str:
         groups = "-" if not r["groups"] else f"{r['groups_retrieved']} / {r['groups']}"
         lines.append(f"| {name} | {pct(r['knn_top1'])} | {pct(r['knn_not_same_batch_top1'])} | "
                      f"{num(r['map_activity'])} | {retrieved} | {num(r['map_consistency'])} | {groups} |")
+    for name, gaps in result.get("gaps_to_cellprofiler", {}).items():
+        for measure, gap in gaps.items():
+            if gap is not None:
+                lines.append(f"\n{name}'s {measure} minus CellProfiler's best ({gap['cellprofiler_protocol']}): "
+                             f"{gap['difference']:+.3f} +- {gap['standard_error']:.3f} (standard error over "
+                             f"{len(gap['per_name'])}: {gap['ahead']} ahead, {gap['tied']} tied, {gap['behind']} behind)")
     return "\n".join(lines)

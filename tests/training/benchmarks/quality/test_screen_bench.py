@@ -173,6 +173,43 @@ def test_cellprofilers_map_is_counted_at_its_best_well_profile_protocol():
     assert goals(rows, leads(rows, {}), "trained", worse)["activity_at_least_cellprofiler"] is True
 
 
+def test_the_gap_to_cellprofiler_is_read_compound_by_compound_against_its_best_protocol():
+    """gaps_to_cellprofiler pairs the model's per-compound (per-group) mAPs with CellProfiler's at the
+    protocol that gives CellProfiler its best mean (the one the goals hold the model to), over the names
+    both score; the mean difference's standard error is the textbook one, computed here by `statistics`."""
+    import statistics
+
+    from training.benchmarks.quality.screen import gaps_to_cellprofiler, map_row
+
+    def entry(activity: dict, consistency: dict) -> dict:
+        def scores(per: dict) -> dict:
+            return {"mean_map": statistics.fmean(v for v in per.values() if v is not None),
+                    "per_treatment": {n: {"map": v} for n, v in per.items()}}
+        return {"map": scores(activity), "map_consistency": scores(consistency)}
+
+    mine = {"cpdA": 1.0, "cpdB": 0.9, "cpdC": 0.7, "cpdD": 1.0}
+    rows = {"trained": map_row(entry({**mine, "cpdE": None}, {"m1": 0.8, "m2": 0.6})),
+            "cellprofiler": map_row(entry({"cpdA": 0.5, "cpdB": 0.5, "cpdC": 0.5, "cpdD": 0.5}, {"m1": 0.9, "m2": 0.9}))}
+    theirs = {"cpdA": 1.0, "cpdB": 0.95, "cpdC": 0.9, "cpdD": 0.99, "cpdX": 0.1}  # cpdX: not the model's
+    protocols = {"spherize_plain": {"cellprofiler": map_row(entry(theirs, {"m1": 0.1, "m2": 0.2}))}}
+    gaps = gaps_to_cellprofiler(rows, "trained", protocols)
+    assert rows["trained"]["per_treatment_activity"] == mine  # a compound without a score is not a name
+    activity = gaps["activity"]
+    # CellProfiler's best activity is plain ZCA's (mean 0.788 > 0.5); cpdE and cpdX are not shared
+    assert activity["cellprofiler_protocol"] == "spherize_plain"
+    differences = [mine[n] - theirs[n] for n in sorted(mine)]
+    assert activity["difference"] == pytest.approx(statistics.fmean(differences), abs=1e-4)
+    assert activity["standard_error"] == pytest.approx(statistics.stdev(differences) / 2.0, abs=1e-4)
+    assert (activity["ahead"], activity["tied"], activity["behind"]) == (1, 1, 2)
+    consistency = gaps["consistency"]
+    # its best consistency is the run's own protocol's (0.9 against plain ZCA's 0.15)
+    assert consistency["cellprofiler_protocol"] == "run"
+    assert consistency["per_name"] == {"m1": pytest.approx(-0.1), "m2": pytest.approx(-0.3)}
+    # one shared name has no spread to read: no gap rather than a standard error of nothing
+    single = {"trained": map_row(entry({"cpdA": 1.0}, {"m1": 1.0})), "cellprofiler": map_row(entry({"cpdA": 0.9}, {"m1": 0.9}))}
+    assert gaps_to_cellprofiler(single, "trained") == {"activity": None, "consistency": None}
+
+
 def test_the_other_protocols_figures_are_those_the_knn_step_writes_when_configured_so(tmp_path):
     """other_profiles' activity mAP of each tag, for a run that shrinks its sphering and profiles wells
     by their median, equals the one the `knn` step itself writes for the same features configured with
