@@ -315,7 +315,7 @@ def goal_figures(rows: dict[str, Any], lead: dict[str, float | None], of: str,
     well profiles and every other protocol (`protocols`, other_profiles'), each measure on its own.
     None where a figure is missing."""
     mine, oracle = rows[of], rows.get(ORACLE, {})
-    best = {key: (cellprofiler_best(rows, protocols, key)[1] or {}).get(key) for key in ("map_activity", "map_consistency")}
+    best = {key: cellprofiler_best(rows, protocols, key)[1].get(key) for key in ("map_activity", "map_consistency")}
     nsb = "knn_not_same_batch_top1"
     return {"nsb": mine.get(nsb),
             "nsb_over_cellprofiler": lead.get(f"{nsb}_over_{tags.CELLPROFILER}"),
@@ -326,13 +326,17 @@ def goal_figures(rows: dict[str, Any], lead: dict[str, float | None], of: str,
 
 
 def cellprofiler_best(rows: dict[str, Any], protocols: dict[str, dict[str, dict[str, Any]]] | None,
-                      key: str) -> tuple[str | None, dict[str, Any] | None]:
+                      key: str) -> tuple[str | None, dict[str, Any]]:
     """The protocol ("run": the run's own) and figures of CellProfiler's best `key` (map_activity or
-    map_consistency) over the run's well profiles and every other protocol; (None, None) where none has it."""
+    map_consistency) over the run's well profiles and every other protocol; (None, {}) where none has it."""
     readings = [("run", rows.get(tags.CELLPROFILER, {})),
                 *((name, figures.get(tags.CELLPROFILER, {})) for name, figures in (protocols or {}).items())]
     scored = [(name, reading) for name, reading in readings if reading.get(key) is not None]
-    return max(scored, key=lambda item: item[1][key]) if scored else (None, None)
+    return max(scored, key=lambda item: item[1][key]) if scored else (None, {})
+
+
+TIE = 1e-9
+"""Two mAPs closer than this are a tie (copairs gives a perfectly retrieved name exactly 1.0)."""
 
 
 def paired_gap(mine: dict[str, float] | None, theirs: dict[str, float] | None) -> dict[str, Any] | None:
@@ -345,8 +349,9 @@ def paired_gap(mine: dict[str, float] | None, theirs: dict[str, float] | None) -
     if len(names) < 2:
         return None
     d = np.array([mine[n] - theirs[n] for n in names], np.float64)
+    side = np.where(np.abs(d) <= TIE, 0, np.sign(d))
     return {"difference": round(float(d.mean()), 4), "standard_error": round(float(d.std(ddof=1) / np.sqrt(d.size)), 4),
-            "ahead": int(np.sum(d > 1e-9)), "tied": int(np.sum(np.abs(d) <= 1e-9)), "behind": int(np.sum(d < -1e-9)),
+            "ahead": int(np.sum(side > 0)), "tied": int(np.sum(side == 0)), "behind": int(np.sum(side < 0)),
             "per_name": {n: round(float(x), 4) for n, x in zip(names, d)}}
 
 
@@ -358,7 +363,7 @@ def gaps_to_cellprofiler(rows: dict[str, Any], of: str,
     out = {}
     for key, per in (("map_activity", "per_treatment_activity"), ("map_consistency", "per_group_consistency")):
         protocol, theirs = cellprofiler_best(rows, protocols, key)
-        gap = paired_gap(rows[of].get(per), (theirs or {}).get(per))
+        gap = paired_gap(rows[of].get(per), theirs.get(per))
         out[key.removeprefix("map_")] = None if gap is None else {"cellprofiler_protocol": protocol, **gap}
     return out
 
@@ -481,10 +486,8 @@ def markdown(result: dict[str, Any]) -> str:
         groups = "-" if not r["groups"] else f"{r['groups_retrieved']} / {r['groups']}"
         lines.append(f"| {name} | {pct(r['knn_top1'])} | {pct(r['knn_not_same_batch_top1'])} | "
                      f"{num(r['map_activity'])} | {retrieved} | {num(r['map_consistency'])} | {groups} |")
-    for name, gaps in result.get("gaps_to_cellprofiler", {}).items():
-        for measure, gap in gaps.items():
-            if gap is not None:
-                lines.append(f"\n{name}'s {measure} minus CellProfiler's best ({gap['cellprofiler_protocol']}): "
-                             f"{gap['difference']:+.3f} +- {gap['standard_error']:.3f} (standard error over "
-                             f"{len(gap['per_name'])}: {gap['ahead']} ahead, {gap['tied']} tied, {gap['behind']} behind)")
+    lines += [f"\n{name}'s {measure} minus CellProfiler's best ({gap['cellprofiler_protocol']}): "
+              f"{gap['difference']:+.3f} +- {gap['standard_error']:.3f} (standard error over {len(gap['per_name'])}: "
+              f"{gap['ahead']} ahead, {gap['tied']} tied, {gap['behind']} behind)"
+              for name, gaps in result["gaps_to_cellprofiler"].items() for measure, gap in gaps.items() if gap is not None]
     return "\n".join(lines)

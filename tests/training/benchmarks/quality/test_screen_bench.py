@@ -179,7 +179,7 @@ def test_the_gap_to_cellprofiler_is_read_compound_by_compound_against_its_best_p
     both score; the mean difference's standard error is the textbook one, computed here by `statistics`."""
     import statistics
 
-    from training.benchmarks.quality.screen import gaps_to_cellprofiler, map_row
+    from training.benchmarks.quality.screen import gaps_to_cellprofiler, map_row, markdown
 
     def entry(activity: dict, consistency: dict) -> dict:
         def scores(per: dict) -> dict:
@@ -205,6 +205,11 @@ def test_the_gap_to_cellprofiler_is_read_compound_by_compound_against_its_best_p
     # its best consistency is the run's own protocol's (0.9 against plain ZCA's 0.15)
     assert consistency["cellprofiler_protocol"] == "run"
     assert consistency["per_name"] == {"m1": pytest.approx(-0.1), "m2": pytest.approx(-0.3)}
+    # the log's table says each gap in a line (the figures checked above, at three decimals)
+    table = markdown({"figures": {}, "gaps_to_cellprofiler": {"trained": gaps}})
+    assert (f"trained's activity minus CellProfiler's best (spherize_plain): -0.060 +- {activity['standard_error']:.3f} "
+            "(standard error over 4: 1 ahead, 1 tied, 2 behind)") in table
+    assert "trained's consistency minus CellProfiler's best (run): -0.200 +- 0.100" in table
     # one shared name has no spread to read: no gap rather than a standard error of nothing
     single = {"trained": map_row(entry({"cpdA": 1.0}, {"m1": 1.0})), "cellprofiler": map_row(entry({"cpdA": 0.9}, {"m1": 0.9}))}
     assert gaps_to_cellprofiler(single, "trained") == {"activity": None, "consistency": None}
